@@ -1,0 +1,3 @@
+from orchestrator.cli.app import main
+
+main()

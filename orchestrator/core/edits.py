@@ -1,0 +1,509 @@
+"""Plan a file's edits in memory: original text + edit specs -> ``FilePlan``.
+
+Every edit is applied to the text the previous one produced, as line splices
+on a buffer that remembers where each line came from, so the plan can say
+which lines of the result are new and which lines of the original went
+(``FilePlan.changes``: the verification view and the structural check read
+these). Planning is idempotent by construction: each kind of edit recognises
+its own result (a marker block that is already there, an unmarked block
+already beside its anchor, a replacement already made, a patch whose reverse
+applies, a statement already gone), so re-planning an applied playbook is a
+no-op that says so.
+
+Pure: strings in, a ``FilePlan`` out; errors are one-line ``ConfigError``s
+located at the playbook key that caused them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.core.anchors import (
+    Place,
+    PySource,
+    comment_prefix,
+    did_you_mean,
+    edit_error,
+    is_python,
+    leading_ws,
+    locate,
+    newline_of,
+    places_for,
+    shorten,
+    split_lines,
+    strip_eol,
+    sub_key,
+)
+from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
+from orchestrator.core.patches import PatchError, apply_patch
+from orchestrator.errors import AnchorError, EditError
+
+# ``Change.note`` values: how an edit changed its lines (``core.structure`` reads them).
+INSERTED = "inserted"
+IN_PLACE = "replaced in place"
+REPLACED = "replaced"
+DELETED = "deleted"
+PATCHED = "patched"
+
+
+def marker_lines(prefix: str, marker_id: str, indent: str) -> tuple[str, str]:
+    """The begin/end comment lines that wrap an inserted block."""
+    return f"{indent}{prefix} >>> orch {marker_id}", f"{indent}{prefix} <<< orch {marker_id}"
+
+
+def indent_block(text: str, indent: str) -> list[str]:
+    """Flush-left ``text`` indented by ``indent``, relative indentation kept, blank lines empty."""
+    body = textwrap.dedent(text.replace("\r\n", "\n"))
+    rows = body.split("\n")
+    if rows and rows[-1] == "":
+        rows.pop()
+    return [indent + row if row.strip() else "" for row in rows]
+
+
+# --------------------------------------------------------------------------- buffer
+
+
+@dataclass
+class _Entry:
+    text: str  # with its line ending
+    origin: int | None  # line number in the original, None for a line an edit wrote
+    edit: int | None  # the edit that wrote it (alive) or removed it (dead)
+    alive: bool = True
+
+
+@dataclass(frozen=True)
+class _Splice:
+    start: int  # 1-based lines of the current text; end == start - 1 inserts before start
+    end: int
+    lines: tuple[str, ...]  # without endings
+
+
+class _Buffer:
+    """The text being edited, line by line, with each line's provenance."""
+
+    def __init__(self, original: str) -> None:
+        self.newline = newline_of(original)
+        self.entries = [_Entry(t, n, None) for n, t in enumerate(split_lines(original), 1)]
+
+    def text(self) -> str:
+        return "".join(e.text for e in self.entries if e.alive)
+
+    def apply(self, splices: Sequence[_Splice], edit: int) -> None:
+        for splice in sorted(splices, key=lambda s: s.start, reverse=True):
+            alive = [i for i, e in enumerate(self.entries) if e.alive]
+            new = [_Entry(line + self.newline, None, edit) for line in splice.lines]
+            if splice.end >= splice.start:
+                for row in range(splice.start, splice.end + 1):
+                    entry = self.entries[alive[row - 1]]
+                    entry.alive, entry.edit = False, edit
+                at = alive[splice.end - 1] + 1
+            else:
+                at = alive[splice.start - 1] if splice.start <= len(alive) else len(self.entries)
+            self.entries[at:at] = new
+        live = [e for e in self.entries if e.alive]
+        for entry in live[:-1]:  # a line that was last and gained a successor needs an end
+            if not entry.text.endswith("\n"):
+                entry.text += self.newline
+
+    def changes(self, kinds: Sequence[str], notes: dict[int, str]) -> list[Change]:
+        """Maximal runs of lines one edit wrote or removed, in both coordinates."""
+        out: list[Change] = []
+        new_line = 0  # result lines passed so far
+        old_line = 0  # original lines passed so far
+        run: list[_Entry] = []
+        run_edit: int | None = None
+        run_new0 = run_old0 = 0
+
+        def flush() -> None:
+            if run_edit is None or not run:
+                return
+            olds = [e.origin for e in run if not e.alive and e.origin is not None]
+            news = sum(1 for e in run if e.alive)
+            old_start = olds[0] if olds else run_old0 + 1
+            old_end = olds[-1] if olds else old_start - 1
+            out.append(
+                Change(
+                    edit_index=run_edit,
+                    kind=kinds[run_edit],  # type: ignore[arg-type]
+                    old_start=old_start,
+                    old_end=old_end,
+                    new_start=run_new0 + 1,
+                    new_end=run_new0 + news,
+                    note=notes.get(run_edit, ""),
+                )
+            )
+
+        for entry in self.entries:
+            if not entry.alive and entry.origin is None:
+                continue  # written by one edit, removed by a later one: in neither text
+            touched = entry.edit if (entry.origin is None or not entry.alive) else None
+            if touched != run_edit or touched is None:
+                flush()
+                run, run_edit, run_new0, run_old0 = [], touched, new_line, old_line
+            if touched is not None:
+                run.append(entry)
+            if entry.alive:
+                new_line += 1
+            if entry.origin is not None:
+                old_line = entry.origin
+        flush()
+        return out
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass
+class _Step:
+    splices: list[_Splice]
+    note: str
+    mode: str
+
+
+class _Planner:
+    def __init__(self, path: str, comment: str | None) -> None:
+        self.path = path
+        self.comment = comment_prefix(path, comment)
+        self.python = is_python(path)
+        self._src: PySource | None = None
+        self._src_text: str | None = None
+
+    def source(self, text: str, spec: EditSpec, after_edit: int | None) -> PySource | None:
+        """The Python index of ``text`` (``None`` for other files); parsed once per text."""
+        if not self.python:
+            return None
+        if self._src_text != text or self._src is None:
+            try:
+                self._src = PySource(self.path, text)
+            except SyntaxError as exc:
+                where = f" (after edit {after_edit})" if after_edit else ""
+                raise edit_error(spec, f"{exc.msg}{where}") from None
+            self._src_text = text
+        return self._src
+
+    # -- insert
+
+    def insert(self, text: str, spec: EditSpec, index: int, after_edit: int | None) -> _Step:
+        if not spec.text.strip():
+            raise edit_error(spec, "insert text is empty")
+        if spec.anchor is None:
+            raise AnchorError(
+                "insert needs an anchor (after: or before:)",
+                file=spec.file,
+                line=spec.line,
+                key=spec.key,
+            )
+        lines = split_lines(text)
+        if spec.markers:
+            marker_id = spec.marker_id or f"edit-{index + 1}"
+            block = self._find_block(lines, marker_id, spec)
+            if block is not None:
+                first, last = block
+                indent = leading_ws(lines[first - 1])
+                new = self._wrapped(spec, marker_id, indent)
+                if [strip_eol(line) for line in lines[first - 1 : last]] == new:
+                    return _Step([], f"already applied (block orch:{marker_id})", "")
+                return _Step(
+                    [_Splice(first, last, tuple(new))],
+                    f"block orch:{marker_id} replaced in place (lines {first}-{last})",
+                    IN_PLACE,
+                )
+            src = self.source(text, spec, after_edit)
+            place = locate(self.path, text, spec, src)
+            assert place is not None
+            new = self._wrapped(spec, marker_id, place.indent)
+        else:
+            src = self.source(text, spec, after_edit)
+            place = self._unmarked_place(text, lines, spec, src)
+            if place is None:
+                return _Step([], "already applied", "")
+            new = indent_block(spec.text, place.indent)
+        side = spec.anchor.side
+        if side == "after":
+            splice = _Splice(place.end + 1, place.end, tuple(new))
+        else:
+            splice = _Splice(place.start, place.start - 1, tuple(new))
+        what = "statement" if place.statement else "line"
+        span = f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
+        return _Step([splice], f"inserted {side} the {what} at {span}", INSERTED)
+
+    def _wrapped(self, spec: EditSpec, marker_id: str, indent: str) -> list[str]:
+        begin, end = marker_lines(self.comment, marker_id, indent)
+        return [begin, *indent_block(spec.text, indent), end]
+
+    def _find_block(
+        self, lines: Sequence[str], marker_id: str, spec: EditSpec
+    ) -> tuple[int, int] | None:
+        """Rows of the begin and end marker of block ``marker_id``, if it exists."""
+        prefix = re.escape(self.comment)
+        name = re.escape(marker_id)
+        begin_rx = re.compile(rf"^[ \t]*{prefix} >>> orch {name}[ \t]*$")
+        end_rx = re.compile(rf"^[ \t]*{prefix} <<< orch {name}[ \t]*$")
+        begins = [n for n, line in enumerate(lines, 1) if begin_rx.match(strip_eol(line))]
+        ends = [n for n, line in enumerate(lines, 1) if end_rx.match(strip_eol(line))]
+        label = f"{self.comment} >>> orch {marker_id}"
+        if not begins and not ends:
+            return None
+        if len(begins) > 1:
+            rows = ", ".join(str(n) for n in begins)
+            raise edit_error(
+                spec,
+                f"begin marker '{label}' found {len(begins)} times in {self.path} "
+                f"(lines {rows}); expected one block",
+            )
+        if not begins:
+            raise edit_error(
+                spec,
+                f"end marker '{self.comment} <<< orch {marker_id}' at line {ends[0]} of "
+                f"{self.path} has no begin marker '{label}'",
+            )
+        later = [n for n in ends if n > begins[0]]
+        if not later or len(ends) > 1:
+            problem = "has no end marker" if not later else f"has {len(ends)} end markers"
+            raise edit_error(
+                spec,
+                f"begin marker '{label}' at line {begins[0]} of {self.path} {problem} "
+                f"'{self.comment} <<< orch {marker_id}'",
+            )
+        return begins[0], later[0]
+
+    def _unmarked_place(
+        self, text: str, lines: Sequence[str], spec: EditSpec, src: PySource | None
+    ) -> Place | None:
+        """The anchor's place, or ``None`` when the same block already sits beside it."""
+        assert spec.anchor is not None
+        try:
+            places = places_for(self.path, text, spec.anchor, src)
+        except ValueError:
+            places = []
+        rows = [strip_eol(line) for line in lines]
+        for place in places:
+            block = indent_block(spec.text, place.indent)
+            after = spec.anchor.side == "after"
+            first = place.end + 1 if after else place.start - len(block)
+            last = first + len(block) - 1
+            if first >= 1 and rows[first - 1 : last] == block:
+                others = [p for p in places if p is not place and not first <= p.start <= last]
+                if not others:
+                    return None
+        return locate(self.path, text, spec, src)
+
+    # -- replace
+
+    def replace(self, text: str, spec: EditSpec) -> _Step:
+        key = "replace_regex" if spec.regex else "replace"
+        if not spec.pattern:
+            raise edit_error(spec, "replace needs a pattern", key)
+        try:
+            found = _matches(text, spec)
+        except (re.error, IndexError) as exc:
+            raise edit_error(spec, f"bad regex or replacement: {exc}", key) from None
+        starts = _line_starts(text)
+        if _already_replaced(text, spec, found):
+            return _Step([], "already applied (the replacement is there, the pattern is not)", "")
+        if len(found) != spec.count:
+            rows = sorted({_line_of(starts, m[0]) for m in found})
+            where = f" (lines {', '.join(str(r) for r in rows[:20])})" if rows else ""
+            hint = ""
+            if not found and not spec.regex and "\n" not in spec.pattern:
+                close = did_you_mean(text, spec.pattern)
+                if close:
+                    hint = "; did you mean: " + "; ".join(
+                        f"line {r}: {shorten(t)}" for r, t in close
+                    )
+            plural = "match" if len(found) == 1 else "matches"
+            raise edit_error(
+                spec,
+                f"expected {spec.count} of {shorten(spec.pattern, 60)!r} in {self.path}, "
+                f"found {len(found)} {plural}{where}{hint}",
+                key,
+            )
+        splices = _replacement_splices(text, starts, found)
+        rows = ", ".join(f"{s.start}-{s.end}" if s.end > s.start else str(s.start) for s in splices)
+        return _Step(splices, f"replaced {len(found)} time(s) (lines {rows})", REPLACED)
+
+    # -- delete
+
+    def delete(self, text: str, spec: EditSpec, after_edit: int | None) -> _Step:
+        src = self.source(text, spec, after_edit)
+        place = locate(self.path, text, spec, src, allow_missing=True)
+        if place is None:
+            return _Step([], "already absent", "")
+        span = f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
+        return _Step([_Splice(place.start, place.end, ())], f"deleted {span}", DELETED)
+
+    # -- patch
+
+    def patch(self, text: str, spec: EditSpec) -> _Step:
+        try:
+            outcome = apply_patch(text, spec.text)
+        except PatchError as exc:
+            raise EditError(
+                f"patch refused for {self.path}: {exc}",
+                file=spec.file,
+                line=spec.line,
+                key=sub_key(spec, "patch"),
+            ) from None
+        if outcome.already_applied:
+            return _Step([], "already applied (its reverse applies)", "")
+        splices = [_Splice(s.start, s.end, s.lines) for s in outcome.splices]
+        drift = [o for o in outcome.offsets if o]
+        note = f"patched ({len(splices)} hunk(s)"
+        note += f", offset {', '.join(str(o) for o in drift)})" if drift else ")"
+        return _Step(splices, note, PATCHED)
+
+
+# --------------------------------------------------------------------------- replace helpers
+
+_Match = tuple[int, int, str]  # start offset, end offset, replacement
+
+
+def _matches(text: str, spec: EditSpec) -> list[_Match]:
+    if spec.regex:
+        rx = re.compile(spec.pattern, re.MULTILINE)
+        return [(m.start(), m.end(), m.expand(spec.text)) for m in rx.finditer(text)]
+    out: list[_Match] = []
+    at = text.find(spec.pattern)
+    while at >= 0:
+        out.append((at, at + len(spec.pattern), spec.text))
+        at = text.find(spec.pattern, at + len(spec.pattern))
+    return out
+
+
+_GROUP_REF = re.compile(r"\\(?:\d|g<)")
+
+
+def _already_replaced(text: str, spec: EditSpec, found: Sequence[_Match]) -> bool:
+    """Every match (if any) sits inside the replacement text, present ``count`` times.
+
+    A replacement that contains its own pattern (``foo`` -> ``foo_bar``) is
+    thus recognised; an empty replacement with no match left is done. A regex
+    replacement with group references cannot be checked this way.
+    """
+    if spec.regex and _GROUP_REF.search(spec.text):
+        return False
+    if not spec.text:
+        return not found
+    spans: list[tuple[int, int]] = []
+    at = text.find(spec.text)
+    while at >= 0:
+        spans.append((at, at + len(spec.text)))
+        at = text.find(spec.text, at + len(spec.text))
+    if len(spans) < spec.count:
+        return False
+    return all(any(a <= s and e <= b for a, b in spans) for s, e, _ in found)
+
+
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    at = text.find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = text.find("\n", at + 1)
+    return starts
+
+
+def _line_of(starts: Sequence[int], offset: int) -> int:
+    return bisect.bisect_right(starts, offset)
+
+
+def _replacement_splices(
+    text: str, starts: Sequence[int], found: Sequence[_Match]
+) -> list[_Splice]:
+    """Whole-line splices that carry out the replacements (matches may span lines)."""
+    n_lines = len(split_lines(text))
+    groups: list[tuple[int, int, list[_Match]]] = []
+    for match in found:
+        first = _line_of(starts, match[0])
+        last = _line_of(starts, max(match[0], match[1] - 1))
+        if groups and first <= groups[-1][1]:
+            groups[-1] = (groups[-1][0], max(last, groups[-1][1]), [*groups[-1][2], match])
+        else:
+            groups.append((first, last, [match]))
+    splices: list[_Splice] = []
+    merged: list[tuple[int, int, list[_Match]]] = []
+    for first, last, matches in groups:
+        # A replacement that eats a line's end joins the next line into the region.
+        while True:
+            new = _region_text(text, starts, first, last, matches)
+            if new.endswith("\n") or last >= n_lines or first > n_lines:
+                break
+            last += 1
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(last, merged[-1][1]), [*merged[-1][2], *matches])
+        else:
+            merged.append((first, last, list(matches)))
+    for first, last, matches in merged:
+        if first > n_lines:  # a zero-width match at the very end of the text
+            new_text = "".join(m[2] for m in matches)
+            splices.append(
+                _Splice(n_lines + 1, n_lines, tuple(strip_eol(r) for r in split_lines(new_text)))
+            )
+            continue
+        new_text = _region_text(text, starts, first, last, matches)
+        splices.append(_Splice(first, last, tuple(strip_eol(r) for r in split_lines(new_text))))
+    return splices
+
+
+def _region_text(
+    text: str, starts: Sequence[int], first: int, last: int, matches: Sequence[_Match]
+) -> str:
+    begin = starts[first - 1] if first - 1 < len(starts) else len(text)
+    end = starts[last] if last < len(starts) else len(text)
+    pieces: list[str] = []
+    at = begin
+    for start, stop, replacement in matches:
+        pieces.append(text[at:start])
+        pieces.append(replacement)
+        at = stop
+    pieces.append(text[at:end])
+    return "".join(pieces)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def plan_file(
+    path: str, original: str, edits: Sequence[EditSpec], *, comment: str | None = None
+) -> FilePlan:
+    """Apply ``edits`` in order to ``original`` (the text of ``path``), in memory.
+
+    ``comment`` is the marker comment leader (default ``#``, ``//`` for C-like
+    files). Raises ``AnchorError`` / ``EditError`` naming the playbook key.
+    """
+    planner = _Planner(path, comment)
+    buffer = _Buffer(original)
+    notes: list[str] = []
+    modes: dict[int, str] = {}
+    last_changed: int | None = None
+    for index, spec in enumerate(edits):
+        text = buffer.text()
+        if spec.kind == "insert":
+            step = planner.insert(text, spec, index, last_changed)
+        elif spec.kind == "replace":
+            step = planner.replace(text, spec)
+        elif spec.kind == "delete":
+            step = planner.delete(text, spec, last_changed)
+        elif spec.kind == "patch":
+            step = planner.patch(text, spec)
+        else:
+            raise edit_error(spec, f"unknown edit kind {spec.kind!r}")
+        if step.splices:
+            buffer.apply(step.splices, index)
+            modes[index] = step.mode
+            last_changed = index + 1
+        notes.append(f"edit {index + 1}: {step.note}")
+    kinds = [spec.kind for spec in edits]
+    result = buffer.text()
+    changes = buffer.changes(kinds, modes) if result != original else []
+    return FilePlan(
+        path=path,
+        original=original,
+        result=result,
+        changes=tuple(changes),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,584 @@
+"""The inventory and playbook as typed models, and their parsers.
+
+Every model forbids unknown keys: a typo'd ``aftr:`` must be an error naming
+it, never an edit silently anchored nowhere. ``parse_inventory`` and
+``parse_playbook`` turn pydantic's error list into one ``ConfigError``
+``file:line: key.path: message`` for the first problem, with the line found by
+``yamlsrc``. Pure: text in, models out.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.core.cmdline import FlagValue
+from orchestrator.core.durations import Duration
+from orchestrator.core.yamlsrc import Loc, SourceDoc, key_path, load_yaml
+from orchestrator.errors import ConfigError
+
+PYTHON_SYNTAX = "python-syntax"
+"""The built-in ``validate`` step: compile the staged file without writing bytecode."""
+
+
+class LocatedProblem(Exception):  # noqa: N818 - not an error users see; carries a location
+    """Raised by a validator that knows a more precise location than pydantic would give.
+
+    Deliberately not a ``ValueError``: pydantic lets it through unwrapped, and
+    the parser turns it into a ``ConfigError`` at ``loc``.
+    """
+
+    def __init__(self, loc: Loc, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- inventory
+
+Connection = Literal["ssh", "local"]
+
+
+def _scalar_to_str(value: Any) -> Any:
+    """YAML reads ``CUDA_VISIBLE_DEVICES: 0`` as an int; env values are strings."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+StrValue = Annotated[str, BeforeValidator(_scalar_to_str)]
+
+
+class HostSettings(_Model):
+    """What ``defaults`` and each host may set; ``None`` = not set here."""
+
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    become: bool | None = None
+    state_dir: str | None = Field(None, min_length=1)
+    vars: dict[str, Any] = Field(default_factory=dict)
+    python: str | None = Field(None, min_length=1)
+    keep_releases: int | None = Field(None, ge=1)
+    connection: Connection | None = None
+
+
+class Defaults(HostSettings):
+    """Inventory ``defaults``: every host inherits these."""
+
+
+class HostEntry(HostSettings):
+    """One inventory host. Without ``address``, the host's name is its address."""
+
+    address: str | None = Field(None, min_length=1)
+
+
+class Inventory(_Model):
+    """``inventory.yaml``. Everything optional: no inventory at all is valid."""
+
+    defaults: Defaults = Field(default_factory=Defaults)
+    hosts: dict[str, HostEntry] = Field(default_factory=dict)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts_may_be_bare(cls, value: Any) -> Any:
+        """``hosts: {gpu1:}`` (no settings) means a host with nothing of its own."""
+        if isinstance(value, dict):
+            return {name: {} if entry is None else entry for name, entry in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _members_are_hosts(self) -> Inventory:
+        for group, members in self.groups.items():
+            if group in self.hosts:
+                raise LocatedProblem(("groups", group), f"group '{group}' has a host's name")
+            for index, member in enumerate(members):
+                if member not in self.hosts:
+                    raise LocatedProblem(
+                        ("groups", group, index),
+                        f"group '{group}' lists unknown host '{member}'",
+                    )
+        return self
+
+
+# ---------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where keys sit in the parsed file, for errors raised after validation."""
+
+    file: str
+    doc: SourceDoc | None
+
+    def line(self, loc: Loc) -> int | None:
+        return self.doc.line_of(loc) if self.doc else None
+
+    def content_line(self, loc: Loc) -> int | None:
+        return self.doc.content_line_of(loc) if self.doc else None
+
+    def where(self, loc: Loc) -> dict[str, Any]:
+        """``file``, ``line`` and ``key`` keyword arguments for an error at ``loc``."""
+        return {"file": self.file, "line": self.line(loc), "key": key_path(loc) or None}
+
+
+# ----------------------------------------------------------------- playbook
+
+
+def _regex(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regex: {exc}") from None
+    return value
+
+
+EDIT_KINDS = ("insert", "content", "replace", "replace_regex", "delete", "delete_regex", "patch")
+ANCHOR_KEYS = ("after", "before", "after_regex", "before_regex")
+
+
+def _got(names: Sequence[str]) -> str:
+    if not names:
+        return "none"
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+class Edit(_Model):
+    """One edit of a file: exactly one kind key, plus what that kind needs."""
+
+    insert: str | None = Field(None, min_length=1)
+    content: str | None = None
+    replace: str | None = Field(None, min_length=1)
+    replace_regex: str | None = Field(None, min_length=1)
+    delete: str | None = Field(None, min_length=1)
+    delete_regex: str | None = Field(None, min_length=1)
+    patch: str | None = Field(None, min_length=1)
+    after: str | None = Field(None, min_length=1)
+    before: str | None = Field(None, min_length=1)
+    after_regex: str | None = Field(None, min_length=1)
+    before_regex: str | None = Field(None, min_length=1)
+    with_: str | None = Field(None, alias="with")
+    count: int = Field(1, ge=1)
+    markers: bool | None = None
+    id: str | None = Field(None, min_length=1)
+
+    _check_regexes = field_validator(
+        "replace_regex", "delete_regex", "after_regex", "before_regex"
+    )(_regex)
+
+    @property
+    def kind_key(self) -> str:
+        """The one kind key this edit uses (``insert``, ``content``, ``replace`` …)."""
+        return next(k for k in EDIT_KINDS if getattr(self, k) is not None)
+
+    @property
+    def anchor_key(self) -> str | None:
+        """The anchor key of an insert, if any."""
+        return next((k for k in ANCHOR_KEYS if getattr(self, k) is not None), None)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Edit:
+        kinds = [k for k in EDIT_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"expected one of {', '.join(EDIT_KINDS)} (got: {_got(kinds)})")
+        kind = kinds[0]
+        anchors = [k for k in ANCHOR_KEYS if getattr(self, k) is not None]
+        if kind in ("insert", "content"):
+            if len(anchors) != 1:
+                raise ValueError(
+                    f"{kind} needs exactly one of {', '.join(ANCHOR_KEYS)} (got: {_got(anchors)})"
+                )
+        elif anchors:
+            raise ValueError(f"{anchors[0]} is only for insert and content, not {kind}")
+        if kind in ("replace", "replace_regex"):
+            if self.with_ is None:
+                raise ValueError(f"{kind} needs with: (the replacement text)")
+        else:
+            if self.with_ is not None:
+                raise ValueError(f"with is only for replace and replace_regex, not {kind}")
+            if "count" in self.model_fields_set:
+                raise ValueError(f"count is only for replace and replace_regex, not {kind}")
+        return self
+
+
+def _normalise_validate(value: Any) -> Any:
+    """Accept ``[python-syntax, "cmd"]``, ``"cmd"``, ``{commands: [...]}`` and mixes."""
+    if value is None:
+        return []
+    if isinstance(value, str | dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError("expected a list of checks: python-syntax or command lines")
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, dict):
+            extra = [k for k in item if k != "commands"]
+            if extra:
+                raise ValueError(f"unknown key '{extra[0]}' (expected: commands)")
+            commands = item.get("commands") or []
+            if isinstance(commands, str):
+                commands = [commands]
+            if not isinstance(commands, list):
+                raise ValueError("commands: expected a list of command lines")
+            out.extend(commands)
+        else:
+            out.append(item)
+    for item in out:
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"expected python-syntax or a command line (got: {item!r})")
+    return out
+
+
+class FileEntry(_Model):
+    """One target file: its (templated) path, its edits, how to check the result."""
+
+    path: str = Field(min_length=1)
+    edits: list[Edit] = Field(min_length=1)
+    validate_: Annotated[list[str], BeforeValidator(_normalise_validate)] = Field(
+        default_factory=list, alias="validate"
+    )
+    markers: bool = True
+    comment: str | None = Field(None, min_length=1)
+
+
+def _check_flag_value(value: Any) -> Any:
+    scalar = (str, int, float, bool)
+    if value is None or isinstance(value, scalar):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(v, scalar) and not isinstance(v, bool) for v in value
+    ):
+        return value
+    raise ValueError(
+        "a flag value is a string, a number, true/false, null or a list of strings and numbers"
+    )
+
+
+CheckedFlagValue = Annotated[FlagValue, BeforeValidator(_check_flag_value)]
+
+
+class Server(_Model):
+    """How the inference server is run: ``process`` (orch starts it) or ``commands``."""
+
+    manager: Literal["process", "commands"] = "process"
+    command: str | None = Field(None, min_length=1)
+    flags: dict[str, CheckedFlagValue] = Field(default_factory=dict)
+    python: str | None = Field(None, min_length=1)
+    workdir: str | None = Field(None, min_length=1)
+    env: dict[str, StrValue] = Field(default_factory=dict)
+    pidfile: str | None = Field(None, min_length=1)
+    log: str | None = Field(None, min_length=1)
+    stop_timeout: Duration = 30.0
+    start: str | None = Field(None, min_length=1)
+    stop: str | None = Field(None, min_length=1)
+    pid: str | None = Field(None, min_length=1)
+    status: str | None = Field(None, min_length=1)
+
+    @field_validator("flags", mode="after")
+    @classmethod
+    def _flag_names(cls, flags: dict[str, Any]) -> dict[str, Any]:
+        for name in flags:
+            if not name.startswith("-") or name.strip("-") == "" or "=" in name or " " in name:
+                raise ValueError(f"a flag name looks like --name (got: {name!r})")
+        return flags
+
+    @model_validator(mode="after")
+    def _manager_needs(self) -> Server:
+        if self.manager == "process":
+            if not self.command:
+                raise ValueError("manager process needs command:")
+            given = [k for k in ("start", "stop", "pid", "status") if getattr(self, k)]
+            if given:
+                raise ValueError(f"{given[0]} is only for manager: commands")
+        else:
+            missing = [k for k in ("start", "stop") if not getattr(self, k)]
+            if missing:
+                raise ValueError(f"manager commands needs {' and '.join(missing)}:")
+            if not (self.pid or self.status):
+                raise ValueError("manager commands needs pid: or status:")
+        return self
+
+
+def _path(value: Any) -> Any:
+    if isinstance(value, str) and not value.startswith("/"):
+        raise ValueError(f"a path starting with / (got: {value!r})")
+    return value
+
+
+HttpPath = Annotated[str, BeforeValidator(_path)]
+
+
+class Check(_Model):
+    """One health request and what its answer must look like."""
+
+    get: HttpPath | None = None
+    post: HttpPath | None = None
+    json_: Any = Field(None, alias="json")
+    status: int = Field(200, ge=100, le=599)
+    expect: dict[str, Any] = Field(default_factory=dict)
+    body: str | None = None
+    headers: dict[str, StrValue] = Field(default_factory=dict)
+
+    _check_body = field_validator("body")(_regex)
+
+    @property
+    def method(self) -> Literal["GET", "POST"]:
+        return "GET" if self.get is not None else "POST"
+
+    @property
+    def path(self) -> str:
+        return self.get if self.get is not None else (self.post or "/")
+
+    @model_validator(mode="after")
+    def _one_method(self) -> Check:
+        methods = [k for k in ("get", "post") if getattr(self, k) is not None]
+        if len(methods) != 1:
+            raise ValueError(f"expected one of get, post (got: {_got(methods)})")
+        if self.get is not None and "json_" in self.model_fields_set:
+            raise ValueError("json is only for post")
+        return self
+
+
+class Health(_Model):
+    """How to tell the server is healthy, and how long to wait for it."""
+
+    base_url: str
+    timeout: Duration = 900.0
+    interval: Duration = 1.0
+    confirm_timeout: Duration = 60.0
+    checks: list[Check] = Field(min_length=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"expected an http:// or https:// URL (got: {value!r})")
+        return value.rstrip("/")
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("interval must be more than 0")
+        return value
+
+
+class Playbook(_Model):
+    """A playbook: edits to files, the server to restart, the checks to pass."""
+
+    name: str = Field(min_length=1)
+    vars: dict[str, Any] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list)
+    keep_releases: int | None = Field(None, ge=1)
+    files: list[FileEntry] = Field(default_factory=list)
+    server: Server | None = None
+    health: Health | None = None
+
+    _locations: Locations | None = PrivateAttr(default=None)
+
+    @property
+    def locations(self) -> Locations:
+        """Where each key came from (empty when built in code, not parsed)."""
+        return self._locations or Locations(file="<playbook>", doc=None)
+
+
+# ------------------------------------------------------------------ parsing
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_inventory(text: str, filename: str) -> Inventory:
+    """Parse ``inventory.yaml`` text; one ``ConfigError`` for the first problem."""
+    return _parse(Inventory, text, filename)
+
+
+def parse_playbook(text: str, filename: str) -> Playbook:
+    """Parse a playbook; the result keeps its ``locations`` for later errors."""
+    return _parse(Playbook, text, filename)
+
+
+def _parse(model: type[M], text: str, filename: str) -> M:
+    doc = load_yaml(text, filename)
+    data = {} if doc.data is None else doc.data
+    try:
+        result = model.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, doc, model) from None
+    except LocatedProblem as exc:
+        raise ConfigError(
+            exc.message, file=filename, line=doc.line_of(exc.loc), key=key_path(exc.loc) or None
+        ) from None
+    if isinstance(result, Playbook):
+        result._locations = Locations(file=filename, doc=doc)
+    return result
+
+
+def _config_error(exc: ValidationError, doc: SourceDoc, root: type[BaseModel]) -> ConfigError:
+    """One ``ConfigError`` for the first of pydantic's errors (unknown keys first), located."""
+    errors = exc.errors(include_url=False)
+    # A typo'd key also makes the real key "missing": name the typo, it is the cause.
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = _data_loc(doc.data, error["loc"])
+    message = _message(error, root, loc)
+    if error["type"] in ("missing", "extra_forbidden"):
+        line = doc.line_of(loc) if error["type"] == "extra_forbidden" else doc.line_of(loc[:-1])
+    else:
+        line = doc.line_of(loc)
+    return ConfigError(message, file=doc.filename, line=line, key=key_path(loc) or None)
+
+
+def _data_loc(data: Any, loc: Sequence[str | int]) -> Loc:
+    """Keep the parts of pydantic's ``loc`` that index the data (drop union/validator tags)."""
+    out: list[str | int] = []
+    current = data
+    parts = list(loc)
+    for position, part in enumerate(parts):
+        if _indexes(current, part):
+            out.append(part)
+            current = current[part]
+        elif position == len(parts) - 1 and isinstance(current, dict | type(None)):
+            out.append(part)  # a missing key: name it
+        # else: a tag such as 'function-after[...]' or 'list[str]'; skip it
+    return tuple(out)
+
+
+def _indexes(container: Any, part: str | int) -> bool:
+    if isinstance(container, dict):
+        return part in container
+    if isinstance(container, list) and isinstance(part, int) and not isinstance(part, bool):
+        return 0 <= part < len(container)
+    return False
+
+
+_SIMPLE: dict[str, str] = {
+    "missing": "field required",
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "string_type": "expected a string",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "list_type": "expected a list",
+}
+
+
+def _message(error: Any, root: type[BaseModel], loc: Loc) -> str:
+    kind: str = error["type"]
+    ctx: dict[str, Any] = error.get("ctx") or {}
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        return "extra key not permitted" + _did_you_mean(root, loc)
+    if kind in ("value_error", "assertion_error"):
+        return _one_line(str(ctx.get("error", error["msg"])))
+    if kind == "literal_error":
+        expected = ctx.get("expected", "").replace("'", "")
+        expected = expected.replace(" or ", ", ")
+        return f"expected one of {expected} (got: {value})"
+    if kind in ("too_short", "string_too_short"):
+        return "must not be empty"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        ops = {"greater_than_equal": ">=", "greater_than": ">"}
+        ops |= {"less_than_equal": "<=", "less_than": "<"}
+        bound = next(iter(ctx.values()), "?")
+        return f"must be {ops[kind]} {bound} (got: {value})"
+    if kind in _SIMPLE:
+        if kind == "missing":
+            return _SIMPLE[kind]
+        return f"{_SIMPLE[kind]} (got: {_type_name(value)})"
+    msg = str(error["msg"])
+    return _one_line(msg[:1].lower() + msg[1:])
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _did_you_mean(root: type[BaseModel], loc: Loc) -> str:
+    """Suggest the closest permitted key for a typo, when one is close."""
+    model = _model_at(root, loc[:-1]) if loc else None
+    if model is None:
+        return ""
+    names = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.7)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _model_at(root: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
+    """The model class that validates the mapping at ``loc``, following the annotations."""
+    annotation: Any = root
+    for part in loc:
+        annotation = _step(_unwrap(annotation), part)
+        if annotation is None:
+            return None
+    model = _unwrap(annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip ``Annotated[...]`` and ``X | None`` down to the interesting type."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return annotation
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def _step(annotation: Any, part: str | int) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        for name, field in annotation.model_fields.items():
+            if (field.alias or name) == part:
+                return field.annotation
+        return None
+    origin = get_origin(annotation)
+    if origin is list and isinstance(part, int):
+        return get_args(annotation)[0]
+    if origin is dict:
+        return get_args(annotation)[1]
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,0 +1,59 @@
+"""The verification view: which lines of the edited file to read back and show.
+
+After the commit orch reads the changed regions back from the host, each
+with a few lines of context, the way the engineer in the story checked the
+fix with ``sed -n A,Bp`` before restarting. Pure: changes in, line ranges out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.core.edit_spec import Change
+
+
+@dataclass(frozen=True)
+class ViewRange:
+    """Lines ``start..end`` (1-based, inclusive) of the result; ``highlight`` are the changed ones."""
+
+    start: int
+    end: int
+    highlight: tuple[int, ...]
+
+    @property
+    def sed(self) -> str:
+        """The ``sed -n`` script that prints this range."""
+        return f"{self.start},{self.end}p"
+
+
+def view_ranges(changes: Sequence[Change], total_lines: int, context: int = 3) -> list[ViewRange]:
+    """Each change with ``context`` lines around it, clipped, overlapping/adjacent ones merged.
+
+    A pure deletion highlights nothing but still shows the lines around the
+    spot where the deleted lines were.
+    """
+    spans: list[tuple[int, int, tuple[int, ...]]] = []
+    for change in changes:
+        if change.new_end >= change.new_start:
+            first, last = change.new_start, change.new_end
+            marked = tuple(range(first, last + 1))
+        else:  # nothing left in the result: the spot is just before new_start
+            first, last = change.new_start, change.new_start - 1
+            marked = ()
+        start = max(1, first - context)
+        end = min(total_lines, last + context)
+        if start > end:
+            continue
+        spans.append((start, end, tuple(n for n in marked if 1 <= n <= total_lines)))
+    spans.sort()
+    merged: list[ViewRange] = []
+    for start, end, marked in spans:
+        if merged and start <= merged[-1].end + 1:
+            prev = merged[-1]
+            merged[-1] = ViewRange(
+                prev.start, max(prev.end, end), tuple(sorted(set(prev.highlight) | set(marked)))
+            )
+        else:
+            merged.append(ViewRange(start, end, marked))
+    return merged

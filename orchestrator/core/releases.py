@@ -1,0 +1,150 @@
+"""Releases and what "roll back" means, as pure functions over manifests.
+
+A release is one deploy (or one rollback) recorded on the host: for every
+file it touched, the content before and after (stored beside the manifest
+as ``files/<n>.before`` / ``files/<n>.after``), and the server's command
+line before and after. The host's ``state.json`` keeps ``applied``: the
+stack of deploy releases in effect, oldest first; its top is the current
+release. ``orch rollback`` pops it (like ``cap deploy:rollback``: a second
+rollback goes one further back, it never toggles); ``--to R`` pops down to R.
+Deploys rolled back automatically are never pushed, so never current.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from orchestrator.errors import ConfigError, RefusedError
+
+
+def new_release_id(now: datetime, suffix: str) -> str:
+    """Sortable by time (milliseconds), readable, and short enough to type."""
+    now = now.astimezone(timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}-{suffix}"
+
+
+@dataclass(frozen=True)
+class FileState:
+    """One file as a restore should leave it: ``source`` None means absent."""
+
+    path: str
+    source: str | None
+    sha256: str | None
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "source": self.source,
+            "sha256": self.sha256,
+            "mode": self.mode,
+            "uid": self.uid,
+            "gid": self.gid,
+        }
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """The state a rollback moves the host to: files plus the server record."""
+
+    undo: tuple[str, ...]  # release ids undone, newest first
+    files: tuple[FileState, ...]
+    server_before: dict[str, Any] | None  # the server record to restart, or None
+    restart: bool
+    new_applied: tuple[str, ...] = field(default_factory=tuple)
+
+
+def file_state(release_root: str, entry: dict[str, Any], side: str) -> FileState:
+    """Where the ``side`` ("before"/"after") copy of a manifest file entry lives."""
+    existed = entry.get("existed", True) if side == "before" else True
+    if not existed:
+        return FileState(entry["path"], None, None)
+    return FileState(
+        path=entry["path"],
+        source=posixpath.join(release_root, "files", f"{entry['n']}.{side}"),
+        sha256=entry[f"sha256_{side}"],
+        mode=entry.get("mode"),
+        uid=entry.get("uid"),
+        gid=entry.get("gid"),
+    )
+
+
+def resolve_release(ref: str, applied: list[str], releases: dict[str, dict[str, Any]]) -> str:
+    """A full id or a unique prefix of one; ``ConfigError`` otherwise."""
+    if ref in releases:
+        return ref
+    hits = sorted(r for r in releases if r.startswith(ref))
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise ConfigError(f"no release {ref!r} on this host", key="--to")
+    raise ConfigError(f"{ref!r} names several releases: {', '.join(hits)}", key="--to")
+
+
+def rollback_target(
+    applied: list[str],
+    releases: dict[str, dict[str, Any]],
+    releases_dir: str,
+    to: str | None = None,
+) -> TargetState:
+    """What ``orch rollback [--to R]`` must restore.
+
+    Undoing releases newest first, each file ends as it was before the
+    *oldest* undone release that touched it, and the server as it ran
+    before that oldest release — i.e. the state right after ``R`` (or
+    right before the current release when no ``--to``).
+    """
+    if not applied:
+        raise RefusedError("nothing to roll back: no release is current on this host")
+    if to is None:
+        undo = [applied[-1]]
+    else:
+        rid = resolve_release(to, applied, releases)
+        if rid not in applied:
+            outcome = releases[rid].get("outcome", "?")
+            raise RefusedError(
+                f"release {rid} is not in effect on this host (outcome: {outcome}); "
+                "--to takes a release that is current or before it"
+            )
+        undo = applied[applied.index(rid) + 1 :][::-1]
+        if not undo:
+            raise RefusedError(f"release {rid} is already current: nothing to do")
+    missing = [r for r in undo if r not in releases]
+    if missing:
+        raise RefusedError(f"release {missing[0]} has been pruned from the host; cannot undo it")
+    files: dict[str, FileState] = {}
+    server_before: dict[str, Any] | None = None
+    restart = False
+    for rid in undo:  # newest first: older releases overwrite, the oldest wins
+        manifest = releases[rid]
+        root = posixpath.join(releases_dir, rid)
+        for entry in manifest.get("files", []):
+            files[entry["path"]] = file_state(root, entry, "before")
+        if manifest.get("restarted"):
+            restart = True
+            server_before = manifest.get("server_before")
+    remaining = tuple(applied[: len(applied) - len(undo)])
+    return TargetState(tuple(undo), tuple(files.values()), server_before, restart, remaining)
+
+
+def prune_candidates(
+    release_ids: list[str], applied: list[str], keep: int
+) -> list[str]:
+    """The oldest releases beyond ``keep``; never the current or previous one."""
+    protected = set(applied[-2:])
+    ordered = sorted(release_ids)
+    excess = len(ordered) - max(keep, 2)
+    out: list[str] = []
+    for rid in ordered:
+        if excess <= 0:
+            break
+        if rid in protected:
+            continue
+        out.append(rid)
+        excess -= 1
+    return out

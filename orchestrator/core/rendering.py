@@ -1,0 +1,407 @@
+"""Playbook + vars -> the rendered values the edit engine and the pipeline consume.
+
+After this step nothing downstream sees a template: file paths, inserted
+text, command lines (word by word), flag values and health checks are plain
+values, each edit carrying the playbook location its errors must name. The
+one thing left for later is ``validate`` commands, because ``{{ staged }}``
+is only known once the staged copy exists on the host (``render_validate``).
+Pure: the renderer's lookup is injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from orchestrator.core.cmdline import FlagValue, apply_flags, render_words
+from orchestrator.core.edit_spec import Anchor, EditSpec
+from orchestrator.core.models import (
+    PYTHON_SYNTAX,
+    Check,
+    Edit,
+    FileEntry,
+    Health,
+    Locations,
+    Playbook,
+    Server,
+)
+from orchestrator.core.secrets import secret_names as find_secret_names
+from orchestrator.core.target import HostTarget
+from orchestrator.core.templating import Renderer
+from orchestrator.core.yamlsrc import Loc
+from orchestrator.errors import ConfigError
+
+FORCED_BUILTINS = ("python",)
+"""Builtins no var can override: ``{{ python }}`` is always ``server.python`` or python3."""
+
+
+# ----------------------------------------------------------------- vars
+
+
+def parse_cli_vars(items: Sequence[str]) -> dict[str, Any]:
+    """``--var k=v`` items to a dict; values read as YAML scalars (``64`` is int 64)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name or any(c.isspace() for c in name):
+            raise ConfigError(f"expected k=v (got: {item!r})", key="--var")
+        out[name] = yaml_scalar(text)
+    return out
+
+
+def yaml_scalar(text: str) -> Any:
+    """``text`` read as a YAML scalar (``"32"`` -> 32, ``"true"`` -> True); else ``text`` itself."""
+    if not text.strip():
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return text  # a list or mapping: not a scalar, keep the words as written
+
+
+def builtin_vars(pb: Playbook) -> dict[str, Any]:
+    """Vars orch defines: ``python`` = ``server.python`` or ``python3``."""
+    python = pb.server.python if pb.server and pb.server.python else "python3"
+    return {"python": python}
+
+
+def merge_vars(
+    playbook_vars: Mapping[str, Any],
+    inventory_vars: Mapping[str, Any],
+    cli_vars: Mapping[str, Any],
+    builtins: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Playbook vars < inventory vars (defaults overlaid by host) < ``--var``.
+
+    Builtins sit underneath everything, except those in ``FORCED_BUILTINS``
+    (``python``), which always win: the interpreter that runs the server is
+    the one ``{{ python }}`` means.
+    """
+    builtins = dict(builtins or {})
+    merged = {k: v for k, v in builtins.items() if k not in FORCED_BUILTINS}
+    merged.update(playbook_vars)
+    merged.update(inventory_vars)
+    merged.update(cli_vars)
+    merged.update({k: v for k, v in builtins.items() if k in FORCED_BUILTINS})
+    return merged
+
+
+def vars_for_host(pb: Playbook, host: HostTarget, cli_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """The vars a playbook renders with on ``host`` (its vars: defaults overlaid by its own)."""
+    return merge_vars(pb.vars, host.vars, cli_vars, builtin_vars(pb))
+
+
+# ------------------------------------------------------------ rendered values
+
+
+@dataclass(frozen=True)
+class ValidateStep:
+    """One ``validate`` entry: the built-in ``python-syntax`` or a command line template."""
+
+    builtin: str | None
+    argv_template: str | None
+    file: str | None = None
+    line: int | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    """One target file with its edits rendered."""
+
+    path: str
+    edits: tuple[EditSpec, ...]
+    validate: tuple[ValidateStep, ...] = ()
+    comment: str | None = None
+    file: str | None = None
+    line: int | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderedServer:
+    """``server`` with every command rendered into argv lists.
+
+    ``argv`` is ``server.command`` as words; ``flags`` still has to be applied
+    (``desired_argv``) — to this argv, or to the running server's.
+    """
+
+    manager: Literal["process", "commands"]
+    argv: list[str] | None
+    flags: dict[str, FlagValue] = field(default_factory=dict)
+    python: str = "python3"
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    pidfile: str | None = None
+    log: str | None = None
+    stop_timeout: float = 30.0
+    start: list[str] | None = None
+    stop: list[str] | None = None
+    pid: list[str] | None = None
+    status: list[str] | None = None
+
+    def desired_argv(self, base: Sequence[str] | None = None) -> list[str] | None:
+        """``base`` (default: ``argv``) with ``flags`` applied."""
+        words = base if base is not None else self.argv
+        return apply_flags(words, self.flags) if words is not None else None
+
+
+@dataclass(frozen=True)
+class RenderedCheck:
+    """One health request, rendered; ``expect`` values already read as YAML scalars."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    json: Any = None
+    status: int = 200
+    expect: dict[str, Any] = field(default_factory=dict)
+    body: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RenderedHealth:
+    base_url: str
+    timeout: float
+    interval: float
+    confirm_timeout: float
+    checks: tuple[RenderedCheck, ...]
+
+
+@dataclass(frozen=True)
+class RenderedPlaybook:
+    name: str
+    files: tuple[RenderedFile, ...]
+    server: RenderedServer | None
+    health: RenderedHealth | None
+    vars: dict[str, Any]
+    secret_names: frozenset[str]
+    keep_releases: int | None = None
+
+
+# ------------------------------------------------------------------ rendering
+
+
+class _Ctx:
+    """The renderer, vars and locations threaded through one render."""
+
+    def __init__(self, renderer: Renderer, vars: Mapping[str, Any], locations: Locations) -> None:
+        self.renderer = renderer
+        self.vars = vars
+        self.locations = locations
+
+    def where(self, loc: Loc) -> dict[str, Any]:
+        return self.locations.where(loc)
+
+    def string(self, text: str, loc: Loc) -> str:
+        return self.renderer.render_string(
+            text, self.vars, **self.where(loc), source_line=self.locations.content_line(loc)
+        )
+
+    def words(self, command: str, loc: Loc) -> list[str]:
+        return render_words(command, self.vars, self.renderer, **self.where(loc))
+
+    def value(self, value: Any, loc: Loc) -> Any:
+        """Render every string inside ``value`` (types of non-strings kept)."""
+        if isinstance(value, str):
+            return self.string(value, loc)
+        if isinstance(value, list):
+            return [self.value(v, (*loc, i)) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            return {k: self.value(v, (*loc, k)) for k, v in value.items()}
+        return value
+
+
+def render_playbook(
+    pb: Playbook,
+    locations: Locations | None,
+    vars: Mapping[str, Any],
+    renderer: Renderer,
+) -> RenderedPlaybook:
+    """Render everything in ``pb`` with ``vars``; ``TemplateError``/``ConfigError`` located."""
+    ctx = _Ctx(renderer, vars, locations or pb.locations)
+    files = tuple(_file(pb, i, entry, ctx) for i, entry in enumerate(pb.files))
+    return RenderedPlaybook(
+        name=pb.name,
+        files=files,
+        server=_server(pb.server, ctx) if pb.server else None,
+        health=_health(pb.health, ctx) if pb.health else None,
+        vars=dict(vars),
+        secret_names=frozenset(find_secret_names(vars, pb.secrets)),
+        keep_releases=pb.keep_releases,
+    )
+
+
+def _file(pb: Playbook, index: int, entry: FileEntry, ctx: _Ctx) -> RenderedFile:
+    base: Loc = ("files", index)
+    path = ctx.string(entry.path, (*base, "path")).strip()
+    if not path:
+        raise ConfigError("path renders to nothing", **ctx.where((*base, "path")))
+    edits = tuple(
+        _edit(pb, entry, (*base, "edits", j), edit, ctx, f"{pb.name}:{index}.{j}")
+        for j, edit in enumerate(entry.edits)
+    )
+    steps: list[ValidateStep] = []
+    for k, item in enumerate(entry.validate_):
+        where = ctx.where((*base, "validate", k))
+        if item.strip() == PYTHON_SYNTAX:
+            steps.append(ValidateStep(builtin=PYTHON_SYNTAX, argv_template=None, **where))
+        else:
+            steps.append(ValidateStep(builtin=None, argv_template=item, **where))
+    return RenderedFile(
+        path=path,
+        edits=edits,
+        validate=tuple(steps),
+        comment=entry.comment,
+        **ctx.where((*base, "path")),
+    )
+
+
+def _edit(
+    pb: Playbook, entry: FileEntry, loc: Loc, edit: Edit, ctx: _Ctx, default_id: str
+) -> EditSpec:
+    kind_key = edit.kind_key
+    kind_loc = (*loc, kind_key)
+    markers = edit.markers if edit.markers is not None else entry.markers
+    common: dict[str, Any] = {"markers": markers, "marker_id": edit.id or default_id}
+    if kind_key in ("insert", "content"):
+        anchor_key = edit.anchor_key or "after"
+        if kind_key == "insert":
+            text = ctx.renderer.render_template(str(edit.insert), ctx.vars, **ctx.where(kind_loc))
+        else:
+            text = ctx.string(str(edit.content), kind_loc)
+        anchor = Anchor(
+            side="before" if anchor_key.startswith("before") else "after",
+            pattern=str(getattr(edit, anchor_key)),
+            regex=anchor_key.endswith("_regex"),
+        )
+        return EditSpec(
+            kind="insert", text=text, anchor=anchor, **common, **ctx.where((*loc, anchor_key))
+        )
+    if kind_key in ("replace", "replace_regex"):
+        text = ctx.string(str(edit.with_), (*loc, "with"))
+        return EditSpec(
+            kind="replace",
+            text=text,
+            pattern=str(getattr(edit, kind_key)),
+            regex=kind_key == "replace_regex",
+            count=edit.count,
+            **common,
+            **ctx.where(kind_loc),
+        )
+    if kind_key in ("delete", "delete_regex"):
+        anchor = Anchor(
+            side="after", pattern=str(getattr(edit, kind_key)), regex=kind_key == "delete_regex"
+        )
+        return EditSpec(kind="delete", anchor=anchor, **common, **ctx.where(kind_loc))
+    diff = ctx.renderer.source(str(edit.patch), **ctx.where(kind_loc))
+    return EditSpec(kind="patch", text=diff, **common, **ctx.where(kind_loc))
+
+
+def _server(server: Server, ctx: _Ctx) -> RenderedServer:
+    base: Loc = ("server",)
+
+    def words(name: str) -> list[str] | None:
+        command = getattr(server, name)
+        return ctx.words(command, (*base, name)) if command else None
+
+    def text(name: str) -> str | None:
+        value = getattr(server, name)
+        return ctx.string(value, (*base, name)) if value is not None else None
+
+    flags: dict[str, FlagValue] = {
+        name: ctx.value(value, (*base, "flags", name)) for name, value in server.flags.items()
+    }
+    return RenderedServer(
+        manager=server.manager,
+        argv=words("command"),
+        flags=flags,
+        python=server.python or "python3",
+        workdir=text("workdir"),
+        env={k: ctx.string(v, (*base, "env", k)) for k, v in server.env.items()},
+        pidfile=text("pidfile"),
+        log=text("log"),
+        stop_timeout=server.stop_timeout,
+        start=words("start"),
+        stop=words("stop"),
+        pid=words("pid"),
+        status=words("status"),
+    )
+
+
+def _health(health: Health, ctx: _Ctx) -> RenderedHealth:
+    base: Loc = ("health",)
+    return RenderedHealth(
+        base_url=ctx.string(health.base_url, (*base, "base_url")).rstrip("/"),
+        timeout=health.timeout,
+        interval=health.interval,
+        confirm_timeout=health.confirm_timeout,
+        checks=tuple(_check(c, (*base, "checks", i), ctx) for i, c in enumerate(health.checks)),
+    )
+
+
+def _check(check: Check, loc: Loc, ctx: _Ctx) -> RenderedCheck:
+    method_key = "get" if check.get is not None else "post"
+    return RenderedCheck(
+        method=check.method,
+        path=ctx.string(check.path, (*loc, method_key)),
+        json=ctx.value(check.json_, (*loc, "json")),
+        status=check.status,
+        expect={k: _scalars(ctx.value(v, (*loc, "expect", k))) for k, v in check.expect.items()},
+        body=ctx.string(check.body, (*loc, "body")) if check.body is not None else None,
+        headers={k: ctx.string(v, (*loc, "headers", k)) for k, v in check.headers.items()},
+    )
+
+
+def _scalars(value: Any) -> Any:
+    """Strings (already rendered) read as YAML scalars, recursively."""
+    if isinstance(value, str):
+        return yaml_scalar(value)
+    if isinstance(value, list):
+        return [_scalars(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _scalars(v) for k, v in value.items()}
+    return value
+
+
+def render_validate(
+    step: ValidateStep, vars: Mapping[str, Any], staged: str, renderer: Renderer
+) -> list[str]:
+    """The argv of a command ``validate`` step for the staged copy at ``staged``.
+
+    Returns ``[]`` for the built-in (the caller runs ``python-syntax`` itself).
+    """
+    if step.builtin or not step.argv_template:
+        return []
+    return render_words(
+        step.argv_template,
+        {**vars, "staged": staged},
+        renderer,
+        file=step.file,
+        line=step.line,
+        key=step.key,
+    )
+
+
+__all__ = [
+    "RenderedCheck",
+    "RenderedFile",
+    "RenderedHealth",
+    "RenderedPlaybook",
+    "RenderedServer",
+    "ValidateStep",
+    "builtin_vars",
+    "merge_vars",
+    "parse_cli_vars",
+    "render_playbook",
+    "render_validate",
+    "vars_for_host",
+    "yaml_scalar",
+]

@@ -1,0 +1,350 @@
+"""The structural check: the edited Python file is the original plus exactly the plan.
+
+This is the check that would have stopped the story's patch: a block put
+between a call's ``default=`` line and its ``)`` is not a whole statement.
+It trusts nothing the planner did; it looks at the original, the result and
+the recorded changes only:
+
+1. every insertion point and every deleted range sits between whole logical
+   lines of the original (never inside a bracketed call, a string, a header,
+   or between decorators and their ``def``);
+2. the result compiles;
+3. each inserted block (marker comments aside) is whole statements, siblings
+   in one body, beside the statement its anchor names and in that
+   statement's body;
+4. when the plan only inserts and deletes: the result's AST with the
+   inserted statements removed equals the original's AST with the deleted
+   (and replaced-in-place) statements removed (``ast.dump``, positions
+   ignored). A replace or a patch changes code on purpose; there compiling
+   is the check.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+
+from orchestrator.core.anchors import PySource, StmtInfo, is_python, places_for
+from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
+from orchestrator.core.edits import IN_PLACE
+from orchestrator.errors import StructureError
+
+_NODE_NAMES: tuple[tuple[type, str], ...] = (
+    (ast.Call, "call"),
+    (ast.List, "list"),
+    (ast.Tuple, "tuple"),
+    (ast.Dict, "dict"),
+    (ast.Set, "set"),
+    (ast.JoinedStr, "f-string"),
+    (ast.Subscript, "subscript"),
+    (ast.ListComp, "comprehension"),
+    (ast.SetComp, "comprehension"),
+    (ast.DictComp, "comprehension"),
+    (ast.GeneratorExp, "generator expression"),
+    (ast.Lambda, "lambda"),
+    (ast.BinOp, "expression"),
+    (ast.BoolOp, "expression"),
+    (ast.Compare, "expression"),
+)
+
+_STMT_NAMES: dict[type, str] = {
+    ast.FunctionDef: "`def` header",
+    ast.AsyncFunctionDef: "`async def` header",
+    ast.ClassDef: "`class` header",
+    ast.If: "`if` header",
+    ast.For: "`for` header",
+    ast.AsyncFor: "`async for` header",
+    ast.While: "`while` header",
+    ast.With: "`with` header",
+    ast.AsyncWith: "`async with` header",
+    ast.Match: "`match` header",
+    ast.Assign: "assignment",
+    ast.AnnAssign: "annotated assignment",
+    ast.AugAssign: "assignment",
+    ast.Return: "`return` statement",
+    ast.Import: "import",
+    ast.ImportFrom: "import",
+    ast.Assert: "`assert` statement",
+    ast.Raise: "`raise` statement",
+    ast.Delete: "`del` statement",
+}
+
+
+def _describe(stmt: ast.stmt, row: int) -> tuple[str, int]:
+    """Name the innermost construct of ``stmt`` spanning rows ``row`` and ``row + 1``."""
+    best: ast.AST | None = None
+    for node in ast.walk(stmt):
+        lineno = getattr(node, "lineno", None)
+        end = getattr(node, "end_lineno", None)
+        if lineno is None or end is None or not (lineno <= row and end >= row + 1):
+            continue
+        if best is None or (lineno, node.col_offset) >= (best.lineno, best.col_offset):  # type: ignore[attr-defined]
+            best = node
+    node = best or stmt
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+        return "string", node.lineno
+    for kind, name in _NODE_NAMES:
+        if isinstance(node, kind):
+            return name, node.lineno
+    if isinstance(node, ast.stmt):
+        return _STMT_NAMES.get(type(node), "statement"), node.lineno
+    return "statement", stmt.lineno
+
+
+class _Shift:
+    """Original line numbers -> result line numbers, from the recorded changes."""
+
+    def __init__(self, changes: Sequence[Change]) -> None:
+        self.changes = changes
+
+    def __call__(self, row: int) -> int:
+        shift = 0
+        for change in self.changes:
+            if change.old_start <= row and change.old_end < row:
+                shift += (change.new_end - change.new_start) - (change.old_end - change.old_start)
+        return row + shift
+
+
+def _span(first: int, last: int) -> str:
+    return f"lines {first}-{last}" if last > first else f"line {first}"
+
+
+def _gap_problem(src: PySource, row: int) -> tuple[str, int] | None:
+    """Why nothing may go between lines ``row`` and ``row + 1`` of ``src``, if so."""
+    here, there = src.ll_index(row), src.ll_index(row + 1)
+    if here is not None and here == there:
+        info = src.statement_at(row)
+        if info is not None:
+            name, line = _describe(info.node, row)
+            return f"inside the {name} that starts at line {line}", line
+        return f"inside the logical line that starts at line {src.logical[here].first}", row
+    for info in src.stmts:
+        node = info.node
+        if getattr(node, "decorator_list", None) and info.start <= row and row + 1 <= node.lineno:
+            return (
+                f"between the decorators and the {_STMT_NAMES.get(type(node), 'statement')} "
+                f"that starts at line {info.start}"
+            ), info.start
+    return None
+
+
+def _check_original_side(path: str, orig: PySource, changes: Sequence[Change]) -> None:
+    shift = _Shift(changes)
+    for change in changes:
+        if change.kind not in ("insert", "delete"):
+            continue
+        if change.old_end >= change.old_start:
+            gaps = [change.old_start - 1, change.old_end]
+        else:
+            gaps = [change.old_start - 1]
+        for gap in gaps:
+            problem = _gap_problem(orig, gap)
+            if problem is None:
+                continue
+            text, line = problem
+            text = text.replace(f"line {line}", f"line {shift(line)}")
+            if change.new_end >= change.new_start:
+                lines = _span(change.new_start, change.new_end)
+            else:
+                lines = _span(change.old_start, change.old_end) + " of the original"
+            raise StructureError(f"{path}: {lines} are not whole statements: they fall {text}")
+
+
+def _own_lls(src: PySource) -> dict[int, list[int]]:
+    """id(statement) -> its own logical lines (header, clauses, decorators)."""
+    out: dict[int, list[int]] = {}
+    for table in (src.header_ll, src.clause_ll, src.decorator_ll):
+        for index, info in table.items():
+            out.setdefault(id(info), []).append(index)
+    return out
+
+
+def _check_block(
+    path: str,
+    res: PySource,
+    change: Change,
+    edits: Sequence[EditSpec],
+    inserted: Sequence[tuple[int, int]],
+    own: dict[int, list[int]],
+) -> None:
+    a, b = change.new_start, change.new_end
+    lines = _span(a, b)
+    for ll in res.logical:
+        if ll.last < a or ll.first > b:
+            continue
+        if ll.first < a or ll.last > b:
+            row = a - 1 if ll.first < a else b
+            info = res.statement_at(row)
+            name, line = _describe(info.node, row) if info else ("statement", ll.first)
+            raise StructureError(
+                f"{path}: {lines} are not whole statements: they fall inside the {name} "
+                f"that starts at line {line}"
+            )
+    inside: list[StmtInfo] = []
+    for info in res.stmts:
+        if info.start > b or info.end < a:
+            continue
+        if a <= info.start and info.end <= b:
+            inside.append(info)
+            continue
+        for index in own.get(id(info), []):
+            ll = res.logical[index]
+            if a <= ll.first <= b:
+                raise StructureError(
+                    f"{path}: {lines} are not whole statements: line {ll.first} "
+                    f"({ll.head} …) belongs to the statement that starts at line {info.start}"
+                )
+    ids = {id(info) for info in inside}
+    top = [info for info in inside if info.owner is None or id(info.owner) not in ids]
+    if not top:
+        return  # comments only
+    bodies = {info.body for info in top}
+    if len(bodies) > 1:
+        raise StructureError(
+            f"{path}: {lines} are not siblings in one body: "
+            + "; ".join(f"line {info.start} is at indentation level {_depth(info)}" for info in top)
+        )
+    body = res.bodies[top[0].body]
+    positions = [body.stmts.index(info) for info in top]
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        raise StructureError(f"{path}: {lines} are not consecutive statements of one body")
+    _check_beside_anchor(path, res, change, edits, inserted, top)
+
+
+def _depth(info: StmtInfo) -> int:
+    depth = 0
+    while info.owner is not None:
+        depth, info = depth + 1, info.owner
+    return depth
+
+
+def _check_beside_anchor(
+    path: str,
+    res: PySource,
+    change: Change,
+    edits: Sequence[EditSpec],
+    inserted: Sequence[tuple[int, int]],
+    top: Sequence[StmtInfo],
+) -> None:
+    """An inserted block sits right after (before) the statement its anchor names, as a sibling."""
+    if change.note == IN_PLACE or not 0 <= change.edit_index < len(edits):
+        return
+    spec = edits[change.edit_index]
+    if spec.kind != "insert" or spec.anchor is None:
+        return
+    try:
+        places = places_for(path, res.text, spec.anchor, res)
+    except ValueError:
+        return
+    if not places:
+        return  # the anchor is gone (a later edit removed it): nothing to compare with
+    after = spec.anchor.side == "after"
+    neighbours: list[int] = []
+    row = change.new_start - 1 if after else change.new_end + 1
+    while True:
+        neighbours.append(row)
+        nxt = next(
+            (
+                r
+                for r in inserted
+                if (r[1] == row if after else r[0] == row)
+                and r != (change.new_start, change.new_end)
+            ),
+            None,
+        )
+        if nxt is None:
+            break
+        row = nxt[0] - 1 if after else nxt[1] + 1
+    lines = _span(change.new_start, change.new_end)
+    for place in places:
+        edge = place.end if after else place.start
+        if edge not in neighbours:
+            continue
+        if place.statement:
+            anchor_stmt = next(
+                (s for s in res.stmts if s.start == place.start and s.end <= place.end), None
+            )
+            if anchor_stmt is not None and anchor_stmt.body != top[0].body:
+                raise StructureError(
+                    f"{path}: {lines} are not in the body of the statement their anchor names "
+                    f"({_span(place.start, place.end)}): the block is at indentation level "
+                    f"{_depth(top[0])}, the statement at level {_depth(anchor_stmt)}"
+                )
+        return
+    names = ", ".join(_span(p.start, p.end) for p in places)
+    side = "after" if after else "before"
+    raise StructureError(
+        f"{path}: {lines} are not right {side} the statement their anchor names ({names})"
+    )
+
+
+def _dump_without(src: PySource, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, str]]:
+    """Top-level statements' (line, dump) with statements inside ``ranges`` removed."""
+    drop = {
+        id(info.node)
+        for info in src.stmts
+        if any(lo <= info.start and info.end <= hi for lo, hi in ranges)
+    }
+    tree = src.tree
+    _filter(tree, drop)
+    return [(getattr(node, "lineno", 0), ast.dump(node)) for node in tree.body]
+
+
+def _filter(node: ast.AST, drop: set[int]) -> None:
+    for name, value in ast.iter_fields(node):
+        if isinstance(value, list):
+            kept = [v for v in value if id(v) not in drop]
+            if len(kept) != len(value):
+                setattr(node, name, kept)
+            for item in kept:
+                if isinstance(item, ast.AST):
+                    _filter(item, drop)
+        elif isinstance(value, ast.AST):
+            _filter(value, drop)
+
+
+def check_structure(plan: FilePlan, edits: Sequence[EditSpec]) -> None:
+    """Raise ``StructureError`` unless ``plan.result`` is the original plus exactly the plan.
+
+    A no-op for files that are not ``.py`` and for unchanged plans.
+    """
+    path = plan.path
+    if not is_python(path) or not plan.changed:
+        return
+    try:
+        orig = PySource(path, plan.original)
+    except SyntaxError as exc:
+        raise StructureError(f"the original {exc.msg}") from None
+    changes = list(plan.changes)
+    _check_original_side(path, orig, changes)
+    try:
+        res = PySource(path, plan.result)
+    except SyntaxError as exc:
+        raise StructureError(f"after the edits, {exc.msg}") from None
+    try:
+        compile(plan.result, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
+        raise StructureError(f"after the edits, {path} does not compile: {where}") from None
+    inserted = [
+        (c.new_start, c.new_end) for c in changes if c.kind == "insert" and c.new_end >= c.new_start
+    ]
+    own = _own_lls(res)
+    for change in changes:
+        if change.kind == "insert" and change.new_end >= change.new_start:
+            _check_block(path, res, change, edits, inserted, own)
+    if any(c.kind not in ("insert", "delete") for c in changes):
+        return
+    removed = [(c.old_start, c.old_end) for c in changes if c.old_end >= c.old_start]
+    before = _dump_without(orig, removed)
+    after = _dump_without(res, inserted)
+    if [dump for _, dump in before] == [dump for _, dump in after]:
+        return
+    line = next(
+        (ln for (ln, x), (_, y) in zip(after, before, strict=False) if x != y),
+        after[len(before)][0] if len(after) > len(before) else (after[-1][0] if after else 1),
+    )
+    raise StructureError(
+        f"{path}: the edited file is not the original plus exactly the planned statements "
+        f"(first difference in the top-level statement at line {line})"
+    )

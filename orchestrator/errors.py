@@ -1,0 +1,126 @@
+"""Every error orch reports on purpose, and the exit code each one means.
+
+The exit code lives on the class (like Click's ``ClickException.exit_code``),
+so the CLI maps exceptions to codes in exactly one place:
+
+- 2 ``RefusedError``: refused before anything on a host changed.
+- 1 ``DeployFailedError``: the deploy failed; the host is back in its
+  previous healthy state.
+- 3 ``HostUnsafeError``: the host is not known to be healthy; a person or
+  ``orch rollback`` must act.
+
+A message is one line meant for a person. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+
+class OrchError(Exception):
+    """Base of all errors orch raises on purpose."""
+
+    exit_code: int = 2
+
+
+class RefusedError(OrchError):
+    """Refused before anything on a host changed (exit 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(RefusedError):
+    """Bad input: names the file, the line and the key.
+
+    ``str(err)`` is ``file:line: key: message`` with the parts that are known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.key = key
+        super().__init__(self.__str__())
+
+    def located(
+        self, *, file: str | None = None, line: int | None = None, key: str | None = None
+    ) -> ConfigError:
+        """Return a copy with the location parts that were missing filled in."""
+        return type(self)(
+            self.message,
+            file=self.file or file,
+            line=self.line or line,
+            key=self.key or key,
+        )
+
+    def __str__(self) -> str:
+        where = ""
+        if self.file:
+            where = self.file + (f":{self.line}" if self.line else "") + ": "
+        key = f"{self.key}: " if self.key else ""
+        return f"{where}{key}{self.message}"
+
+
+class TemplateError(ConfigError):
+    """A template failed to parse or render (syntax error, undefined variable)."""
+
+
+class AnchorError(ConfigError):
+    """An anchor matched zero places, or several; the message lists candidates."""
+
+
+class EditError(ConfigError):
+    """An edit cannot be applied as written (replace count, patch refused, markers)."""
+
+
+class StructureError(RefusedError):
+    """The edited Python file is not the original plus exactly the planned statements."""
+
+
+class ValidationError(RefusedError):
+    """A ``validate`` step failed on the staged copy."""
+
+
+class HostKeyError(RefusedError):
+    """The host's SSH key is unknown (and not accepted) or has changed."""
+
+
+class UnreachableError(RefusedError):
+    """The host could not be reached or logged into."""
+
+
+class LockHeldError(RefusedError):
+    """Another deploy holds the host's lock."""
+
+
+class UnfinishedDeployError(RefusedError):
+    """The journal shows a deploy that never finished; ``orch rollback`` finishes it."""
+
+
+class RemoteError(OrchError):
+    """A step on the host failed. Which exit code it means depends on the step."""
+
+
+class NotImplementedYetError(RefusedError):
+    """A command of the contract whose issue has not landed yet."""
+
+
+class DeployFailedError(OrchError):
+    """The deploy failed and the host is back in its previous healthy state (exit 1)."""
+
+    exit_code = 1
+
+
+class HostUnsafeError(OrchError):
+    """The host is not known to be healthy; the message says what to run (exit 3)."""
+
+    exit_code = 3
+
+
+class LinkLostError(HostUnsafeError):
+    """The connection went silent or dropped while the host was mid-change."""

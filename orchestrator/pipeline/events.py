@@ -1,0 +1,59 @@
+"""How the pipeline tells the interface what is happening, without importing it.
+
+The pipeline calls a ``Reporter``; the CLI passes one that draws with Rich
+(to stderr when ``--json`` owns stdout). Tests pass ``Recorder`` and read
+what was said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from orchestrator.pipeline.plan import HostPlan
+
+
+class Reporter(Protocol):
+    def step(self, host: str, text: str) -> None: ...
+    def note(self, host: str, text: str) -> None: ...
+    def warn(self, host: str, text: str) -> None: ...
+    def plan(self, host: str, plan: HostPlan) -> None: ...
+    def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None: ...
+    def server_log(self, host: str, title: str, lines: Sequence[str]) -> None: ...
+    def progress(self, host: str, event: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Recorder:
+    """A Reporter that keeps everything, for tests and for ``--json`` runs."""
+
+    lines: list[tuple[str, str, str]] = field(default_factory=list)
+    plans: list[HostPlan] = field(default_factory=list)
+    readbacks: list[tuple[str, str, str, list[Any]]] = field(default_factory=list)
+    logs: list[tuple[str, str, list[str]]] = field(default_factory=list)
+
+    def step(self, host: str, text: str) -> None:
+        self.lines.append(("step", host, text))
+
+    def note(self, host: str, text: str) -> None:
+        self.lines.append(("note", host, text))
+
+    def warn(self, host: str, text: str) -> None:
+        self.lines.append(("warn", host, text))
+
+    def plan(self, host: str, plan: HostPlan) -> None:
+        self.plans.append(plan)
+
+    def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None:
+        self.readbacks.append((host, path, text, list(ranges)))
+
+    def server_log(self, host: str, title: str, lines: Sequence[str]) -> None:
+        self.logs.append((host, title, list(lines)))
+
+    def progress(self, host: str, event: dict[str, Any]) -> None:
+        self.lines.append(("progress", host, str(event.get("msg", ""))))
+
+    def text(self) -> str:
+        return "\n".join(t for _, _, t in self.lines)

@@ -1,0 +1,95 @@
+"""One host for one run: its transport, its helper, its state directory.
+
+Everything a step does on the host goes through ``HostSession.agent``; the
+session is a context manager so the helper and the connection are closed
+whatever happens.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import __version__
+from orchestrator.core.target import HostTarget
+from orchestrator.shell.agent_client import Agent
+from orchestrator.shell.transport import Transport, open_transport
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    accept_new_host_key: bool = False
+    ssh_config_path: str | None = None
+    connect_timeout: float = 10.0
+    break_lock: bool = False
+
+
+def controller_id() -> str:
+    """Names this machine, so a lock's holder can be checked for being alive."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            mid = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if mid:
+            return f"{socket.gethostname()}/{mid}"
+    return socket.gethostname()
+
+
+def lock_holder(command: str) -> dict[str, Any]:
+    return {
+        "user": getpass.getuser(),
+        "controller": socket.gethostname(),
+        "controller_id": controller_id(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "command": command,
+        "orch_version": __version__,
+    }
+
+
+@dataclass
+class HostSession:
+    target: HostTarget
+    options: ConnectOptions = field(default_factory=ConnectOptions)
+    transport: Transport | None = None
+    agent: Agent | None = None
+    state_dir: str = ""
+
+    def __enter__(self) -> HostSession:
+        self.transport = open_transport(
+            self.target,
+            accept_new_host_key=self.options.accept_new_host_key,
+            ssh_config_path=self.options.ssh_config_path,
+            connect_timeout=self.options.connect_timeout,
+        )
+        try:
+            self.transport.connect()
+            self.agent = Agent(self.transport, python=self.target.python).start()
+        except BaseException:
+            self.transport.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.agent is not None:
+            self.agent.close()
+        if self.transport is not None:
+            self.transport.close()
+
+    def call(self, op: str, **args: Any) -> Any:
+        assert self.agent is not None
+        return self.agent.call(op, **args)
+
+    @property
+    def round_trips(self) -> int:
+        return self.agent.calls if self.agent else 0
+
+    @property
+    def execs(self) -> int:
+        return self.transport.exec_count if self.transport else 0

@@ -1,0 +1,137 @@
+"""The controller's end of the helper protocol (see ``shell.agent``).
+
+One ``Agent`` per host per run: it starts the helper over the transport
+with a single exec, then every step is a request on that one channel.
+``calls`` counts round trips, which the benchmarks report.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import LinkLostError, RemoteError, UnreachableError
+from orchestrator.shell.transport import RemoteProcess, Transport
+
+AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
+READY_MAGIC = "ORCH-AGENT-READY"
+# The bootstrap reads the helper's source as one base64 line from stdin, so
+# the command line stays short and nothing is written to the host's disk.
+BOOTSTRAP = (
+    "import sys,zlib,base64;s=zlib.decompress(base64.b64decode(sys.stdin.buffer.readline()))"
+    ".decode();exec(compile(s,'orch-agent','exec'),{'__name__':'__main__','AGENT_SOURCE':s})"
+)
+# Ticks arrive every 5 s while an op runs: this much silence means the link is dead.
+LINK_TIMEOUT = 30.0
+START_TIMEOUT = 60.0
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+class RemoteStepError(RemoteError):
+    """A step the helper ran failed; ``kind`` says which sort, ``details`` the rest."""
+
+    def __init__(self, op: str, kind: str, message: str, details: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.op = op
+        self.kind = kind
+        self.message = message
+        self.details = details
+
+
+@dataclass
+class Agent:
+    """A running helper on one host."""
+
+    transport: Transport
+    python: str = "python3"
+    link_timeout: float = LINK_TIMEOUT
+    calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    _proc: RemoteProcess | None = None
+    _next_id: int = 0
+
+    def start(self) -> Agent:
+        """Start the helper; raises ``UnreachableError`` when it cannot run there."""
+        label = self.transport.target.label
+        proc = self.transport.spawn([self.python, "-u", "-c", BOOTSTRAP])
+        payload = base64.b64encode(zlib.compress(AGENT_SOURCE.encode("utf-8"), 9)) + b"\n"
+        proc.write(payload)
+        # A login shell may print banners (conda, motd) before the helper runs:
+        # skip lines until the helper's ready line.
+        for _ in range(1000):
+            try:
+                line = proc.readline(START_TIMEOUT)
+            except LinkLostError as e:
+                raise UnreachableError(f"{label}: orch's helper did not start: {e}") from None
+            if not line:
+                err = proc.stderr_text().strip().splitlines()
+                tail = err[-1] if err else "no output"
+                raise UnreachableError(
+                    f"{label}: cannot start orch's helper with {self.python!r}: {tail}"
+                )
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and msg.get("ready") == READY_MAGIC:
+                self._proc = proc
+                self.info = self.call("hello")
+                return self
+        raise UnreachableError(f"{label}: orch's helper never said it was ready")
+
+    def call(
+        self,
+        op: str,
+        *,
+        on_event: EventHandler | None = None,
+        **args: Any,
+    ) -> Any:
+        """One round trip: send a request, pass events to ``on_event``, return the result."""
+        if self._proc is None:
+            raise RemoteError("the helper is not running")
+        self._next_id += 1
+        rid = self._next_id
+        self.calls += 1
+        request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"))
+        self._proc.write(request.encode("utf-8") + b"\n")
+        label = self.transport.target.label
+        while True:
+            line = self._proc.readline(self.link_timeout)
+            if not line:
+                err = self._proc.stderr_text().strip().splitlines()
+                raise LinkLostError(
+                    f"{label}: the connection closed during {op}"
+                    + (f" ({err[-1]})" if err else "")
+                )
+            msg = json.loads(line)
+            if msg.get("id") != rid:
+                continue
+            if not msg.get("done"):
+                if on_event is not None and msg.get("event") != "tick":
+                    on_event(msg)
+                continue
+            if msg.get("ok"):
+                return msg.get("result")
+            err = msg.get("error") or {}
+            raise RemoteStepError(
+                op, err.get("type", "error"), err.get("message", "failed"), err.get("details") or {}
+            )
+
+    def close(self) -> None:
+        """Say goodbye and let the channel close; never raises."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.write(json.dumps({"id": 0, "op": "bye", "args": {}}).encode() + b"\n")
+            proc.close_stdin()
+            if proc.wait(5.0) is None:
+                proc.kill()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            proc.kill()

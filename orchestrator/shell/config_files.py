@@ -1,0 +1,175 @@
+"""Finding and reading the inventory, playbooks and templates on the controller.
+
+The only config code that touches the local disk: it reads files and hands
+their text to the pure parsers in ``core``. A user's own ``playbooks/`` and
+``templates/`` in the current directory come before the ones shipped in the
+package, so ``orch demo`` works from a plain ``pip install`` and a user can
+still shadow any shipped file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import orchestrator
+from orchestrator.core.models import Inventory, Locations, Playbook, parse_inventory, parse_playbook
+from orchestrator.core.templating import Lookup, Renderer
+from orchestrator.errors import ConfigError, TemplateError
+
+DEFAULT_INVENTORY = "inventory.yaml"
+DEFAULT_PLAYBOOK = "site.yaml"
+
+
+def packaged_dir(name: str) -> Path:
+    """The shipped ``playbooks`` or ``templates`` folder.
+
+    From a wheel they live at ``orchestrator/_data/<name>``; from a source
+    checkout (or an editable install) at the repository root.
+    """
+    package = Path(orchestrator.__file__).resolve().parent
+    installed = package / "_data" / name
+    return installed if installed.is_dir() else package.parent / name
+
+
+def display_path(path: Path) -> str:
+    """``path`` as error messages show it: relative to the current directory when inside it."""
+    try:
+        return os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
+    except (OSError, ValueError):
+        return str(path)
+
+
+def _read(path: Path, shown: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text", file=shown) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=shown) from None
+
+
+def load_inventory(path: str | None) -> tuple[Inventory, str]:
+    """The inventory at ``path`` (must exist), or ``./inventory.yaml``, or an empty one.
+
+    Returns the model and the file name errors should name.
+    """
+    if path is None:
+        default = Path(DEFAULT_INVENTORY)
+        if not default.is_file():
+            return Inventory(), DEFAULT_INVENTORY
+        target, shown = default, DEFAULT_INVENTORY
+    else:
+        target, shown = Path(path).expanduser(), path
+        if not target.is_file():
+            raise ConfigError(f"inventory not found: {path}", key="-i")
+    return parse_inventory(_read(target, shown), shown), shown
+
+
+def _with_suffix(name: str) -> str:
+    return name if name.endswith((".yaml", ".yml")) else name + ".yaml"
+
+
+def find_playbook(arg: str | None) -> Path:
+    """Where playbook ``arg`` is: a path, else ``./playbooks/``, else the shipped ones."""
+    name = arg or DEFAULT_PLAYBOOK
+    candidates = [
+        Path(name).expanduser(),
+        Path("playbooks") / _with_suffix(name),
+        packaged_dir("playbooks") / _with_suffix(name),
+    ]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(dict.fromkeys(display_path(c) for c in candidates))
+    raise ConfigError(f"playbook '{name}' not found (looked for: {looked})")
+
+
+@dataclass(frozen=True)
+class LoadedPlaybook:
+    """A playbook as read from disk: its text and digest (for the release manifest), its model."""
+
+    path: Path
+    text: str
+    sha256: str
+    model: Playbook
+    locations: Locations
+    template_dirs: tuple[Path, ...]
+
+    @property
+    def display(self) -> str:
+        """The playbook's name in messages (relative to the current directory when inside it)."""
+        return self.locations.file
+
+    @property
+    def filename(self) -> str:
+        return self.locations.file
+
+
+def template_dirs_for(playbook_path: Path) -> tuple[Path, ...]:
+    """The playbook's folder, ``../templates`` beside it, the shipped templates (no repeats)."""
+    folder = playbook_path.resolve().parent
+    dirs = [folder, folder.parent / "templates", packaged_dir("templates").resolve()]
+    return tuple(dict.fromkeys(dirs))
+
+
+def load_playbook(path: Path | str) -> LoadedPlaybook:
+    """Read and parse the playbook at ``path``."""
+    path = Path(path)
+    shown = display_path(path)
+    text = _read(path, shown)
+    model = parse_playbook(text, shown)
+    return LoadedPlaybook(
+        path=path,
+        text=text,
+        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        model=model,
+        locations=model.locations,
+        template_dirs=template_dirs_for(path),
+    )
+
+
+def find_template(dirs: tuple[Path, ...], name: str) -> Path | None:
+    """The first of ``dirs`` holding template ``name``.
+
+    Names are relative paths below the folders; ``..`` or an absolute path is
+    refused, so a playbook cannot read arbitrary files of the controller.
+    """
+    parts = PurePosixPath(name).parts
+    if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
+        raise TemplateError(
+            f"template name must be a relative path inside the template folders (got: {name!r})"
+        )
+    for folder in dirs:
+        candidate = folder.joinpath(*parts)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def template_lookup(dirs: tuple[Path, ...]) -> Lookup:
+    """A ``Renderer`` lookup over ``dirs`` (see ``find_template``)."""
+
+    def lookup(name: str) -> str | None:
+        found = find_template(dirs, name)
+        return _read(found, display_path(found)) if found else None
+
+    return lookup
+
+
+def make_renderer(loaded: LoadedPlaybook) -> Renderer:
+    """A sandboxed renderer reading templates from the playbook's template folders."""
+    dirs = loaded.template_dirs
+
+    def describe(name: str) -> str:
+        try:
+            found = find_template(dirs, name)
+        except TemplateError:
+            found = None
+        return display_path(found) if found else name
+
+    return Renderer(
+        template_lookup(dirs), searched=[display_path(d) for d in dirs], describe=describe
+    )

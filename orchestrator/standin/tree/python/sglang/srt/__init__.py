@@ -1,0 +1,1 @@
+"""The stand-in's ``sglang.srt`` runtime package (arguments, HTTP front end, a worker)."""

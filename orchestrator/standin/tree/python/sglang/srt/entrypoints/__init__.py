@@ -1,0 +1,1 @@
+"""Entry points of the stand-in server."""

@@ -1,0 +1,1 @@
+"""Speculative decoding in the stand-in server (a skeleton for patches to land in)."""

@@ -1,0 +1,262 @@
+"""The safe deploy end to end: the real CLI, over real sshd, against the stand-in server."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.fixtures.sandbox import Sandbox, cmdline, get_json, health_status, sha256
+
+BAD_FLAG = """\
+name: bad-flag
+vars: {port: 30000}
+files: []
+server:
+  manager: process
+  flags: {"--speculative-disable-batch-treshold": 8}
+health:
+  base_url: "http://127.0.0.1:{{ port }}"
+  timeout: 5m
+  interval: 0.2s
+  checks: [{get: /health}]
+"""
+
+NEVER_HEALTHY = """\
+name: never-healthy
+vars: {port: 30000}
+files: []
+server:
+  manager: process
+  flags: {"--log-level": "debug"}
+  env: {STANDIN_NEVER_READY: "1"}
+health:
+  base_url: "http://127.0.0.1:{{ port }}"
+  timeout: 3s
+  interval: 0.2s
+  checks: [{get: /health}]
+"""
+
+
+def report(proc) -> dict:
+    return json.loads(proc.stdout)
+
+
+def test_deploy_changes_file_restarts_with_flag_and_is_idempotent(sandbox: Sandbox) -> None:
+    hand_pid = sandbox.start_by_hand()
+    before = sha256(sandbox.server_args)
+
+    first = sandbox.orch("deploy", "--host", "gpu", "--json", "speculative-disable")
+    assert first.returncode == 0, first.stdout + first.stderr
+    rep = report(first)["hosts"]["gpu"]
+    assert rep["outcome"] == "changed"
+    assert rep["files"] == [str(sandbox.server_args)]
+    assert sha256(sandbox.server_args) != before
+    info = get_json(sandbox.port, "/get_server_info")
+    assert info["speculative_disable_batch_threshold"] == 32
+    new_pid = sandbox.server_pid()
+    assert new_pid and new_pid != hand_pid
+    argv = cmdline(new_pid)
+    assert argv[-2:] == ["--speculative-disable-batch-threshold", "32"]
+    assert argv[:-2] == sandbox.hand_argv  # the hand-started command line, plus the flag
+    # the verification read is on screen: the inserted call with line numbers
+    assert "sed -n" in first.stderr and "--speculative-disable-batch-threshold" in first.stderr
+
+    hist = sandbox.orch("history", "--host", "gpu", "--json")
+    rows = report(hist)["hosts"]["gpu"]
+    assert [r["outcome"] for r in rows] == ["current"]
+    assert rows[0]["flag_changes"] == ["--speculative-disable-batch-threshold: (absent) -> 32"]
+
+    again = sandbox.orch("deploy", "--host", "gpu", "--json", "speculative-disable")
+    assert again.returncode == 0, again.stderr
+    assert report(again)["hosts"]["gpu"]["outcome"] == "unchanged"
+    assert sandbox.server_pid() == new_pid  # no restart
+
+    flags_only = sandbox.orch("deploy", "--host", "gpu", "--json", "--var", "threshold=64",
+                              "speculative-disable")
+    assert flags_only.returncode == 0, flags_only.stderr
+    assert report(flags_only)["hosts"]["gpu"]["outcome"] == "changed"
+    assert report(flags_only)["hosts"]["gpu"]["files"] == []
+    assert sandbox.server_pid() != new_pid
+    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 64
+
+
+def test_flag_rejected_at_start_rolls_back_in_seconds(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    (sandbox.root / "playbooks").mkdir()
+    (sandbox.root / "playbooks" / "bad-flag.yaml").write_text(BAD_FLAG)
+    ok = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
+    assert ok.returncode == 0, ok.stderr
+    good_pid = sandbox.server_pid()
+    good_argv = cmdline(good_pid)
+    file_sha = sha256(sandbox.server_args)
+
+    started = time.monotonic()
+    bad = sandbox.orch("deploy", "--host", "gpu", "--json", "bad-flag")
+    elapsed = time.monotonic() - started
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    rep = report(bad)["hosts"]["gpu"]
+    assert rep["outcome"] == "rolled_back"
+    assert "server exited during start (code 2)" in rep["error"]
+    assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in bad.stderr
+    assert elapsed < 60, "detected at start, not at the 5-minute health timeout"
+    assert sha256(sandbox.server_args) == file_sha
+    assert health_status(sandbox.port) == 200
+    assert cmdline(sandbox.server_pid()) == good_argv
+    rows = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"]
+    assert [r["outcome"] for r in rows] == ["current", "rolled back"]
+
+
+def test_server_that_never_becomes_healthy_is_rolled_back_after_timeout(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    hand_argv = list(sandbox.hand_argv)
+    (sandbox.root / "never.yaml").write_text(NEVER_HEALTHY)
+    proc = sandbox.orch("deploy", "--host", "gpu", "--json", str(sandbox.root / "never.yaml"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rep = report(proc)["hosts"]["gpu"]
+    assert rep["outcome"] == "rolled_back"
+    assert "not healthy after 3" in rep["error"]
+    assert health_status(sandbox.port) == 200
+    assert cmdline(sandbox.server_pid()) == hand_argv
+
+
+def test_rollback_restores_files_and_hand_started_command_line(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand("--log-level", "warning")
+    original = sha256(sandbox.server_args)
+    hand_argv = list(sandbox.hand_argv)
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+
+    back = sandbox.orch("rollback", "--host", "gpu", "--json")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert sha256(sandbox.server_args) == original
+    assert health_status(sandbox.port) == 200
+    assert cmdline(sandbox.server_pid()) == hand_argv
+    assert "speculative_disable_batch_threshold" not in get_json(sandbox.port, "/get_server_info")
+
+    again = sandbox.orch("rollback", "--host", "gpu", "--json")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to roll back" in again.stderr
+    rows = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"]
+    assert [r["kind"] for r in rows] == ["deploy", "rollback"]
+    assert rows[0]["outcome"].startswith("undone by")
+
+
+def test_second_rollback_goes_further_back_never_toggles(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    original = sha256(sandbox.server_args)
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    after_first = sha256(sandbox.server_args)
+    assert sandbox.orch("deploy", "--host", "gpu", "--var", "threshold=8", "speculative-disable").returncode == 0
+    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 8
+
+    assert sandbox.orch("rollback", "--host", "gpu").returncode == 0
+    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
+    assert sha256(sandbox.server_args) == after_first
+    assert sandbox.orch("rollback", "--host", "gpu").returncode == 0
+    assert sha256(sandbox.server_args) == original
+    assert "speculative_disable_batch_threshold" not in get_json(sandbox.port, "/get_server_info")
+
+
+def test_rollback_to_release(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    first = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"][0]["id"]
+    for t in ("8", "16"):
+        assert sandbox.orch("deploy", "--host", "gpu", "--var", f"threshold={t}", "speculative-disable").returncode == 0
+    proc = sandbox.orch("rollback", "--host", "gpu", "--to", first[:12] if False else first, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
+    rows = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"]
+    assert rows[0]["current"] and rows[0]["id"] == first
+
+
+def test_status_reports_release_server_health_and_drift(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    st = report(sandbox.orch("status", "--host", "gpu", "--json"))["hosts"]["gpu"]
+    assert st["current"] and st["healthy"] is True and st["drift"] == []
+    assert st["server"]["argv"][-1] == "32"
+    with sandbox.server_args.open("a") as f:
+        f.write("# a hand edit\n")
+    st = report(sandbox.orch("status", "--host", "gpu", "--json"))["hosts"]["gpu"]
+    assert st["drift"] == [str(sandbox.server_args)]
+
+
+def test_second_deploy_while_locked_fails_fast_naming_the_holder(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    import subprocess
+    import sys
+
+    slow = sandbox.root / "slow.yaml"
+    slow.write_text(NEVER_HEALTHY.replace("timeout: 3s", "timeout: 20s"))
+    env_cmd = [sys.executable, "-m", "orchestrator", "deploy", "--host", "gpu",
+               "--ssh-config", str(sandbox.sshd.ssh_config), str(slow)]
+    first = subprocess.Popen(env_cmd, cwd=sandbox.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lock = sandbox.state_dir / "lock.json"
+        deadline = time.time() + 30
+        while not lock.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert lock.exists()
+        started = time.monotonic()
+        second = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
+        assert second.returncode == 2, second.stderr
+        assert time.monotonic() - started < 15
+        assert "locked by" in second.stderr and f"pid {first.pid}" in second.stderr
+    finally:
+        first.wait(120)
+
+
+def test_stale_lock_is_reported_and_break_lock_takes_it(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    sandbox.state_dir.mkdir(mode=0o700)
+    (sandbox.state_dir / "lock.json").write_text(json.dumps({
+        "user": "alice", "controller": "laptop-of-alice", "controller_id": "laptop-of-alice/abc",
+        "pid": 4242, "started": time.time() - 3600, "heartbeat": time.time() - 600,
+        "command": "deploy site.yaml", "token": "old", "agent_pid": 999999,
+    }))
+    refused = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
+    assert refused.returncode == 2
+    assert "stale lock held by alice@laptop-of-alice" in refused.stderr
+    assert "--break-lock" in refused.stderr
+    taken = sandbox.orch("deploy", "--host", "gpu", "--break-lock", "speculative-disable")
+    assert taken.returncode == 0, taken.stderr
+    assert "breaking the stale lock" in taken.stderr
+    assert not (sandbox.state_dir / "lock.json").exists()
+
+
+def test_unfinished_deploy_in_journal_is_refused_and_rollback_finishes_it(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    original = sha256(sandbox.server_args)
+    # A deploy whose controller dies (kill -9) mid-health-wait leaves the journal unfinished.
+    import signal
+    import subprocess
+    import sys
+
+    slow = sandbox.root / "slow.yaml"
+    spec = (Path(__file__).resolve().parents[1] / "playbooks" / "speculative-disable.yaml").read_text()
+    slow.write_text(spec.replace("server:\n  manager: process\n",
+                                 "server:\n  manager: process\n  env: {STANDIN_NEVER_READY: \"1\"}\n"))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "deploy", "--host", "gpu",
+                             "--ssh-config", str(sandbox.sshd.ssh_config), str(slow)],
+                            cwd=sandbox.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    journal = sandbox.state_dir / "journal.json"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if journal.exists() and json.loads(journal.read_text()).get("step") == "restarting":
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert sha256(sandbox.server_args) != original
+
+    refused = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
+    assert refused.returncode == 2, refused.stderr
+    assert "never finished" in refused.stderr and "orch rollback" in refused.stderr
+
+    fixed = sandbox.orch("rollback", "--host", "gpu")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert sha256(sandbox.server_args) == original
+    assert health_status(sandbox.port) == 200
+    assert cmdline(sandbox.server_pid()) == sandbox.hand_argv
