@@ -62,7 +62,9 @@ def test_split_words_like_a_shell() -> None:
         split_words("run 'x")
 
 
-@pytest.mark.parametrize("value", ["a; rm -rf /", "$(id)", "`id`", "x y z", "a\nb", "'\"", "&&", "*"])
+@pytest.mark.parametrize(
+    "value", ["a; rm -rf /", "$(id)", "`id`", "x y z", "a\nb", "'\"", "&&", "*"]
+)
 def test_render_words_keeps_each_value_one_word(value: str) -> None:
     argv = render_words("echo {{ v }} --flag={{ v }} end", {"v": value}, R)
     assert argv == ["echo", value, f"--flag={value}", "end"]
@@ -99,7 +101,17 @@ def test_quote_argv_round_trips() -> None:
 
 # --------------------------------------------------------------- apply_flags
 
-BASE = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8", "--port", "30000"]
+BASE = [
+    "python",
+    "-m",
+    "sglang.launch_server",
+    "--model-path",
+    "/m",
+    "--tp",
+    "8",
+    "--port",
+    "30000",
+]
 
 
 def test_new_flag_is_appended() -> None:
@@ -108,7 +120,15 @@ def test_new_flag_is_appended() -> None:
 
 def test_replace_value_in_place() -> None:
     assert apply_flags(BASE, {"--tp": 4}) == [
-        "python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "4", "--port", "30000",
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--tp",
+        "4",
+        "--port",
+        "30000",
     ]
 
 
@@ -129,7 +149,15 @@ def test_bare_true_and_removal() -> None:
 
 def test_list_values() -> None:
     argv = ["s", "--ids", "1", "2", "3", "--y", "v"]
-    assert apply_flags(argv, {"--ids": ["a", 4, 0.5]}) == ["s", "--ids", "a", "4", "0.5", "--y", "v"]
+    assert apply_flags(argv, {"--ids": ["a", 4, 0.5]}) == [
+        "s",
+        "--ids",
+        "a",
+        "4",
+        "0.5",
+        "--y",
+        "v",
+    ]
     assert apply_flags(["s"], {"--ids": []}) == ["s", "--ids"]
 
 
@@ -155,8 +183,10 @@ def test_prefix_of_another_flag_is_not_matched() -> None:
 
 def test_flag_changes_summary() -> None:
     before = [*BASE, "--old", "x"]
-    after = apply_flags(before, {"--speculative-disable-batch-threshold": 32, "--tp": 4,
-                                 "--old": None, "--on": True})
+    after = apply_flags(
+        before,
+        {"--speculative-disable-batch-threshold": 32, "--tp": 4, "--old": None, "--on": True},
+    )
     assert flag_changes(before, after) == [
         "--tp: 8 -> 4",
         "--speculative-disable-batch-threshold: (absent) -> 32",
@@ -175,7 +205,10 @@ WORD = st.one_of(
     st.integers(-50, 50).map(str),
 )
 VALUE = st.one_of(
-    st.none(), st.booleans(), st.integers(-100, 100), WORD,
+    st.none(),
+    st.booleans(),
+    st.integers(-100, 100),
+    WORD,
     st.lists(st.one_of(st.integers(-9, 9), WORD), max_size=3),
 )
 ARGV = st.lists(st.one_of(NAMES, WORD, NAMES.map(lambda n: n + "=v")), max_size=10).map(

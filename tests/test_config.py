@@ -292,17 +292,41 @@ def test_bad_duration() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("server:\n  manager: proc\n  command: a\n", "2: server.manager: expected one of process, commands (got: proc)"),
+        (
+            "server:\n  manager: proc\n  command: a\n",
+            "2: server.manager: expected one of process, commands (got: proc)",
+        ),
         ("server:\n  manager: commands\n  start: a\n", "1: server: manager commands needs stop:"),
-        ("server:\n  manager: commands\n  start: a\n  stop: b\n", "1: server: manager commands needs pid: or status:"),
-        ("server:\n  pid: x\n", "1: server: manager process needs command:"),
-        ("server:\n  command: a\n  flags: {x: 1}\n", "3: server.flags: a flag name looks like --name (got: 'x')"),
-        ("server:\n  command: a\n  flags: {--x: {a: 1}}\n", "3: server.flags.--x: a flag value is a string"),
-        ("health: {base_url: ftp://h, checks: [{get: /}]}\n", "1: health.base_url: expected an http:// or https:// URL"),
+        (
+            "server:\n  manager: commands\n  start: a\n  stop: b\n",
+            "1: server: manager commands needs pid: or status:",
+        ),
+        ("server:\n  pid: x\n", "1: server: pid is only for manager: commands"),
+        (
+            "server:\n  command: a\n  flags: {x: 1}\n",
+            "3: server.flags: a flag name looks like --name (got: 'x')",
+        ),
+        (
+            "server:\n  command: a\n  flags: {--x: {a: 1}}\n",
+            "3: server.flags.--x: a flag value is a string",
+        ),
+        (
+            "health: {base_url: ftp://h, checks: [{get: /}]}\n",
+            "1: health.base_url: expected an http:// or https:// URL",
+        ),
         ("health: {base_url: http://h, checks: []}\n", "1: health.checks: must not be empty"),
-        ("health: {base_url: http://h, checks: [{get: health}]}\n", "1: health.checks[0].get: a path starting with /"),
-        ("health: {base_url: http://h, checks: [{get: /, post: /}]}\n", "1: health.checks[0]: expected one of get, post (got: get and post)"),
-        ("health: {base_url: http://h, checks: [{get: /, body: '(' }]}\n", "1: health.checks[0].body: bad regex"),
+        (
+            "health: {base_url: http://h, checks: [{get: health}]}\n",
+            "1: health.checks[0].get: a path starting with /",
+        ),
+        (
+            "health: {base_url: http://h, checks: [{get: /, post: /}]}\n",
+            "1: health.checks[0]: expected one of get, post (got: get and post)",
+        ),
+        (
+            "health: {base_url: http://h, checks: [{get: /, body: '(' }]}\n",
+            "1: health.checks[0].body: bad regex",
+        ),
         ("keep_releases: abc\n", "1: keep_releases: expected an integer (got: 'abc')"),
         ("keep_releases: 0\n", "1: keep_releases: must be >= 1 (got: 0)"),
         ("files:\n  - path: a\n    edits: []\n", "3: files[0].edits: must not be empty"),
@@ -312,6 +336,23 @@ def test_model_errors(text: str, expected: str) -> None:
     message = playbook_error("name: x\n" + text)
     line, _, rest = expected.partition(": ")
     assert message.startswith(f"{PB}:{int(line) + 1}: {rest}")
+
+
+def test_empty_collections_mean_their_default() -> None:
+    pb = parse_playbook("name: x\nvars:\nfiles:\nsecrets:\n", PB)
+    assert (pb.vars, pb.files, pb.secrets) == ({}, [], [])
+    inv = parse_inventory("defaults:\nhosts:\ngroups:\n", "inventory.yaml")
+    assert (inv.hosts, inv.groups, inv.defaults.vars) == ({}, {}, {})
+    message = playbook_error("name: x\nfiles:\n  - path: a\n    edits:\n")
+    assert message == f"{PB}:4: files[0].edits: expected a list (got: null)"
+
+
+def test_process_server_without_command_edits_the_running_one() -> None:
+    pb = parse_playbook("name: x\nserver:\n  flags: {--a: 1}\n", PB)
+    assert pb.server is not None and pb.server.command is None
+    rendered = render_playbook(pb, None, {}, Renderer())
+    assert rendered.server is not None and rendered.server.argv is None
+    assert rendered.server.desired_argv(["srv", "--a", "0"]) == ["srv", "--a", "1"]
 
 
 def test_not_a_mapping() -> None:
@@ -348,7 +389,10 @@ def test_unknown_group_member() -> None:
 def test_inventory_unknown_key() -> None:
     with pytest.raises(ConfigError) as info:
         parse_inventory("hosts:\n  a:\n    adress: x\n", "inv.yaml")
-    assert str(info.value) == "inv.yaml:3: hosts.a.adress: extra key not permitted (did you mean 'address'?)"
+    assert (
+        str(info.value)
+        == "inv.yaml:3: hosts.a.adress: extra key not permitted (did you mean 'address'?)"
+    )
     with pytest.raises(ConfigError, match=r"^inv.yaml:2: hosts.a.port: must be <= 65535"):
         parse_inventory("hosts:\n  a: {port: 70000}\n", "inv.yaml")
 
@@ -358,8 +402,17 @@ def test_inventory_unknown_key() -> None:
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [(30, 30.0), (1.5, 1.5), ("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("1h", 3600.0),
-     ("1h30m", 5400.0), ("500ms", 0.5), ("2m 30s", 150.0)],
+    [
+        (30, 30.0),
+        (1.5, 1.5),
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("15m", 900.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("500ms", 0.5),
+        ("2m 30s", 150.0),
+    ],
 )
 def test_parse_duration(value: object, seconds: float) -> None:
     assert parse_duration(value) == seconds
@@ -381,8 +434,14 @@ def test_var_precedence() -> None:
         {"d": "cli", "python": "cli"},
         {"python": "/venv/bin/python", "a": "builtin", "e": "builtin"},
     )
-    assert merged == {"a": "playbook", "b": "inventory", "c": "inventory", "d": "cli",
-                      "e": "builtin", "python": "/venv/bin/python"}
+    assert merged == {
+        "a": "playbook",
+        "b": "inventory",
+        "c": "inventory",
+        "d": "cli",
+        "e": "builtin",
+        "python": "/venv/bin/python",
+    }
 
 
 def test_inventory_vars_defaults_under_host_through_resolution() -> None:
@@ -398,10 +457,17 @@ def test_inventory_vars_defaults_under_host_through_resolution() -> None:
 
 
 def test_cli_vars_are_yaml_scalars() -> None:
-    assert parse_cli_vars(["threshold=64", "f=0.5", "on=true", "s=hello world", "e=", "eq=a=b",
-                           "n=null", "l=[1, 2]"]) == {
-        "threshold": 64, "f": 0.5, "on": True, "s": "hello world", "e": "", "eq": "a=b",
-        "n": None, "l": "[1, 2]",
+    assert parse_cli_vars(
+        ["threshold=64", "f=0.5", "on=true", "s=hello world", "e=", "eq=a=b", "n=null", "l=[1, 2]"]
+    ) == {
+        "threshold": 64,
+        "f": 0.5,
+        "on": True,
+        "s": "hello world",
+        "e": "",
+        "eq": "a=b",
+        "n": None,
+        "l": "[1, 2]",
     }
 
 
@@ -432,8 +498,9 @@ def test_render_playbook_produces_edit_specs_with_locations() -> None:
         "sglang/field.py.j2": "speculative_disable_batch_threshold: int = {{ threshold }}\n",
         "fix.diff": "--- a\n+++ b\n@@ {{ not rendered }}\n",
     }
-    variables = merge_vars(pb.vars, {"sglang_root": "/sg", "model": "/m"}, {"threshold": 64},
-                           builtin_vars(pb))
+    variables = merge_vars(
+        pb.vars, {"sglang_root": "/sg", "model": "/m"}, {"threshold": 64}, builtin_vars(pb)
+    )
     rendered = render_playbook(pb, pb.locations, variables, _renderer(files))
     (f,) = rendered.files
     assert f.path == "/sg/srt/server_args.py"
@@ -446,7 +513,12 @@ def test_render_playbook_produces_edit_specs_with_locations() -> None:
     assert content.text == 'parser.add_argument(\n    "--x-64",\n)\n'
     assert content.markers is False
     assert (content.line, content.key) == (13, "files[0].edits[1].after")
-    assert (replace.kind, replace.pattern, replace.text, replace.count) == ("replace", "old", "new 64", 2)
+    assert (replace.kind, replace.pattern, replace.text, replace.count) == (
+        "replace",
+        "old",
+        "new 64",
+        2,
+    )
     assert replace.key == "files[0].edits[2].replace"
     assert delete.kind == "delete" and delete.anchor == Anchor("after", r"^x = \d+$", True)
     assert patch.kind == "patch" and patch.text == files["fix.diff"]
@@ -457,15 +529,24 @@ def test_render_playbook_produces_edit_specs_with_locations() -> None:
 
     server = rendered.server
     assert server is not None
-    assert server.argv == ["/root/venv/bin/python", "-m", "sglang.launch_server",
-                           "--model-path", "/m", "--port", "30000"]
+    assert server.argv == [
+        "/root/venv/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--port",
+        "30000",
+    ]
     assert server.flags == {"--speculative-disable-batch-threshold": "64", "--on": True}
     assert server.desired_argv()[-3:] == ["--speculative-disable-batch-threshold", "64", "--on"]
 
     health = rendered.health
     assert health is not None
-    assert health.checks[1].expect == {"speculative_disable_batch_threshold": 64,
-                                       "version": "0.5.13"}
+    assert health.checks[1].expect == {
+        "speculative_disable_batch_threshold": 64,
+        "version": "0.5.13",
+    }
     assert health.checks[2].json == {"text": "/m", "sampling_params": {"max_new_tokens": 4}}
     assert health.checks[2].method == "POST" and health.checks[2].body == '"text"'
 
@@ -510,7 +591,7 @@ def test_undefined_variable_in_server_command() -> None:
 
 
 def test_unbalanced_quote_in_command() -> None:
-    pb = parse_playbook("name: p\nserver:\n  command: \"run 'x\"\n", PB)
+    pb = parse_playbook('name: p\nserver:\n  command: "run \'x"\n', PB)
     with pytest.raises(ConfigError) as info:
         render_playbook(pb, None, {}, _renderer({}))
     assert str(info.value) == (
@@ -518,16 +599,39 @@ def test_unbalanced_quote_in_command() -> None:
     )
 
 
+def test_validate_command_quoting_is_checked_at_render() -> None:
+    pb = parse_playbook(
+        "name: p\nfiles:\n  - path: a\n    edits: [{content: x, after: y}]\n"
+        '    validate:\n      - python-syntax\n      - "tool \'{{ staged }}"\n',
+        PB,
+    )
+    with pytest.raises(ConfigError) as info:
+        render_playbook(pb, None, {}, _renderer({}))
+    assert str(info.value) == (
+        f"{PB}:7: files[0].validate[1]: cannot split command into words: No closing quotation"
+    )
+
+
 # ----------------------------------------------------------------- secrets
 
 
 def test_secrets() -> None:
-    v = {"hf_token": "hf_abcdef", "db_password": "hunter22", "API_KEY": "k", "model": "/m",
-         "mine": "s3cr3t-value"}
+    v = {
+        "hf_token": "hf_abcdef",
+        "db_password": "hunter22",
+        "API_KEY": "k",
+        "model": "/m",
+        "mine": "s3cr3t-value",
+    }
     names = secret_names(v, ["mine"])
     assert names == {"hf_token", "db_password", "API_KEY", "mine"}
-    assert redact(v, names) == {"hf_token": "***", "db_password": "***", "API_KEY": "***",
-                                "model": "/m", "mine": "***"}
+    assert redact(v, names) == {
+        "hf_token": "***",
+        "db_password": "***",
+        "API_KEY": "***",
+        "model": "/m",
+        "mine": "***",
+    }
     text = "token hf_abcdef and s3cr3t-value, key k"
     assert redact_text(text, [v[n] for n in names]) == "token *** and ***, key k"
 
@@ -598,7 +702,9 @@ def _project(tmp_path: Path) -> Path:
     return tmp_path / "playbooks"
 
 
-def test_load_playbook_and_templates_from_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_playbook_and_templates_from_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     folder = _project(tmp_path)
     (folder / "p.yaml").write_text(
@@ -627,7 +733,9 @@ def test_template_lookup_refuses_escapes_and_lists_dirs(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     folder = _project(tmp_path)
-    (folder / "p.yaml").write_text(f"name: p\nfiles:\n  - path: a\n    edits:\n      - insert: {name}\n        after: y\n")
+    (folder / "p.yaml").write_text(
+        f"name: p\nfiles:\n  - path: a\n    edits:\n      - insert: {name}\n        after: y\n"
+    )
     loaded = load_playbook(folder / "p.yaml")
     with pytest.raises(TemplateError) as info:
         render_playbook(loaded.model, loaded.locations, {}, make_renderer(loaded))
@@ -639,11 +747,30 @@ def test_template_file_syntax_error_names_the_template_file(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     folder = _project(tmp_path)
-    (folder / "p.yaml").write_text("name: p\nfiles:\n  - path: a\n    edits:\n      - {insert: bad.j2, after: y}\n")
+    (folder / "p.yaml").write_text(
+        "name: p\nfiles:\n  - path: a\n    edits:\n      - {insert: bad.j2, after: y}\n"
+    )
     loaded = load_playbook(folder / "p.yaml")
     with pytest.raises(TemplateError) as info:
         render_playbook(loaded.model, loaded.locations, {}, make_renderer(loaded))
     assert str(info.value) == (
         "templates/bad.j2:3: template syntax error: Expected an expression, got 'end of "
         "statement block' (referenced from playbooks/p.yaml:5 files[0].edits[0].insert)"
+    )
+
+
+def test_unreadable_template_is_one_located_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    folder = _project(tmp_path)
+    (tmp_path / "templates" / "latin1.j2").write_bytes(b"caf\xe9\n")
+    (folder / "p.yaml").write_text(
+        "name: p\nfiles:\n  - path: a\n    edits:\n      - {insert: latin1.j2, after: y}\n"
+    )
+    loaded = load_playbook(folder / "p.yaml")
+    with pytest.raises(TemplateError) as info:
+        render_playbook(loaded.model, loaded.locations, {}, make_renderer(loaded))
+    assert str(info.value) == (
+        "playbooks/p.yaml:5: files[0].edits[0].insert: templates/latin1.j2: not UTF-8 text"
     )

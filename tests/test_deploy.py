@@ -135,7 +135,7 @@ def test_rollback_restores_files_and_hand_started_command_line(sandbox: Sandbox)
 
     again = sandbox.orch("rollback", "--host", "gpu", "--json")
     assert again.returncode == 0, again.stderr
-    assert "nothing to roll back" in again.stderr
+    assert "nothing to roll back" in again.stdout + again.stderr
     rows = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"]
     assert [r["kind"] for r in rows] == ["deploy", "rollback"]
     assert rows[0]["outcome"].startswith("undone by")
@@ -202,7 +202,8 @@ def test_second_deploy_while_locked_fails_fast_naming_the_holder(sandbox: Sandbo
         second = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
         assert second.returncode == 2, second.stderr
         assert time.monotonic() - started < 15
-        assert "locked by" in second.stderr and f"pid {first.pid}" in second.stderr
+        out = second.stdout + second.stderr
+        assert "locked by" in out and f"pid {first.pid}" in out
     finally:
         first.wait(120)
 
@@ -217,11 +218,12 @@ def test_stale_lock_is_reported_and_break_lock_takes_it(sandbox: Sandbox) -> Non
     }))
     refused = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
     assert refused.returncode == 2
-    assert "stale lock held by alice@laptop-of-alice" in refused.stderr
-    assert "--break-lock" in refused.stderr
+    out = refused.stdout + refused.stderr
+    assert "stale lock held by alice@laptop-of-alice" in out
+    assert "--break-lock" in out
     taken = sandbox.orch("deploy", "--host", "gpu", "--break-lock", "speculative-disable")
     assert taken.returncode == 0, taken.stderr
-    assert "breaking the stale lock" in taken.stderr
+    assert "breaking the stale lock" in taken.stdout + taken.stderr
     assert not (sandbox.state_dir / "lock.json").exists()
 
 
@@ -253,7 +255,8 @@ def test_unfinished_deploy_in_journal_is_refused_and_rollback_finishes_it(sandbo
 
     refused = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
     assert refused.returncode == 2, refused.stderr
-    assert "never finished" in refused.stderr and "orch rollback" in refused.stderr
+    out = refused.stdout + refused.stderr
+    assert "never finished" in out and "orch rollback" in out
 
     fixed = sandbox.orch("rollback", "--host", "gpu")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr

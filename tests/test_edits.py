@@ -592,7 +592,7 @@ def test_structure_refuses_a_block_inside_a_call() -> None:
     broken = "".join(rows[:5] + block + rows[5:])  # between default=1.0, and )
     with pytest.raises(StructureError) as error:
         check_structure(hand_plan(CALLS, broken, Change(0, "insert", 6, 5, 6, 6)), [plain("x = 1\n", '"--accept"')])
-    assert str(error.value) == "m.py: line 6 are not whole statements: they fall inside the call that starts at line 2"
+    assert str(error.value) == "m.py: line 6 is not a whole statement: they fall inside the call that starts at line 2"
 
 
 def test_structure_refuses_lines_inside_a_string_even_though_it_parses() -> None:

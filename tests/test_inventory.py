@@ -69,7 +69,12 @@ def test_host_entry_beats_defaults(inv: Inventory) -> None:
 
 def test_group_all_and_dedupe_keep_order(inv: Inventory) -> None:
     assert names(resolve_hosts(inv, ["blackwell"])) == ["blackwell-1", "blackwell-2"]
-    assert names(resolve_hosts(inv, ["all"])) == ["blackwell-1", "blackwell-2", "sandbox", "alias-only"]
+    assert names(resolve_hosts(inv, ["all"])) == [
+        "blackwell-1",
+        "blackwell-2",
+        "sandbox",
+        "alias-only",
+    ]
     assert names(resolve_hosts(inv, ["blackwell-2", "blackwell", "blackwell-1"])) == [
         "blackwell-2",
         "blackwell-1",

@@ -77,7 +77,12 @@ def test_syntax_error_in_template_file_names_it_and_its_line(renderer: Renderer)
 def test_syntax_error_inline_points_into_the_playbook(renderer: Renderer) -> None:
     with pytest.raises(TemplateError) as info:
         renderer.render_string(
-            "one\ntwo {{ x + }}\n", {"x": 1}, file="playbooks/x.yaml", line=5, key="c", source_line=6
+            "one\ntwo {{ x + }}\n",
+            {"x": 1},
+            file="playbooks/x.yaml",
+            line=5,
+            key="c",
+            source_line=6,
         )
     assert message(info) == (
         "playbooks/x.yaml:7: c: template syntax error: unexpected 'end of print statement'"

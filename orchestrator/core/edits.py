@@ -165,8 +165,9 @@ class _Step:
 
 
 class _Planner:
-    def __init__(self, path: str, comment: str | None) -> None:
+    def __init__(self, path: str, comment: str | None, edits: Sequence[EditSpec]) -> None:
         self.path = path
+        self.edits = edits
         self.comment = comment_prefix(path, comment)
         self.python = is_python(path)
         self._src: PySource | None = None
@@ -228,7 +229,9 @@ class _Planner:
         else:
             splice = _Splice(place.start, place.start - 1, tuple(new))
         what = "statement" if place.statement else "line"
-        span = f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
+        span = (
+            f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
+        )
         return _Step([splice], f"inserted {side} the {what} at {span}", INSERTED)
 
     def _wrapped(self, spec: EditSpec, marker_id: str, indent: str) -> list[str]:
@@ -274,23 +277,73 @@ class _Planner:
     def _unmarked_place(
         self, text: str, lines: Sequence[str], spec: EditSpec, src: PySource | None
     ) -> Place | None:
-        """The anchor's place, or ``None`` when the same block already sits beside it."""
+        """The anchor's place, or ``None`` when the same block already sits beside it.
+
+        Beside means right after (before) the place, or past other blocks this
+        plan inserts there (their text, or any marker block): two unmarked
+        inserts at one anchor both stay recognised. A block found beside any
+        of several candidate places counts as applied: inserting it again is
+        never what a re-run means.
+        """
         assert spec.anchor is not None
         try:
             places = places_for(self.path, text, spec.anchor, src)
         except ValueError:
             places = []
         rows = [strip_eol(line) for line in lines]
+        after = spec.anchor.side == "after"
         for place in places:
             block = indent_block(spec.text, place.indent)
-            after = spec.anchor.side == "after"
-            first = place.end + 1 if after else place.start - len(block)
-            last = first + len(block) - 1
-            if first >= 1 and rows[first - 1 : last] == block:
-                others = [p for p in places if p is not place and not first <= p.start <= last]
-                if not others:
-                    return None
+            others = [
+                indent_block(other.text, place.indent)
+                for other in self.edits
+                if other is not spec
+                and other.kind == "insert"
+                and not other.markers
+                and other.text.strip()
+            ]
+            if self._beside(rows, place, block, others, after):
+                return None
         return locate(self.path, text, spec, src)
+
+    def _beside(
+        self,
+        rows: Sequence[str],
+        place: Place,
+        block: Sequence[str],
+        others: Sequence[Sequence[str]],
+        after: bool,
+    ) -> bool:
+        at = place.end + 1 if after else place.start - 1  # first row after / last row before
+        while 1 <= at <= len(rows) + 1:
+            if _fits(rows, at, block, after):
+                return True
+            skip = self._marker_block_len(rows, at, after)
+            if not skip:
+                skip = next((len(o) for o in others if _fits(rows, at, o, after)), 0)
+            if not skip:
+                return False
+            at = at + skip if after else at - skip
+        return False
+
+    def _marker_block_len(self, rows: Sequence[str], at: int, after: bool) -> int:
+        """Length of a marker block starting (ending) at row ``at``, else 0."""
+        if not 1 <= at <= len(rows):
+            return 0
+        prefix = re.escape(self.comment)
+        edge = re.match(
+            rf"^[ \t]*{prefix} {'>>>' if after else '<<<'} orch (\S+)[ \t]*$", rows[at - 1]
+        )
+        if not edge:
+            return 0
+        other = re.compile(
+            rf"^[ \t]*{prefix} {'<<<' if after else '>>>'} orch {re.escape(edge.group(1))}[ \t]*$"
+        )
+        span = range(at + 1, len(rows) + 1) if after else range(at - 1, 0, -1)
+        for row in span:
+            if other.match(rows[row - 1]):
+                return abs(row - at) + 1
+        return 0
 
     # -- replace
 
@@ -333,7 +386,9 @@ class _Planner:
         place = locate(self.path, text, spec, src, allow_missing=True)
         if place is None:
             return _Step([], "already absent", "")
-        span = f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
+        span = (
+            f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
+        )
         return _Step([_Splice(place.start, place.end, ())], f"deleted {span}", DELETED)
 
     # -- patch
@@ -355,6 +410,14 @@ class _Planner:
         note = f"patched ({len(splices)} hunk(s)"
         note += f", offset {', '.join(str(o) for o in drift)})" if drift else ")"
         return _Step(splices, note, PATCHED)
+
+
+def _fits(rows: Sequence[str], at: int, block: Sequence[str], after: bool) -> bool:
+    """``block`` starts at row ``at`` (``after``) or ends there (not ``after``)."""
+    size = len(block)
+    if after:
+        return list(rows[at - 1 : at - 1 + size]) == list(block)
+    return at - size >= 0 and list(rows[at - size : at]) == list(block)
 
 
 # --------------------------------------------------------------------------- replace helpers
@@ -475,7 +538,7 @@ def plan_file(
     ``comment`` is the marker comment leader (default ``#``, ``//`` for C-like
     files). Raises ``AnchorError`` / ``EditError`` naming the playbook key.
     """
-    planner = _Planner(path, comment)
+    planner = _Planner(path, comment, edits)
     buffer = _Buffer(original)
     notes: list[str] = []
     modes: dict[int, str] = {}

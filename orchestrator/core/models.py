@@ -53,6 +53,25 @@ class LocatedProblem(Exception):  # noqa: N818 - not an error users see; carries
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_default(cls, data: Any) -> Any:
+        """``vars:`` with nothing after it is YAML null; read it as the empty default."""
+        if isinstance(data, dict):
+            empty = {
+                key for key, value in data.items() if value is None and _collection_field(cls, key)
+            }
+            if empty:
+                return {k: v for k, v in data.items() if k not in empty}
+        return data
+
+
+def _collection_field(model: type[BaseModel], key: Any) -> bool:
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == key:
+            return field.default_factory is not None
+    return False
+
 
 # ---------------------------------------------------------------- inventory
 
@@ -281,7 +300,11 @@ CheckedFlagValue = Annotated[FlagValue, BeforeValidator(_check_flag_value)]
 
 
 class Server(_Model):
-    """How the inference server is run: ``process`` (orch starts it) or ``commands``."""
+    """How the inference server is run: ``process`` (orch starts it) or ``commands``.
+
+    ``command`` is optional: without it, ``flags`` are applied to the command
+    line of the server running now (found by pidfile or health port).
+    """
 
     manager: Literal["process", "commands"] = "process"
     command: str | None = Field(None, min_length=1)
@@ -308,8 +331,7 @@ class Server(_Model):
     @model_validator(mode="after")
     def _manager_needs(self) -> Server:
         if self.manager == "process":
-            if not self.command:
-                raise ValueError("manager process needs command:")
+            # without `command:`, flags apply to the command line of the server running now
             given = [k for k in ("start", "stop", "pid", "status") if getattr(self, k)]
             if given:
                 raise ValueError(f"{given[0]} is only for manager: commands")

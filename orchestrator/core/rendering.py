@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from orchestrator.core.cmdline import FlagValue, apply_flags, render_words
+from orchestrator.core.cmdline import FlagValue, apply_flags, render_words, split_words
 from orchestrator.core.edit_spec import Anchor, EditSpec
 from orchestrator.core.models import (
     PYTHON_SYNTAX,
@@ -254,6 +254,10 @@ def _file(pb: Playbook, index: int, entry: FileEntry, ctx: _Ctx) -> RenderedFile
         if item.strip() == PYTHON_SYNTAX:
             steps.append(ValidateStep(builtin=PYTHON_SYNTAX, argv_template=None, **where))
         else:
+            try:  # a quoting mistake is reported now, not after staging on the host
+                split_words(item)
+            except ConfigError as exc:
+                raise exc.located(**where) from None
             steps.append(ValidateStep(builtin=None, argv_template=item, **where))
     return RenderedFile(
         path=path,

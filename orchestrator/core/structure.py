@@ -109,6 +109,15 @@ def _span(first: int, last: int) -> str:
     return f"lines {first}-{last}" if last > first else f"line {first}"
 
 
+def _whole(first: int, last: int) -> str:
+    return "whole statements" if last > first else "a whole statement"
+
+
+def _are(first: int, last: int) -> str:
+    """``lines 5-7 are`` / ``line 6 is``, for messages about an edited range."""
+    return _span(first, last) + (" are" if last > first else " is")
+
+
 def _gap_problem(src: PySource, row: int) -> tuple[str, int] | None:
     """Why nothing may go between lines ``row`` and ``row + 1`` of ``src``, if so."""
     here, there = src.ll_index(row), src.ll_index(row + 1)
@@ -147,7 +156,12 @@ def _check_original_side(path: str, orig: PySource, changes: Sequence[Change]) -
                 lines = _span(change.new_start, change.new_end)
             else:
                 lines = _span(change.old_start, change.old_end) + " of the original"
-            raise StructureError(f"{path}: {lines} are not whole statements: they fall {text}")
+            whole = (
+                "are not whole statements"
+                if lines.startswith("lines")
+                else "is not a whole statement"
+            )
+            raise StructureError(f"{path}: {lines} {whole}: they fall {text}")
 
 
 def _own_lls(src: PySource) -> dict[int, list[int]]:
@@ -168,7 +182,7 @@ def _check_block(
     own: dict[int, list[int]],
 ) -> None:
     a, b = change.new_start, change.new_end
-    lines = _span(a, b)
+    lines = _are(a, b)
     for ll in res.logical:
         if ll.last < a or ll.first > b:
             continue
@@ -177,7 +191,7 @@ def _check_block(
             info = res.statement_at(row)
             name, line = _describe(info.node, row) if info else ("statement", ll.first)
             raise StructureError(
-                f"{path}: {lines} are not whole statements: they fall inside the {name} "
+                f"{path}: {lines} not {_whole(a, b)}: they fall inside the {name} "
                 f"that starts at line {line}"
             )
     inside: list[StmtInfo] = []
@@ -191,7 +205,7 @@ def _check_block(
             ll = res.logical[index]
             if a <= ll.first <= b:
                 raise StructureError(
-                    f"{path}: {lines} are not whole statements: line {ll.first} "
+                    f"{path}: {lines} not {_whole(a, b)}: line {ll.first} "
                     f"({ll.head} …) belongs to the statement that starts at line {info.start}"
                 )
     ids = {id(info) for info in inside}
@@ -201,13 +215,13 @@ def _check_block(
     bodies = {info.body for info in top}
     if len(bodies) > 1:
         raise StructureError(
-            f"{path}: {lines} are not siblings in one body: "
+            f"{path}: {lines} not siblings in one body: "
             + "; ".join(f"line {info.start} is at indentation level {_depth(info)}" for info in top)
         )
     body = res.bodies[top[0].body]
     positions = [body.stmts.index(info) for info in top]
     if positions != list(range(positions[0], positions[0] + len(positions))):
-        raise StructureError(f"{path}: {lines} are not consecutive statements of one body")
+        raise StructureError(f"{path}: {lines} not consecutive statements of one body")
     _check_beside_anchor(path, res, change, edits, inserted, top)
 
 
@@ -239,23 +253,21 @@ def _check_beside_anchor(
     if not places:
         return  # the anchor is gone (a later edit removed it): nothing to compare with
     after = spec.anchor.side == "after"
+    # Rows between the block and its anchor statement may hold comments, blank
+    # lines and other inserted blocks, nothing else.
+    others = [r for r in inserted if r != (change.new_start, change.new_end)]
     neighbours: list[int] = []
     row = change.new_start - 1 if after else change.new_end + 1
-    while True:
+    while 1 <= row <= len(res.lines):
         neighbours.append(row)
-        nxt = next(
-            (
-                r
-                for r in inserted
-                if (r[1] == row if after else r[0] == row)
-                and r != (change.new_start, change.new_end)
-            ),
-            None,
-        )
-        if nxt is None:
+        block = next((r for r in others if (r[1] if after else r[0]) == row), None)
+        if block is not None:
+            row = block[0] - 1 if after else block[1] + 1
+        elif res.ll_index(row) is None:
+            row = row - 1 if after else row + 1
+        else:
             break
-        row = nxt[0] - 1 if after else nxt[1] + 1
-    lines = _span(change.new_start, change.new_end)
+    lines = _are(change.new_start, change.new_end)
     for place in places:
         edge = place.end if after else place.start
         if edge not in neighbours:
@@ -266,7 +278,7 @@ def _check_beside_anchor(
             )
             if anchor_stmt is not None and anchor_stmt.body != top[0].body:
                 raise StructureError(
-                    f"{path}: {lines} are not in the body of the statement their anchor names "
+                    f"{path}: {lines} not in the body of the statement their anchor names "
                     f"({_span(place.start, place.end)}): the block is at indentation level "
                     f"{_depth(top[0])}, the statement at level {_depth(anchor_stmt)}"
                 )
@@ -274,7 +286,7 @@ def _check_beside_anchor(
     names = ", ".join(_span(p.start, p.end) for p in places)
     side = "after" if after else "before"
     raise StructureError(
-        f"{path}: {lines} are not right {side} the statement their anchor names ({names})"
+        f"{path}: {lines} not right {side} the statement their anchor names ({names})"
     )
 
 

@@ -31,7 +31,7 @@ class _LookupLoader(jinja2.BaseLoader):
         text = self._lookup(template)
         if text is None:
             raise jinja2.TemplateNotFound(template)
-        return text, template, lambda: False
+        return text, template, lambda: True  # files do not change during one run
 
 
 class Renderer:

@@ -154,7 +154,12 @@ def template_lookup(dirs: tuple[Path, ...]) -> Lookup:
 
     def lookup(name: str) -> str | None:
         found = find_template(dirs, name)
-        return _read(found, display_path(found)) if found else None
+        if found is None:
+            return None
+        try:
+            return _read(found, display_path(found))
+        except ConfigError as exc:  # located by the renderer at the playbook key
+            raise TemplateError(f"{exc.file}: {exc.message}") from None
 
     return lookup
 
