@@ -301,7 +301,11 @@ def test_two_inserts_and_a_delete_keep_the_structure(mod: Module, data: st.DataO
     edits = [
         EditSpec(
             kind="insert",
-            text=data.draw(st.sampled_from(INSERTS)).replace("INS", f"INS{n}"),
+            # (no anchor-like text here: an insert that adds a later edit's anchor
+            # makes that anchor ambiguous, and refusing it is right)
+            text=data.draw(st.sampled_from(INSERTS))
+            .replace("INS", f"INS{n}")
+            .replace("A1Z", "A1Y"),
             anchor=Anchor(data.draw(st.sampled_from(["after", "before"])), spot.token),  # type: ignore[arg-type]
             markers=data.draw(st.booleans()),
             marker_id=f"m{n}",

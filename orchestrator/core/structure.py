@@ -261,7 +261,8 @@ def _check_beside_anchor(
     while 1 <= row <= len(res.lines):
         neighbours.append(row)
         block = next((r for r in others if (r[1] if after else r[0]) == row), None)
-        if block is not None:
+        if block is not None:  # (a later insert may have extended the anchor statement)
+            neighbours.extend(range(block[0], block[1] + 1))
             row = block[0] - 1 if after else block[1] + 1
         elif res.ll_index(row) is None:
             row = row - 1 if after else row + 1

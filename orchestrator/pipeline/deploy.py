@@ -578,8 +578,10 @@ def _check(
     session: HostSession, loaded: LoadedPlaybook, cli_vars: dict[str, Any], reporter: Reporter
 ) -> HostReport:
     label = session.target.name
-    plan = make_plan(session, loaded, cli_vars)
+    plan = make_plan(session, loaded, cli_vars, check=True)
     reporter.plan(label, plan)
+    for note in plan.notes:
+        reporter.warn(label, note)
     if not plan.changed:
         reporter.step(label, "unchanged: nothing to do")
         return HostReport(label, "unchanged", 0)
@@ -589,6 +591,7 @@ def _check(
     return HostReport(
         label, "planned", 0,
         files=[f.path for f in plan.changed_files],
+        notes=list(plan.notes),
         extra={"restart": bool(change and change.restart),
                "flag_changes": change.flag_changes if change else []},
     )

@@ -104,6 +104,7 @@ class HostPlan:
     files: list[PlannedFile]
     server: ServerChange | None
     vars: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def changed_files(self) -> list[PlannedFile]:
@@ -173,8 +174,15 @@ def make_plan(
     session: HostSession,
     loaded: LoadedPlaybook,
     cli_vars: dict[str, Any],
+    *,
+    check: bool = False,
 ) -> HostPlan:
-    """Read the host, render the playbook for it, and edit in memory."""
+    """Read the host, render the playbook for it, and edit in memory.
+
+    With ``check``, a server that cannot be planned (none running and no
+    ``command``) is a note, not an error: ``--check`` is also how one looks
+    at a patch on a box whose server is down.
+    """
     target = session.target
     pb = loaded.model
     builtins = {"python": (pb.server.python if pb.server and pb.server.python else "python3")}
@@ -213,8 +221,15 @@ def make_plan(
             check_structure(fplan, rfile.edits)
         planned.append(PlannedFile(rfile, remote, fplan, i))
     files_changed = any(p.changed for p in planned)
-    server = plan_server(rendered.server, running, files_changed, port)
-    return HostPlan(target, rendered, loaded, planned, server, variables)
+    notes: list[str] = []
+    try:
+        server = plan_server(rendered.server, running, files_changed, port)
+    except ConfigError as e:
+        if not check:
+            raise e.located(file=loaded.display) from None
+        server = None
+        notes.append(f"server: {e.message}; a deploy would refuse")
+    return HostPlan(target, rendered, loaded, planned, server, variables, notes)
 
 
 def find_commands_server(session: HostSession, server: RenderedServer) -> dict[str, Any] | None:
