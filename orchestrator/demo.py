@@ -9,6 +9,7 @@ Everything it started is stopped at the end, Ctrl-C included.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -81,10 +82,8 @@ def kill_port_owner(port: int, state_dir: Path) -> None:
     pidfile = state_dir / "server.pid"
     pids = []
     if pidfile.exists():
-        try:
+        with contextlib.suppress(ValueError):
             pids.append(int(pidfile.read_text().strip()))
-        except ValueError:
-            pass
     for pid in pids:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -117,11 +116,11 @@ def run_demo(*, keep: bool = False) -> int:
                            ["sandbox"], filename=str(tmp / "inventory.yaml"))[0]
     options = ConnectOptions()
     env = dict(os.environ, **launch_env(tmp / "sglang"), STANDIN_STARTUP_DELAY="1")
-    hand = subprocess.Popen(
-        launch_argv(sys.executable, tmp / "sglang", port=port), env=env,
-        stdout=open(tmp / "hand-started.log", "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(tmp / "hand-started.log", "wb") as log:
+        hand = subprocess.Popen(
+            launch_argv(sys.executable, tmp / "sglang", port=port), env=env,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     ok = True
     try:
         console.print(Rule("orch demo: a sandbox host with the stand-in server"))

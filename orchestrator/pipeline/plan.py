@@ -10,6 +10,7 @@ is exactly these two and nothing else.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import secrets
 from dataclasses import dataclass, field
@@ -203,7 +204,7 @@ def make_plan(
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
     planned: list[PlannedFile] = []
-    for i, (rfile, info) in enumerate(zip(rendered.files, infos)):
+    for i, (rfile, info) in enumerate(zip(rendered.files, infos, strict=False)):
         remote = RemoteFile.from_wire(info)
         key = f"files[{i}].path"
         if not remote.exists:
@@ -284,7 +285,7 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     renderer = make_renderer(plan.loaded)
     python = plan.vars.get("python", "python3")
     staged_paths = [staged_name(f.path, token) for f in changed]
-    for f, staged in zip(changed, staged_paths):
+    for f, staged in zip(changed, staged_paths, strict=False):
         argvs = [
             ["python-syntax"] if step.builtin == "python-syntax"
             else render_validate(step, plan.vars, staged, renderer)
@@ -315,10 +316,10 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
             f"{plan.loaded.display}: files[{f.index}].validate: {shown} failed on the staged "
             f"{r['target']}: {first}"
         )
-    for r, staged in zip(results[0], staged_paths):
+    for r, staged in zip(results[0], staged_paths, strict=False):
         if r["staged"] != staged:
             raise ValidationError(f"staged {r['staged']}, expected {staged}")
-    return [Staged(f, s) for f, s in zip(changed, staged_paths)]
+    return [Staged(f, s) for f, s in zip(changed, staged_paths, strict=False)]
 
 
 def staged_name(path: str, token: str) -> str:
@@ -332,7 +333,6 @@ def staged_name(path: str, token: str) -> str:
 
 
 def _remove_quietly(session: HostSession, paths: list[str]) -> None:
-    try:
+    # Already failing: the original error is the one to report.
+    with contextlib.suppress(Exception):
         session.call("remove", paths=paths)
-    except Exception:  # noqa: BLE001 - already failing; the original error matters
-        pass

@@ -134,7 +134,7 @@ def undo_releases(
             {"path": info["path"], "n": n, "existed": info["exists"], "mode": info.get("mode"),
              "uid": info.get("uid"), "gid": info.get("gid"), "sha256_before": info.get("sha256"),
              "sha256_after": f.sha256}
-            for n, (info, f) in enumerate(zip(live, target.files))
+            for n, (info, f) in enumerate(zip(live, target.files, strict=False))
         ],
         "server_before": newest.get("server_after"),
         "server_after": target.server_before,
