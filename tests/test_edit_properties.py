@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core.edit_spec import Anchor, Change, EditSpec, FilePlan
 from orchestrator.core.edits import plan_file
+from orchestrator.core.regions import view_ranges
 from orchestrator.core.structure import check_structure
 from orchestrator.errors import StructureError
 
@@ -328,3 +329,35 @@ def test_two_inserts_and_a_delete_keep_the_structure(mod: Module, data: st.DataO
         assert edits[-1].kind == "delete" and "does not parse" in str(exc)
         return
     assert plan_file("gen.py", plan.result, edits).result == plan.result
+
+
+@st.composite
+def change_lists(draw: st.DrawFn) -> tuple[list[Change], int]:
+    total = draw(st.integers(1, 80))
+    changes = []
+    for _ in range(draw(st.integers(0, 6))):
+        start = draw(st.integers(1, total + 1))
+        size = draw(st.integers(0, max(0, total + 1 - start)))
+        changes.append(Change(0, "insert", start, start - 1, start, start + size - 1))
+    return changes, total
+
+
+@SETTINGS
+@given(change_lists(), st.integers(0, 5))
+def test_view_ranges_cover_every_change_once(case: tuple[list[Change], int], context: int) -> None:
+    changes, total = case
+    ranges = view_ranges(changes, total, context)
+    for prev, nxt in zip(ranges, ranges[1:], strict=False):
+        assert prev.end + 1 < nxt.start  # sorted, apart (touching ones are merged)
+    for view in ranges:
+        assert 1 <= view.start <= view.end <= total
+        assert all(view.start <= n <= view.end for n in view.highlight)
+    shown = {n for view in ranges for n in range(view.start, view.end + 1)}
+    lit = {n for view in ranges for n in view.highlight}
+    for change in changes:
+        changed = set(range(change.new_start, change.new_end + 1))
+        assert changed <= lit
+        # A pure insertion/deletion spot sits before new_start: context on both sides of it.
+        first, last = change.new_start - context, change.new_end + context
+        assert set(range(max(1, first), min(total, last) + 1)) <= shown
+    assert lit == {n for c in changes for n in range(c.new_start, c.new_end + 1)}

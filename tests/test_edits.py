@@ -72,7 +72,11 @@ def test_anchor_inside_a_multiline_call_lands_after_the_whole_call() -> None:
 
 def test_anchor_inside_a_multiline_call_before_lands_before_the_call() -> None:
     plan = plan_ok("m.py", CALLS, [plain("x = 1\n", "default=1.0", "before")])
-    assert lines_of(plan.result)[:3] == ["def add_cli_args(parser):", "    x = 1", "    parser.add_argument("]
+    assert lines_of(plan.result)[:3] == [
+        "def add_cli_args(parser):",
+        "    x = 1",
+        "    parser.add_argument(",
+    ]
 
 
 def test_the_resolved_place_of_each_line_of_a_call_is_the_call() -> None:
@@ -100,7 +104,9 @@ DECORATED = src(
 )
 
 
-@pytest.mark.parametrize("pattern", ["@functools.lru_cache(", "maxsize=None", "@staticmethod", "def compute(a,", "b):"])
+@pytest.mark.parametrize(
+    "pattern", ["@functools.lru_cache(", "maxsize=None", "@staticmethod", "def compute(a,", "b):"]
+)
 def test_header_and_decorator_lines_mean_the_whole_def(pattern: str) -> None:
     after = plan_ok("m.py", DECORATED, [plain("AFTER = 1\n", pattern)])
     rows = lines_of(after.result)
@@ -216,7 +222,12 @@ def test_semicolon_line_is_one_place() -> None:
 def test_one_line_compound_header_means_the_compound() -> None:
     text = "if flag: value = 1\nelse: value = 2\nnext_one = 3\n"
     plan = plan_ok("m.py", text, [plain("z = 0\n", "value = 1")])
-    assert lines_of(plan.result) == ["if flag: value = 1", "else: value = 2", "z = 0", "next_one = 3"]
+    assert lines_of(plan.result) == [
+        "if flag: value = 1",
+        "else: value = 2",
+        "z = 0",
+        "next_one = 3",
+    ]
 
 
 def test_comment_line_is_the_line_itself_at_its_indentation() -> None:
@@ -300,14 +311,21 @@ def test_python_file_that_does_not_parse_is_an_edit_error() -> None:
     with pytest.raises(EditError) as error:
         plan_file("/srv/broken.py", "def f(:\n    pass\n", [insert("x = 1\n", "pass")])
     message = str(error.value)
-    assert "playbooks/x.yaml:14: files[0].edits[1]: /srv/broken.py does not parse: line 1" in message
+    assert (
+        "playbooks/x.yaml:14: files[0].edits[1]: /srv/broken.py does not parse: line 1" in message
+    )
 
 
 # --------------------------------------------------------------------------- indentation
 
 
 def test_indentation_keeps_relative_indent_and_empty_blank_lines() -> None:
-    assert indent_block("if x:\n    y()\n\nz = 1\n", "    ") == ["    if x:", "        y()", "", "    z = 1"]
+    assert indent_block("if x:\n    y()\n\nz = 1\n", "    ") == [
+        "    if x:",
+        "        y()",
+        "",
+        "    z = 1",
+    ]
     text = "class A:\n    def f(self):\n        return 1\n"
     block = "def g(self):\n    if True:\n        return 2\n\n    return 3\n"
     plan = plan_ok("m.py", text, [plain(block, "def f(")])
@@ -330,7 +348,9 @@ def test_markers_wrap_the_block_at_its_indentation() -> None:
     assert plan.changes[0].new_start == 7 and plan.changes[0].new_end == 9
 
 
-@pytest.mark.parametrize(("path", "leader"), [("main.c", "//"), ("app.ts", "//"), ("conf.ini", "#")])
+@pytest.mark.parametrize(
+    ("path", "leader"), [("main.c", "//"), ("app.ts", "//"), ("conf.ini", "#")]
+)
 def test_marker_comment_leader_follows_the_file_type(path: str, leader: str) -> None:
     plan = plan_ok(path, "a\nb\n", [insert("new\n", "a", marker_id="m")])
     assert plan.result == f"a\n{leader} >>> orch m\nnew\n{leader} <<< orch m\nb\n"
@@ -347,7 +367,12 @@ def test_changed_block_is_replaced_in_place_without_its_anchor() -> None:
     changed = [insert("x = 2\ny = 3\n", "no such anchor", marker_id="flag")]
     plan = plan_file("m.py", first.result, changed)
     check_structure(plan, changed)
-    assert lines_of(plan.result)[6:10] == ["    # >>> orch flag", "    x = 2", "    y = 3", "    # <<< orch flag"]
+    assert lines_of(plan.result)[6:10] == [
+        "    # >>> orch flag",
+        "    x = 2",
+        "    y = 3",
+        "    # <<< orch flag",
+    ]
     assert plan.notes == ("edit 1: block orch:flag replaced in place (lines 7-9)",)
     assert plan.result.count(">>> orch flag") == 1
     change = plan.changes[0]
@@ -367,6 +392,15 @@ def test_begin_marker_without_end_is_an_edit_error() -> None:
         plan_file("m.py", text, [insert("y = 1\n", "x", marker_id="m")])
     with pytest.raises(EditError, match="has no begin marker"):
         plan_file("m.py", "x = 1\n# <<< orch m\n", [insert("y = 1\n", "x", marker_id="m")])
+
+
+def test_one_marker_id_for_two_inserts_is_an_edit_error() -> None:
+    edits = [
+        insert("a = 1\n", '"--accept"', marker_id="m"),
+        insert("b = 1\n", '"--token-map"', marker_id="m"),
+    ]
+    with pytest.raises(EditError, match="marker id 'm' is already used by edit 1"):
+        plan_file("m.py", CALLS, edits)
 
 
 def test_unmarked_block_already_in_place_is_recognised() -> None:
@@ -399,7 +433,9 @@ def test_non_python_files_anchor_on_the_line_itself() -> None:
 
 
 def test_non_python_anchor_errors_list_lines() -> None:
-    with pytest.raises(AnchorError, match="anchor matches 2 places in conf.yaml: line 2: port: 30000; line 3"):
+    with pytest.raises(
+        AnchorError, match="anchor matches 2 places in conf.yaml: line 2: port: 30000; line 3"
+    ):
         plan_file("conf.yaml", "a\nport: 30000\nport: 1\n", [plain("x\n", "port")])
 
 
@@ -424,8 +460,10 @@ def test_replace_exact_count_and_idempotent() -> None:
     plan = plan_ok("m.py", CALLS, [replace("default=1.0", "default=2.0")])
     assert "default=2.0" in plan.result and "default=1.0" not in plan.result
     assert plan.changes == (Change(0, "replace", 5, 5, 5, 5, "replaced"),)
-    assert plan_file("m.py", plan.result, [replace("default=1.0", "default=2.0")]).notes[0].startswith(
-        "edit 1: already applied"
+    assert (
+        plan_file("m.py", plan.result, [replace("default=1.0", "default=2.0")])
+        .notes[0]
+        .startswith("edit 1: already applied")
     )
 
 
@@ -473,9 +511,13 @@ def delete(pattern: str, regex: bool = False) -> EditSpec:
 
 def test_delete_removes_the_whole_statement() -> None:
     plan = plan_ok("m.py", CALLS, [delete('"--accept"')])
-    assert plan.result == "def add_cli_args(parser):\n" + "".join(CALLS.splitlines(keepends=True)[6:])
+    assert plan.result == "def add_cli_args(parser):\n" + "".join(
+        CALLS.splitlines(keepends=True)[6:]
+    )
     assert plan.changes == (Change(0, "delete", 2, 6, 2, 1, "deleted"),)
-    assert plan_file("m.py", plan.result, [delete('"--accept"')]).notes == ("edit 1: already absent",)
+    assert plan_file("m.py", plan.result, [delete('"--accept"')]).notes == (
+        "edit 1: already absent",
+    )
 
 
 def test_delete_a_decorated_def_takes_its_decorators() -> None:
@@ -487,7 +529,9 @@ def test_delete_a_decorated_def_takes_its_decorators() -> None:
 def test_delete_a_line_of_another_file_and_key_in_errors() -> None:
     plan = plan_ok("conf.yaml", YAML, [delete("port:")])
     assert plan.result == "server:\n  flags:\n    a: 1\n"
-    with pytest.raises(AnchorError, match=r"files\[0\]\.edits\[1\]\.delete: anchor matches 2 places"):
+    with pytest.raises(
+        AnchorError, match=r"files\[0\]\.edits\[1\]\.delete: anchor matches 2 places"
+    ):
         plan_file("m.py", CALLS, [delete("parser.add_argument(")])
 
 
@@ -528,7 +572,9 @@ def test_patch_that_does_not_apply_names_the_hunk_and_why() -> None:
     with pytest.raises(EditError) as error:
         plan_file("m.py", CALLS.replace("default=1.0", "default=9.0"), [patch(PATCH)])
     message = str(error.value)
-    assert message.startswith("playbooks/x.yaml:14: files[0].edits[1].patch: patch refused for m.py:")
+    assert message.startswith(
+        "playbooks/x.yaml:14: files[0].edits[1].patch: patch refused for m.py:"
+    )
     assert "hunk 1 (@@ -3,4 +3,5 @@) does not apply" in message
     assert "line 5 reads 'default=9.0,' where the patch expects 'default=1.0,'" in message
 
@@ -544,7 +590,9 @@ def test_patch_parsing_edge_cases() -> None:
         parse_patch("@@ -1,3 +1,3 @@\n a\n")
     with pytest.raises(PatchError, match="several places"):
         apply_patch("x\na\nx\na\n", "@@ -9,2 +9,2 @@\n x\n-a\n+b\n")
-    two = apply_patch("1\n2\n3\n4\n5\n", "@@ -1,2 +1,2 @@\n-1\n+one\n 2\n@@ -4,2 +4,2 @@\n 4\n-5\n+five\n")
+    two = apply_patch(
+        "1\n2\n3\n4\n5\n", "@@ -1,2 +1,2 @@\n-1\n+one\n 2\n@@ -4,2 +4,2 @@\n 4\n-5\n+five\n"
+    )
     assert [(s.start, s.end, s.lines) for s in two.splices] == [(1, 1, ("one",)), (5, 5, ("five",))]
 
 
@@ -566,11 +614,20 @@ def test_changes_are_in_result_and_original_coordinates_over_several_edits() -> 
     plan = plan_ok("m.py", CALLS, edits)
     assert lines_of(plan.result)[0] == "first = 0"
     by_edit = {c.edit_index: c for c in plan.changes}
-    assert (by_edit[2].old_start, by_edit[2].old_end, by_edit[2].new_start, by_edit[2].new_end) == (1, 0, 1, 1)
+    assert (by_edit[2].old_start, by_edit[2].old_end, by_edit[2].new_start, by_edit[2].new_end) == (
+        1,
+        0,
+        1,
+        1,
+    )
     assert (by_edit[1].old_start, by_edit[1].old_end) == (2, 6)
     assert (by_edit[0].old_start, by_edit[0].old_end) == (11, 10)
     rows = lines_of(plan.result)
-    assert rows[by_edit[0].new_start - 1 : by_edit[0].new_end] == ["    # >>> orch a", "    x = 1", "    # <<< orch a"]
+    assert rows[by_edit[0].new_start - 1 : by_edit[0].new_end] == [
+        "    # >>> orch a",
+        "    x = 1",
+        "    # <<< orch a",
+    ]
 
 
 def test_a_later_edit_may_anchor_on_an_earlier_insert() -> None:
@@ -591,8 +648,14 @@ def test_structure_refuses_a_block_inside_a_call() -> None:
     block = ["    x = 1\n"]
     broken = "".join(rows[:5] + block + rows[5:])  # between default=1.0, and )
     with pytest.raises(StructureError) as error:
-        check_structure(hand_plan(CALLS, broken, Change(0, "insert", 6, 5, 6, 6)), [plain("x = 1\n", '"--accept"')])
-    assert str(error.value) == "m.py: line 6 is not a whole statement: they fall inside the call that starts at line 2"
+        check_structure(
+            hand_plan(CALLS, broken, Change(0, "insert", 6, 5, 6, 6)),
+            [plain("x = 1\n", '"--accept"')],
+        )
+    assert (
+        str(error.value)
+        == "m.py: line 6 is not a whole statement: it falls inside the call that starts at line 2"
+    )
 
 
 def test_structure_refuses_lines_inside_a_string_even_though_it_parses() -> None:
@@ -628,7 +691,9 @@ def test_structure_refuses_blocks_that_are_not_siblings_or_not_whole() -> None:
 
 def test_structure_refuses_an_unrecorded_change() -> None:
     text = "a = 1\nb = 2\n"
-    with pytest.raises(StructureError, match="not the original plus exactly the planned statements"):
+    with pytest.raises(
+        StructureError, match="not the original plus exactly the planned statements"
+    ):
         check_structure(FilePlan("m.py", text, "a = 1\nb = 3\n"), [])
     with pytest.raises(StructureError, match="does not parse: line 2"):
         check_structure(FilePlan("m.py", text, "a = 1\nb = (\n"), [])
@@ -649,8 +714,24 @@ def test_structure_compiles_the_result() -> None:
         check_structure(hand_plan(text, broken, Change(0, "insert", 3, 2, 3, 3)), [])
 
 
+def test_a_replace_inside_an_inserted_block_keeps_the_block_whole() -> None:
+    block = 'parser.add_argument(\n    "--new",\n    default=1,\n)\n'
+    edits = [
+        insert(block, '"--accept"', marker_id="new"),
+        replace("default=1,\n    )", "default=2,\n    )"),
+    ]
+    plan = plan_file("m.py", CALLS, edits)
+    assert [c.kind for c in plan.changes] == ["insert", "replace", "insert"]
+    check_structure(plan, edits)
+    assert "default=2," in plan.result
+    assert plan_file("m.py", plan.result, edits).result == plan.result
+
+
 def test_structure_accepts_replace_and_patch_plans_that_compile() -> None:
-    edits = [replace("default=1.0", "default=2.0"), patch(PATCH.replace("default=1.0", "default=2.0"))]
+    edits = [
+        replace("default=1.0", "default=2.0"),
+        patch(PATCH.replace("default=1.0", "default=2.0")),
+    ]
     plan = plan_file("m.py", CALLS, edits)
     check_structure(plan, edits)
     assert 'help="accept"' in plan.result

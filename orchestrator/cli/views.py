@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.core.regions import ViewRange
+from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.inspect import HistoryRow, HostStatus
 from orchestrator.pipeline.plan import HostPlan
 from orchestrator.pipeline.report import HostReport, RunReport
@@ -145,7 +146,7 @@ def status_panel(s: HostStatus) -> Panel:
     lines = [f"current release: {s.current or 'none'}" + (f" ({s.playbook})" if s.playbook else "")]
     if s.server:
         lines.append(f"server: pid {s.server.get('pid')} (found by {s.server.get('found_by')})")
-        lines.append("  argv: " + " ".join(s.server.get("argv") or []))
+        lines.append("  argv: " + " ".join(redact_argv(s.server.get("argv") or [])))
     else:
         lines.append("server: not running (or not known to orch)")
     lines.append(f"health: {s.health}")

@@ -15,6 +15,7 @@ structural check (``core.structure``) works from.
 from __future__ import annotations
 
 import ast
+import bisect
 import difflib
 import io
 import re
@@ -199,6 +200,8 @@ class PySource:
         self.simple_ll: dict[int, list[StmtInfo]] = {}
         self._walk(self.tree.body, MODULE_BODY, None)
         self.stmts.sort(key=lambda s: (s.start, -s.end))
+        self.decorated = [s for s in self.stmts if getattr(s.node, "decorator_list", None)]
+        self.ll_firsts = [ll.first for ll in self.logical]
 
     # -- building
 
@@ -341,8 +344,12 @@ class PySource:
             return ""
         return leading_ws(self.lines[body.stmts[0].start - 1])
 
-    def open_bodies_after(self, ll: LogicalLine, index: int) -> list[BodyKey]:
-        """Statement lists a new statement may continue right after logical line ``ll``."""
+    def open_bodies_after(self, index: int) -> list[BodyKey]:
+        """Statement lists a new statement may continue right after logical line ``index``.
+
+        Innermost first: the list the line's statement is in, then the lists
+        enclosing it (a one-line ``if x: y`` closes its own body at once).
+        """
         if index in self.clause_ll:
             key: BodyKey | None = self.clause_ll[index].body
         elif index in self.header_ll:
@@ -399,8 +406,8 @@ def resolve_python_line(src: PySource, row: int) -> Place:
     """The place named by line ``row`` of a Python text (see the module docstring)."""
     index = src.ll_index(row)
     if index is None:
-        for info in src.stmts:  # a comment between decorators and their def
-            if getattr(info.node, "decorator_list", None) and info.start <= row < info.node.lineno:
+        for info in src.decorated:  # a comment between decorators and their def
+            if info.start <= row < info.node.lineno:
                 return _statement_place(src, info, row)
         return _line_place(src, row)
     info = src.decorator_ll.get(index) or src.clause_ll.get(index) or src.header_ll.get(index)
@@ -432,14 +439,10 @@ def _line_place(src: PySource, row: int) -> Place:
     compound statement whose ``else:``/``except`` comes next). The comment's
     own indentation wins when it is one of those.
     """
-    prev_index = next_index = None
-    for index, ll in enumerate(src.logical):
-        if ll.last < row:
-            prev_index = index
-        elif ll.first > row:
-            next_index = index
-            break
-    nxt = src.logical[next_index] if next_index is not None else None
+    # ``row`` is in no logical line: the ones before it end before it.
+    after = bisect.bisect_right(src.ll_firsts, row)
+    prev_index = after - 1 if after > 0 else None
+    next_index = after if after < len(src.logical) else None
     next_body: BodyKey | None = None
     clause_owner: StmtInfo | None = None
     if next_index is not None:
@@ -456,7 +459,7 @@ def _line_place(src: PySource, row: int) -> Place:
     elif src.logical[prev_index].opens_block:
         chain = [next_body] if next_body else []
     else:
-        chain = src.open_bodies_after(src.logical[prev_index], prev_index)
+        chain = src.open_bodies_after(prev_index)
     valid: list[BodyKey] = []
     for key in chain:
         if clause_owner is not None and key == clause_owner.body:
@@ -465,7 +468,7 @@ def _line_place(src: PySource, row: int) -> Place:
         if next_body is not None and key == next_body:
             break
     else:
-        if next_body is not None and nxt is not None and next_body not in valid:
+        if next_body is not None and next_body not in valid:
             valid = [next_body]
     if not valid:
         raise NoRoomError(f"no statement can go at line {row}")

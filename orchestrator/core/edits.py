@@ -279,8 +279,8 @@ class _Planner:
     ) -> Place | None:
         """The anchor's place, or ``None`` when the same block already sits beside it.
 
-        Beside means right after (before) the place, or past other blocks this
-        plan inserts there (their text, or any marker block): two unmarked
+        Beside means right after (before) the place, or past comments and other
+        blocks this plan inserts there (their text, or any marker block): two unmarked
         inserts at one anchor both stay recognised. A block found beside any
         of several candidate places counts as applied: inserting it again is
         never what a re-run means.
@@ -292,17 +292,19 @@ class _Planner:
             places = []
         rows = [strip_eol(line) for line in lines]
         after = spec.anchor.side == "after"
+        others = [
+            other.text
+            for other in self.edits
+            if other is not spec
+            and other.kind == "insert"
+            and not other.markers
+            and other.text.strip()
+        ]
         for place in places:
-            block = indent_block(spec.text, place.indent)
-            others = [
-                indent_block(other.text, place.indent)
-                for other in self.edits
-                if other is not spec
-                and other.kind == "insert"
-                and not other.markers
-                and other.text.strip()
-            ]
-            if self._beside(rows, place, block, others, after):
+            # A statement fixes the block's indentation; a comment line's may
+            # legitimately differ once the block is there, so any is accepted.
+            indent = place.indent if place.statement else None
+            if self._beside(rows, place, spec.text, others, indent, after, src):
                 return None
         return locate(self.path, text, spec, src)
 
@@ -310,17 +312,28 @@ class _Planner:
         self,
         rows: Sequence[str],
         place: Place,
-        block: Sequence[str],
-        others: Sequence[Sequence[str]],
+        text: str,
+        others: Sequence[str],
+        indent: str | None,
         after: bool,
+        src: PySource | None,
     ) -> bool:
         at = place.end + 1 if after else place.start - 1  # first row after / last row before
         while 1 <= at <= len(rows) + 1:
-            if _fits(rows, at, block, after):
+            if _block_at(rows, at, text, indent, after):
                 return True
             skip = self._marker_block_len(rows, at, after)
             if not skip:
-                skip = next((len(o) for o in others if _fits(rows, at, o, after)), 0)
+                skip = next(
+                    (
+                        len(indent_block(o, ""))
+                        for o in others
+                        if _block_at(rows, at, o, indent, after)
+                    ),
+                    0,
+                )
+            if not skip and src is not None and 1 <= at <= len(rows) and src.ll_index(at) is None:
+                skip = 1  # a comment or blank line (a later delete may have bared one)
             if not skip:
                 return False
             at = at + skip if after else at - skip
@@ -412,12 +425,27 @@ class _Planner:
         return _Step(splices, note, PATCHED)
 
 
-def _fits(rows: Sequence[str], at: int, block: Sequence[str], after: bool) -> bool:
-    """``block`` starts at row ``at`` (``after``) or ends there (not ``after``)."""
-    size = len(block)
-    if after:
-        return list(rows[at - 1 : at - 1 + size]) == list(block)
-    return at - size >= 0 and list(rows[at - size : at]) == list(block)
+def _block_at(rows: Sequence[str], at: int, text: str, indent: str | None, after: bool) -> bool:
+    """``text``, indented, starts at row ``at`` (``after``) or ends there (not ``after``).
+
+    ``indent`` ``None`` takes the indentation the rows themselves have.
+    """
+    flush = indent_block(text, "")
+    size = len(flush)
+    first = at if after else at - size + 1
+    if first < 1 or first - 1 + size > len(rows):
+        return False
+    region = list(rows[first - 1 : first - 1 + size])
+    if indent is None:
+        lead = next((k for k, row in enumerate(flush) if row), None)
+        if lead is None:
+            return region == flush
+        relative = leading_ws(flush[lead])
+        have = leading_ws(region[lead])
+        if not have.endswith(relative):
+            return False
+        indent = have[: len(have) - len(relative)]
+    return region == indent_block(text, indent)
 
 
 # --------------------------------------------------------------------------- replace helpers
@@ -426,6 +454,7 @@ _Match = tuple[int, int, str]  # start offset, end offset, replacement
 
 
 def _matches(text: str, spec: EditSpec) -> list[_Match]:
+    """Non-overlapping matches; a regex is Python ``re`` with MULTILINE (``^``/``$`` per line)."""
     if spec.regex:
         rx = re.compile(spec.pattern, re.MULTILINE)
         return [(m.start(), m.end(), m.expand(spec.text)) for m in rx.finditer(text)]
@@ -530,14 +559,32 @@ def _region_text(
 # --------------------------------------------------------------------------- entry point
 
 
+def _check_marker_ids(edits: Sequence[EditSpec]) -> None:
+    """Two marked inserts of one file with one id would overwrite each other's block."""
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(edits):
+        if spec.kind != "insert" or not spec.markers:
+            continue
+        marker_id = spec.marker_id or f"edit-{index + 1}"
+        if marker_id in seen:
+            raise edit_error(
+                spec,
+                f"marker id {marker_id!r} is already used by edit {seen[marker_id] + 1} of this "
+                "file; give each insert its own id",
+            )
+        seen[marker_id] = index
+
+
 def plan_file(
     path: str, original: str, edits: Sequence[EditSpec], *, comment: str | None = None
 ) -> FilePlan:
     """Apply ``edits`` in order to ``original`` (the text of ``path``), in memory.
 
     ``comment`` is the marker comment leader (default ``#``, ``//`` for C-like
-    files). Raises ``AnchorError`` / ``EditError`` naming the playbook key.
+    files). A marked insert without ``marker_id`` uses ``edit-N`` (its 1-based
+    position). Raises ``AnchorError`` / ``EditError`` naming the playbook key.
     """
+    _check_marker_ids(edits)
     planner = _Planner(path, comment, edits)
     buffer = _Buffer(original)
     notes: list[str] = []

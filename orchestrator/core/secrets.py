@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-SECRET_NAME = re.compile(r"(?i)(secret|token|passw|api_?key|credential|private)")
+SECRET_NAME = re.compile(r"(?i)(secret|token|passw|api[_-]?key|credential|private)")
 MASK = "***"
 _MIN_LENGTH = 4
 
@@ -45,3 +45,38 @@ def redact_text(text: str, values: Iterable[Any]) -> str:
     for value in sorted(candidates, key=len, reverse=True):  # longest first: no partial leftovers
         text = text.replace(value, MASK)
     return text
+
+
+def redact_argv(argv: Iterable[str], values: Iterable[Any] = ()) -> list[str]:
+    """A command line fit to show: the value of any secret-looking flag
+    (``--api-key X``, ``--hf-token=X``) and any known secret value masked.
+
+    Used where orch has no playbook to ask (``orch status`` reading a
+    process's argv from ``/proc``) as well as where it does.
+    """
+    out: list[str] = []
+    hide_next = False
+    known = [v for v in values if v is not None]
+    for word in argv:
+        if hide_next and not word.startswith("--"):
+            out.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        name, eq, _ = word.partition("=")
+        if word.startswith("-") and SECRET_NAME.search(name):
+            if eq:
+                out.append(f"{name}={MASK}")
+            else:
+                out.append(word)
+                hide_next = True
+            continue
+        out.append(redact_text(word, known))
+    return out
+
+
+def redact_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    """An environment fit to record: secret-looking variables (HF_TOKEN …) masked."""
+    if env is None:
+        return None
+    return {k: (MASK if SECRET_NAME.search(k) else v) for k, v in env.items()}

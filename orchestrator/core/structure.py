@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+from dataclasses import replace
 
 from orchestrator.core.anchors import PySource, StmtInfo, is_python, places_for
 from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
@@ -113,6 +114,10 @@ def _whole(first: int, last: int) -> str:
     return "whole statements" if last > first else "a whole statement"
 
 
+def _fall(first: int, last: int) -> str:
+    return "they fall" if last > first else "it falls"
+
+
 def _are(first: int, last: int) -> str:
     """``lines 5-7 are`` / ``line 6 is``, for messages about an edited range."""
     return _span(first, last) + (" are" if last > first else " is")
@@ -127,9 +132,9 @@ def _gap_problem(src: PySource, row: int) -> tuple[str, int] | None:
             name, line = _describe(info.node, row)
             return f"inside the {name} that starts at line {line}", line
         return f"inside the logical line that starts at line {src.logical[here].first}", row
-    for info in src.stmts:
+    for info in src.decorated:
         node = info.node
-        if getattr(node, "decorator_list", None) and info.start <= row and row + 1 <= node.lineno:
+        if info.start <= row and row + 1 <= node.lineno:
             return (
                 f"between the decorators and the {_STMT_NAMES.get(type(node), 'statement')} "
                 f"that starts at line {info.start}"
@@ -156,12 +161,10 @@ def _check_original_side(path: str, orig: PySource, changes: Sequence[Change]) -
                 lines = _span(change.new_start, change.new_end)
             else:
                 lines = _span(change.old_start, change.old_end) + " of the original"
-            whole = (
-                "are not whole statements"
-                if lines.startswith("lines")
-                else "is not a whole statement"
-            )
-            raise StructureError(f"{path}: {lines} {whole}: they fall {text}")
+            plural = lines.startswith("lines")
+            whole = "are not whole statements" if plural else "is not a whole statement"
+            fall = "they fall" if plural else "it falls"
+            raise StructureError(f"{path}: {lines} {whole}: {fall} {text}")
 
 
 def _own_lls(src: PySource) -> dict[int, list[int]]:
@@ -191,7 +194,7 @@ def _check_block(
             info = res.statement_at(row)
             name, line = _describe(info.node, row) if info else ("statement", ll.first)
             raise StructureError(
-                f"{path}: {lines} not {_whole(a, b)}: they fall inside the {name} "
+                f"{path}: {lines} not {_whole(a, b)}: {_fall(a, b)} inside the {name} "
                 f"that starts at line {line}"
             )
     inside: list[StmtInfo] = []
@@ -316,6 +319,42 @@ def _filter(node: ast.AST, drop: set[int]) -> None:
             _filter(value, drop)
 
 
+def _insert_blocks(changes: Sequence[Change]) -> list[Change]:
+    """The inserted blocks of the result, each one range.
+
+    A later replace or patch that rewrote lines of an inserted block (its run
+    has no original lines) splits the insert's run in the change list; the
+    block to check is the pieces together.
+    """
+    runs = sorted((c for c in changes if c.new_end >= c.new_start), key=lambda c: c.new_start)
+    blocks: list[Change] = []
+    pending: list[Change] = []  # rewrites of new lines, not yet next to an insert
+    for run in runs:
+        rewrite = run.kind in ("replace", "patch") and run.old_end < run.old_start
+        last = blocks[-1] if blocks else None
+        touching = last is not None and last.new_end + 1 == run.new_start
+        if run.kind == "insert":
+            head = (
+                pending[0].new_start
+                if pending and pending[-1].new_end + 1 == run.new_start
+                else run.new_start
+            )
+            if touching and last is not None and last.edit_index == run.edit_index:
+                blocks[-1] = replace(last, new_end=run.new_end)
+            else:
+                blocks.append(replace(run, new_start=min(head, run.new_start)))
+            pending = []
+        elif rewrite and touching and last is not None:
+            blocks[-1] = replace(last, new_end=run.new_end)
+        elif rewrite:
+            pending = (
+                [*pending, run] if pending and pending[-1].new_end + 1 == run.new_start else [run]
+            )
+        else:
+            pending = []
+    return blocks
+
+
 def check_structure(plan: FilePlan, edits: Sequence[EditSpec]) -> None:
     """Raise ``StructureError`` unless ``plan.result`` is the original plus exactly the plan.
 
@@ -339,13 +378,11 @@ def check_structure(plan: FilePlan, edits: Sequence[EditSpec]) -> None:
     except (SyntaxError, ValueError) as exc:
         where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
         raise StructureError(f"after the edits, {path} does not compile: {where}") from None
-    inserted = [
-        (c.new_start, c.new_end) for c in changes if c.kind == "insert" and c.new_end >= c.new_start
-    ]
+    blocks = _insert_blocks(changes)
+    inserted = [(c.new_start, c.new_end) for c in blocks]
     own = _own_lls(res)
-    for change in changes:
-        if change.kind == "insert" and change.new_end >= change.new_start:
-            _check_block(path, res, change, edits, inserted, own)
+    for block in blocks:
+        _check_block(path, res, block, edits, inserted, own)
     if any(c.kind not in ("insert", "delete") for c in changes):
         return
     removed = [(c.old_start, c.old_end) for c in changes if c.old_end >= c.old_start]

@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator import __version__
 from orchestrator.core.regions import view_ranges
 from orchestrator.core.releases import FileState, new_release_id, prune_candidates
-from orchestrator.core.secrets import redact, redact_text
+from orchestrator.core.secrets import redact, redact_argv, redact_env, redact_text
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     DeployFailedError,
@@ -35,7 +35,7 @@ from orchestrator.errors import (
     RemoteError,
     UnfinishedDeployError,
 )
-from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.plan import (
     HostPlan,
     Staged,
@@ -149,6 +149,9 @@ class Deployment:
     def _redact(self, text: str) -> str:
         return redact_text(text, self._secret_values())
 
+    def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
+        return redact_argv(argv, self._secret_values()) if argv is not None else None
+
     def _server_spec(self) -> dict[str, Any] | None:
         rendered = self.plan.playbook.server
         if rendered is None or self.plan.server is None:
@@ -162,8 +165,9 @@ class Deployment:
             "stop_timeout": rendered.stop_timeout,
         }
         if rendered.manager == "commands":
-            spec["stop_cmd"] = list(rendered.stop or [])
-            spec["start_cmd"] = list(rendered.start or [])
+            spec["stop_cmd"] = list(self.plan.server.stop or [])
+            spec["start_cmd"] = list(self.plan.server.start or [])
+            spec["restore_start_cmd"] = list(self.plan.server.restore_start or [])
         return spec
 
     def _health_wire(self, *, for_restore: bool) -> dict[str, Any] | None:
@@ -189,6 +193,13 @@ class Deployment:
             "timeout": health.timeout,
             "interval": health.interval,
         }
+
+    def _health_shown(self) -> dict[str, Any] | None:
+        health = self._health_wire(for_restore=True)
+        if health is not None:
+            for check in health["checks"]:
+                check["headers"] = {k: self._redact(v) for k, v in check["headers"].items()}
+        return health
 
     def _restore_plan(self) -> dict[str, Any]:
         """What the watchdog, an automatic rollback or ``orch rollback`` restores."""
@@ -218,7 +229,8 @@ class Deployment:
             return None
         before = change.before
         if spec["manager"] == "commands":
-            return {"manager": "commands", "stop": spec["stop_cmd"], "start": spec["start_cmd"] if before else None}
+            return {"manager": "commands", "stop": spec["stop_cmd"],
+                    "start": spec["restore_start_cmd"] if before else None}
         wire = dict(spec)
         wire["start"] = (
             wire_server_start(before["argv"], before.get("cwd"), before.get("env"), True)
@@ -252,12 +264,18 @@ class Deployment:
                 for f in self.plan.changed_files
             ],
             "server_spec": self._server_spec(),
-            "health": self._health_wire(for_restore=True),
+            "health": self._health_shown(),
+            # A record for people: secrets masked. What a restore runs is in restore.json.
             "server_before": (
-                {k: before.get(k) for k in ("argv", "cwd", "env", "pid", "found_by")} if before else None
+                {"argv": self._shown_argv(before.get("argv")), "cwd": before.get("cwd"),
+                 "env": redact_env(before.get("env")), "pid": before.get("pid"),
+                 "found_by": before.get("found_by")}
+                if before else None
             ),
             "server_after": (
-                {"argv": change.after_argv, "cwd": change.after_cwd} if change and change.restart else None
+                {"argv": self._shown_argv(change.after_argv), "cwd": change.after_cwd,
+                 "env": redact_env(change.after_env)}
+                if change and change.restart else None
             ),
             "restarted": bool(change and change.restart),
             "flag_changes": [self._redact(c) for c in (change.flag_changes if change else [])],
@@ -276,6 +294,13 @@ class Deployment:
             "time": time.time(),
             "controller": lock_holder("deploy"),
         }
+
+    def _log_step(self, last: str) -> dict[str, Any]:
+        """The op that writes this run's log into the release (secrets redacted)."""
+        text = self.reporter.text() if isinstance(self.reporter, RunLog) else ""
+        text += f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
+        return {"op": "release_log", "args": {"state_dir": self.state_dir, "release_id": self.release_id,
+                                              "text": self._redact(text)}}
 
     def _journal_path(self) -> str:
         return f"{self.state_dir}/journal.json"
@@ -310,7 +335,9 @@ class Deployment:
         health = self.plan.playbook.health
         budget = (health.timeout + health.confirm_timeout) if health else 600.0
         stop_timeout = self.plan.playbook.server.stop_timeout if self.plan.playbook.server else 0.0
-        deadline = time.time() + budget + stop_timeout + 120.0
+        # commit + restart (stop_timeout) + health.timeout + confirm_timeout, and
+        # a few seconds for the steps between them.
+        deadline = time.time() + budget + stop_timeout + 10.0
         files = [
             {
                 "path": f.path,
@@ -376,7 +403,8 @@ class Deployment:
             {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("restarting")}},
         ]
         if change.manager == "commands":
-            steps.append({"op": "run", "args": {"argv": spec["stop_cmd"], "timeout": spec["stop_timeout"] + 60}})
+            if change.before is not None:
+                steps.append({"op": "run", "args": {"argv": spec["stop_cmd"], "timeout": spec["stop_timeout"] + 60}})
             steps.append({"op": "run", "args": {"argv": spec["start_cmd"], "timeout": 600.0}})
         else:
             before = change.before
@@ -388,13 +416,13 @@ class Deployment:
                                                          "env": change.after_env, "log": spec["log"],
                                                          "pidfile": spec["pidfile"],
                                                          "replace_env": change.replace_env}})
-        shown = self._redact(" ".join(change.after_argv or []))
+        shown = " ".join(self._shown_argv(change.after_argv) or [])
         self.reporter.step(self.label, f"restarting the server: {shown}")
         results = self.session.call(
             "batch", steps=steps, on_event=lambda ev: self.reporter.progress(self.label, ev)
         )
         if change.manager == "commands":
-            for r in results[-2:]:
+            for r in results[2:]:
                 if r["rc"] != 0:
                     raise RemoteError(f"server command failed (exit {r['rc']}): {r['stderr'].strip()[-300:]}")
             started: dict[str, Any] = {"pid": None, "log": None}
@@ -422,7 +450,8 @@ class Deployment:
             return self._watchdog_outcome()
         applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
-        prune = prune_candidates(releases, applied, self.session.target.keep_releases)
+        keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
+        prune = prune_candidates(releases, applied, keep)
         applied = [r for r in applied if r not in prune]
         finished = time.time()
         self.session.call(
@@ -435,6 +464,7 @@ class Deployment:
                 {"op": "put_json", "args": {"path": f"{self.state_dir}/state.json", "value": {"applied": applied}}},
                 {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("confirmed", True)}},
                 {"op": "release_prune", "args": {"state_dir": self.state_dir, "remove": prune}},
+                self._log_step(f"release {self.release_id} is current"),
             ],
         )
         self.reporter.step(self.label, f"release {self.release_id} is current")
@@ -483,6 +513,7 @@ class Deployment:
                                                                  "duration": round(finished - self.started_at, 3)}}},
                     {"op": "put_json", "args": {"path": self._journal_path(),
                                                 "value": self._journal("rolled_back", True)}},
+                    self._log_step(f"rolled back: {reason}"),
                 ],
             )
         except KeyboardInterrupt:
@@ -538,6 +569,7 @@ def deploy_host(
 ) -> HostReport:
     """The whole story on one host; every error becomes this host's report."""
     label = target.name
+    reporter = RunLog(reporter)
     try:
         with HostSession(target, options) as session:
             if check:

@@ -57,3 +57,53 @@ class Recorder:
 
     def text(self) -> str:
         return "\n".join(t for _, _, t in self.lines)
+
+
+@dataclass
+class RunLog:
+    """Forwards to a Reporter and keeps a plain-text copy: the release's ``run.log``."""
+
+    inner: Reporter
+    lines: list[str] = field(default_factory=list)
+
+    def _keep(self, kind: str, text: str) -> None:
+        import time
+
+        self.lines.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {kind:8} {text}")
+
+    def step(self, host: str, text: str) -> None:
+        self._keep("step", text)
+        self.inner.step(host, text)
+
+    def note(self, host: str, text: str) -> None:
+        self._keep("note", text)
+        self.inner.note(host, text)
+
+    def warn(self, host: str, text: str) -> None:
+        self._keep("warning", text)
+        self.inner.warn(host, text)
+
+    def plan(self, host: str, plan: HostPlan) -> None:
+        for f in plan.changed_files:
+            self._keep("plan", f"{f.path}: sha256 {f.remote.sha256} -> {f.new_sha256}")
+        self.inner.plan(host, plan)
+
+    def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None:
+        lines = text.splitlines()
+        for r in ranges:
+            self._keep("readback", f"sed -n {r.start},{r.end}p {path}")
+            self.lines.extend(f"{n:>8}  {lines[n - 1]}" for n in range(r.start, r.end + 1))
+        self.inner.readback(host, path, text, ranges)
+
+    def server_log(self, host: str, title: str, lines: Sequence[str]) -> None:
+        self._keep("log", title)
+        self.lines.extend(f"    | {line}" for line in lines)
+        self.inner.server_log(host, title, lines)
+
+    def progress(self, host: str, event: dict[str, Any]) -> None:
+        if event.get("msg"):
+            self._keep("progress", str(event["msg"]))
+        self.inner.progress(host, event)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"

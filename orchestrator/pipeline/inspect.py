@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import OrchError
 from orchestrator.pipeline.session import ConnectOptions, HostSession
 from orchestrator.shell.agent_client import RemoteStepError
 
@@ -86,6 +86,7 @@ class HostStatus:
         data = dict(self.__dict__)
         if self.server:
             data["server"] = {k: v for k, v in self.server.items() if k != "env"}
+            data["server"]["argv"] = redact_argv(self.server.get("argv") or [])
         return data
 
 
@@ -133,10 +134,3 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
             journal=state["journal"] if state["journal"] and not state["journal"].get("finished") else None,
             lock=state["lock"],
         )
-
-
-def safe(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except OrchError:
-        raise

@@ -13,11 +13,12 @@ import base64
 import contextlib
 import hashlib
 import secrets
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from orchestrator.core.cmdline import apply_flags, flag_changes
+from orchestrator.core.cmdline import apply_flags, flag_changes, render_words
 from orchestrator.core.edit_spec import FilePlan
 from orchestrator.core.edits import plan_file
 from orchestrator.core.rendering import (
@@ -28,8 +29,10 @@ from orchestrator.core.rendering import (
     render_playbook,
     render_validate,
 )
+from orchestrator.core.secrets import redact_argv, secret_values
 from orchestrator.core.structure import check_structure
 from orchestrator.core.target import HostTarget
+from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, ValidationError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell.config_files import LoadedPlaybook, make_renderer
@@ -95,6 +98,11 @@ class ServerChange:
     port: int | None
     restart: bool
     flag_changes: list[str] = field(default_factory=list)
+    # ``commands`` manager only: the user's commands, rendered with
+    # ``{{ command }}`` = the new (start) or the previous (restore_start) command line.
+    start: list[str] | None = None
+    restore_start: list[str] | None = None
+    stop: list[str] | None = None
 
 
 @dataclass
@@ -138,13 +146,13 @@ def plan_server(
     if server is None:
         return None
     if server.manager == "commands":
-        base = list(server.argv) if server.argv else (list(running["argv"]) if running else None)
+        before_argv = running.get("argv") if running else None
+        base = list(server.argv) if server.argv else (list(before_argv) if before_argv else None)
         after = apply_flags(base, server.flags) if base is not None else None
-        before_argv = running["argv"] if running else None
-        restart = files_changed or after != before_argv or running is None
+        restart = files_changed or running is None or (after is not None and after != before_argv)
         return ServerChange(
             "commands", running, after, server.workdir, dict(server.env), False, port, restart,
-            flag_changes(before_argv or [], after or []) if after else [],
+            flag_changes(before_argv or [], after) if after is not None else [],
         )
     if server.argv:
         base = list(server.argv)
@@ -189,7 +197,8 @@ def make_plan(
     builtins = {"python": (pb.server.python if pb.server and pb.server.python else "python3")}
     variables = merge_vars(pb.vars, target.vars, cli_vars, builtins)
     renderer = make_renderer(loaded)
-    rendered = render_playbook(pb, loaded.locations, variables, renderer)
+    # ``{{ command }}`` (commands manager) is only known after planning; see render_commands.
+    rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
     port = health_port(rendered.health.base_url if rendered.health else None)
     steps: list[dict[str, Any]] = [
         {"op": "read", "args": {"paths": [f.path for f in rendered.files]}},
@@ -230,7 +239,35 @@ def make_plan(
             raise e.located(file=loaded.display) from None
         server = None
         notes.append(f"server: {e.message}; a deploy would refuse")
+    if server is not None:
+        # shown to people and kept in the history: secrets masked
+        values = secret_values(variables, rendered.secret_names)
+        before_argv = (server.before or {}).get("argv") or []
+        server.flag_changes = flag_changes(
+            redact_argv(before_argv, values), redact_argv(server.after_argv or [], values)
+        )
+    if server is not None and server.manager == "commands":
+        render_commands(server, loaded, renderer, variables)
     return HostPlan(target, rendered, loaded, planned, server, variables, notes)
+
+
+def render_commands(
+    change: ServerChange, loaded: LoadedPlaybook, renderer: Renderer, variables: dict[str, Any]
+) -> None:
+    """Render ``start``/``stop`` with ``{{ command }}``: the new command line for
+    the deploy, the recorded previous one for a restore."""
+    spec = loaded.model.server
+    assert spec is not None and spec.start and spec.stop
+
+    def words(key: str, raw: str, argv: list[str] | None) -> list[str]:
+        where = loaded.locations.where(("server", key))
+        command = shlex.join(argv) if argv else ""
+        return render_words(raw, {**variables, "command": command}, renderer, **where)
+
+    before_argv = change.before.get("argv") if change.before else None
+    change.start = words("start", spec.start, change.after_argv)
+    change.restore_start = words("start", spec.start, before_argv or change.after_argv)
+    change.stop = words("stop", spec.stop, before_argv)
 
 
 def find_commands_server(session: HostSession, server: RenderedServer) -> dict[str, Any] | None:

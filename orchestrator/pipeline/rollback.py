@@ -18,7 +18,7 @@ from orchestrator import __version__
 from orchestrator.core.releases import new_release_id, rollback_target
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import HostUnsafeError, OrchError, RefusedError, RemoteError
-from orchestrator.pipeline.deploy import acquire_lock, release_lock, wire_server_start
+from orchestrator.pipeline.deploy import acquire_lock, release_lock
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
@@ -110,7 +110,6 @@ def undo_releases(
         return HostReport(label, "unchanged", 0, notes=["nothing before"])
     target = rollback_target(applied, releases, releases_dir, to)
     newest = releases[target.undo[0]]
-    oldest = releases[target.undo[-1]]
     paths = [f.path for f in target.files]
     live = session.call("read", paths=paths)
     expected_after = {}
@@ -150,19 +149,14 @@ def undo_releases(
                  files=[{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
                         for n, i in enumerate(live)])
     plan: dict[str, Any] = {"files": [f.to_wire() for f in target.files], "server": None, "health": None}
-    spec = oldest.get("server_spec")
-    if target.restart and spec:
-        server = dict(spec)
-        before = target.server_before
-        if spec.get("manager") == "commands":
-            server = {"manager": "commands", "stop": spec.get("stop_cmd"),
-                      "start": spec.get("start_cmd") if before else None}
-        else:
-            server["start"] = (wire_server_start(before["argv"], before.get("cwd"), before.get("env"), True)
-                               if before and before.get("argv") else None)
-        plan["server"] = server
-        if before and oldest.get("health"):
-            plan["health"] = oldest["health"]
+    if target.restart:
+        # The oldest undone release's restore.json says exactly what ran before
+        # it (unmasked: the manifest is the masked record for people).
+        spec = session.call("get_json", path=f"{releases_dir}/{target.undo[-1]}/restore.json")
+        if not spec or not spec["plan"].get("server"):
+            raise HostUnsafeError(f"{label}: release {target.undo[-1]} has no restore record for its server")
+        plan["server"] = spec["plan"]["server"]
+        plan["health"] = spec["plan"].get("health")
     what = ", ".join(target.undo)
     reporter.step(label, f"rolling back {what}" + (" and restarting the previous server" if plan["server"] else ""))
     try:

@@ -216,6 +216,42 @@ class Session(object):
         self.lock_token = None
         self.children = {}  # pid -> Popen, servers this agent started
         self.stopping = False
+        self.requests = []  # lines read by the reader thread, waiting to run
+        self.cond = threading.Condition()
+        self.cancelled = False  # the controller asked to stop the running op, or went away
+        self.eof = False
+
+    def reader(self, stdin):
+        """Read requests while an op runs, so a ``cancel`` (Ctrl-C on the
+        controller) or the end of the connection stops a long wait at once."""
+        while True:
+            line = stdin.readline()
+            with self.cond:
+                if not line:
+                    self.eof = self.cancelled = True
+                    self.cond.notify_all()
+                    return
+                try:
+                    if json.loads(line.decode()).get("op") == "cancel":
+                        self.cancelled = True
+                        continue
+                except ValueError:
+                    pass
+                self.requests.append(line)
+                self.cond.notify_all()
+
+    def next_request(self):
+        with self.cond:
+            while not self.requests and not self.eof:
+                self.cond.wait()
+            if self.requests:
+                self.cancelled = False
+                return self.requests.pop(0)
+            return None
+
+    def check_cancel(self):
+        if self.cancelled:
+            raise AgentError("cancelled", "cancelled by the controller")
 
     def send(self, message):
         line = json.dumps(message, separators=(",", ":")) + "\n"
@@ -258,8 +294,9 @@ def serve(stdin, stdout):
     SESSION.send(
         {"ready": READY_MAGIC, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0]}
     )
+    threading.Thread(target=SESSION.reader, args=(stdin,), daemon=True).start()
     while True:
-        line = stdin.readline()
+        line = SESSION.next_request()
         if not line:
             break
         try:
@@ -958,9 +995,11 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
     """
     start = time.time()
     deadline = start + timeout
-    last = ""
+    last = said = ""
+    said_at = 0.0
     polls = 0
     while True:
+        SESSION.check_cancel()
         if pid is not None:
             code = exit_code_of(pid)
             if code is not None:
@@ -975,11 +1014,18 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
         polls += 1
         if ok_all:
             return {"elapsed": time.time() - start, "polls": polls, "last": last}
-        SESSION.event("health", msg=last, elapsed=round(time.time() - start, 1), polls=polls)
+        # Say what we wait for when it changes, and every 10 s: not at every poll.
+        now = time.time()
+        if last != said or now - said_at >= 10.0:
+            said, said_at = last, now
+            SESSION.event("health", msg=last, elapsed=round(now - start, 1), polls=polls)
         if time.time() >= deadline:
             raise AgentError("health_timeout", "not healthy after %ss: %s" % (timeout, last),
                              log_tail=tail_lines(log) if log else [], polls=polls, last=last)
-        time.sleep(interval)
+        wake = time.time() + interval
+        while time.time() < wake:
+            SESSION.check_cancel()
+            time.sleep(min(0.1, max(0.0, wake - time.time())))
 
 
 @op("log_tail")

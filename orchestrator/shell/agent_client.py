@@ -100,6 +100,27 @@ class Agent:
         self.calls += 1
         request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"))
         self._proc.write(request.encode("utf-8") + b"\n")
+        try:
+            return self._await(rid, op, on_event)
+        except KeyboardInterrupt:
+            self._cancel(rid, op)
+            raise
+
+    def _cancel(self, rid: int, op: str) -> None:
+        """Ctrl-C: stop the op running on the host before anything else is sent.
+
+        A second Ctrl-C while waiting for that interrupts this too, at once.
+        """
+        if self._proc is None:
+            return
+        try:
+            self._proc.write(b'{"op":"cancel"}\n')
+            self._await(rid, op, None)
+        except (RemoteStepError, RemoteError):
+            pass
+
+    def _await(self, rid: int, op: str, on_event: EventHandler | None) -> Any:
+        assert self._proc is not None
         label = self.transport.target.label
         while True:
             line = self._proc.readline(self.link_timeout)
