@@ -120,20 +120,29 @@ def print_summary(console: Console, report: RunReport) -> None:
 
 
 def fmt_time(ts: float) -> str:
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "?"
+    return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S") if ts else "?"
+
+
+def short_path(path: str, keep: int = 3) -> str:
+    """``…/sglang/srt/server_args.py``: enough to recognise, short enough for a table."""
+    parts = path.split("/")
+    return path if len(parts) <= keep + 1 else "…/" + "/".join(parts[-keep:])
 
 
 def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
     table = Table(title=f"history of {host}", show_lines=False)
-    for col in ("id", "when", "playbook", "files", "flag changes", "outcome", "duration"):
+    table.add_column("id", no_wrap=True)
+    table.add_column("when", no_wrap=True)
+    for col in ("playbook", "files", "flag changes", "outcome"):
         table.add_column(col, overflow="fold")
+    table.add_column("duration", justify="right", no_wrap=True)
     for r in rows:
         style = "bold green" if r.current else ("yellow" if "rolled back" in r.outcome else "")
         table.add_row(
             r.id,
             fmt_time(r.when),
             r.playbook,
-            "\n".join(r.files) or "-",
+            "\n".join(short_path(f) for f in r.files) or "-",
             "\n".join(r.flag_changes) or "-",
             r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
             f"{r.duration:.1f}s" if r.duration is not None else "-",

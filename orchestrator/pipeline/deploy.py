@@ -572,27 +572,10 @@ def deploy_host(
     reporter = RunLog(reporter)
     try:
         with HostSession(target, options) as session:
-            if check:
-                return _check(session, loaded, cli_vars, reporter)
-            state_dir = session.call("state_init", state_dir=target.state_dir)
-            acquire_lock(session, state_dir, f"deploy {loaded.display}", options.break_lock, reporter)
-            try:
-                state = session.call("state_read", state_dir=state_dir)
-                refuse_unfinished(label, state["journal"])
-                if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
-                    reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
-                plan = make_plan(session, loaded, cli_vars)
-                reporter.plan(label, plan)
-                if not plan.changed:
-                    reporter.step(label, "unchanged: files and server command line already as planned")
-                    return HostReport(label, "unchanged", 0)
-                staged = stage_and_validate(session, plan, keep=True)
-                reporter.step(label, "staged copies validated")
-                deployment = Deployment(session, plan, staged, state_dir, state, reporter)
-                return deployment.run()
-            finally:
-                if session.agent is not None and session.agent._proc is not None:
-                    release_lock(session, state_dir)
+            result = _deploy_in_session(session, target, loaded, cli_vars, options, reporter, check)
+            result.extra["round_trips"] = session.round_trips
+            result.extra["execs"] = session.execs
+            return result
     except HostUnsafeError as e:
         return HostReport(label, "rollback_failed", 3, error=str(e))
     except DeployFailedError as e:
@@ -604,6 +587,40 @@ def deploy_host(
         return HostReport(label, outcome, e.exit_code, error=str(e))  # type: ignore[arg-type]
     except KeyboardInterrupt:
         return HostReport(label, "failed", 1, error="interrupted (Ctrl-C) before anything changed")
+
+
+def _deploy_in_session(
+    session: HostSession,
+    target: HostTarget,
+    loaded: LoadedPlaybook,
+    cli_vars: dict[str, Any],
+    options: ConnectOptions,
+    reporter: Reporter,
+    check: bool,
+) -> HostReport:
+    label = target.name
+    if check:
+        return _check(session, loaded, cli_vars, reporter)
+    state_dir = session.call("state_init", state_dir=target.state_dir)
+    acquire_lock(session, state_dir, f"deploy {loaded.display}", options.break_lock, reporter)
+    try:
+        state = session.call("state_read", state_dir=state_dir)
+        refuse_unfinished(label, state["journal"])
+        if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
+            reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
+        plan = make_plan(session, loaded, cli_vars)
+        reporter.plan(label, plan)
+        if not plan.changed:
+            reporter.step(label, "unchanged: files and server command line already as planned")
+            return HostReport(label, "unchanged", 0)
+        staged = stage_and_validate(session, plan, keep=True)
+        if staged:
+            reporter.step(label, f"staged {len(staged)} file(s) beside their targets; validated")
+        deployment = Deployment(session, plan, staged, state_dir, state, reporter)
+        return deployment.run()
+    finally:
+        if session.agent is not None and session.agent._proc is not None:
+            release_lock(session, state_dir)
 
 
 def _check(

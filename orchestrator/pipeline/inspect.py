@@ -32,7 +32,9 @@ def describe_outcome(manifest: dict[str, Any], applied: list[str]) -> str:
     """One word or two for a person: what became of this release."""
     outcome = manifest.get("outcome", "?")
     if manifest.get("kind") == "rollback":
-        return "rollback done" if outcome == "done" else outcome.replace("_", " ")
+        if outcome == "done":
+            return "undid " + ", ".join(manifest.get("undid", []))
+        return outcome.replace("_", " ")
     if outcome == "deployed":
         if applied and manifest["id"] == applied[-1]:
             return "current"

@@ -128,7 +128,7 @@ def undo_releases(
         "host": label,
         "undid": list(target.undo),
         "to": target.new_applied[-1] if target.new_applied else None,
-        "playbook": {"name": f"rollback of {', '.join(target.undo)}"},
+        "playbook": {"name": "(rollback)"},
         "files": [
             {"path": info["path"], "n": n, "existed": info["exists"], "mode": info.get("mode"),
              "uid": info.get("uid"), "gid": info.get("gid"), "sha256_before": info.get("sha256"),
