@@ -212,3 +212,27 @@ def test_old_releases_are_pruned_never_current_or_previous(sandbox: Sandbox) -> 
     assert state["applied"] == releases
     assert sandbox.orch("rollback", "--host", "gpu").returncode == 0
     assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 3
+
+
+def test_round_trips_do_not_grow_with_files_and_one_exec_per_run(sandbox: Sandbox) -> None:
+    import yaml
+
+    sandbox.start_by_hand()
+    one = sandbox.orch("deploy", "--host", "gpu", "--json", "speculative-disable")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert sandbox.orch("rollback", "--host", "gpu").returncode == 0
+    spec = yaml.safe_load(SPEC)
+    copies = []
+    for i in range(6):
+        copy = sandbox.server_args.with_name(f"copy_{i}.py")
+        copy.write_text(sandbox.server_args.read_text())
+        copies.append(dict(spec["files"][0], path=str(copy)))
+    spec["files"] = copies + spec["files"]
+    many = sandbox.root / "many.yaml"
+    many.write_text(yaml.safe_dump(spec))
+    seven = sandbox.orch("deploy", "--host", "gpu", "--json", str(many))
+    assert seven.returncode == 0, seven.stdout + seven.stderr
+    r1, r7 = report(one)["hosts"]["gpu"], report(seven)["hosts"]["gpu"]
+    assert len(r7["files"]) == 7
+    assert r1["execs"] == r7["execs"] == 1  # one SSH exec: the helper
+    assert r1["round_trips"] == r7["round_trips"] <= 12

@@ -62,8 +62,25 @@ def local_pid_alive(pid: int) -> bool:
     return True
 
 
+def open_state(
+    session: HostSession, command: str, break_lock: bool, reporter: Reporter
+) -> tuple[str, dict[str, Any]]:
+    """State dir, lock and records in one round trip (a second one only to take over a lock)."""
+    got = session.call("open_state", state_dir=session.target.state_dir, holder=lock_holder(command))
+    root = got["root"]
+    if not got["lock"]["acquired"]:
+        acquire_lock(session, root, command, break_lock, reporter, first=got["lock"])
+        got = session.call("open_state", state_dir=root)
+    return root, got["state"]
+
+
 def acquire_lock(
-    session: HostSession, state_dir: str, command: str, break_lock: bool, reporter: Reporter
+    session: HostSession,
+    state_dir: str,
+    command: str,
+    break_lock: bool,
+    reporter: Reporter,
+    first: dict[str, Any] | None = None,
 ) -> None:
     """Take the host's lock, or fail fast naming who holds it.
 
@@ -73,7 +90,7 @@ def acquire_lock(
     and taken with ``--break-lock``.
     """
     label = session.target.name
-    got = session.call("lock_acquire", state_dir=state_dir, holder=lock_holder(command))
+    got = first or session.call("lock_acquire", state_dir=state_dir, holder=lock_holder(command))
     if got["acquired"]:
         return
     h = got["holder"]
@@ -368,8 +385,10 @@ class Deployment:
         t = time.time()
         wire = [{"path": s.file.path, "staged": s.staged, "sha256": s.file.new_sha256} for s in self.staged]
         self.committed = True
-        self.session.call("commit", files=wire)
-        self.session.call("put_json", path=self._journal_path(), value=self._journal("committed"))
+        self.session.call("batch", steps=[
+            {"op": "commit", "args": {"files": wire}},
+            {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("committed")}},
+        ])
         self._timed("commit", t)
         self.reporter.step(self.label, f"committed {len(wire)} file(s)")
 
@@ -418,44 +437,45 @@ class Deployment:
                                                          "replace_env": change.replace_env}})
         shown = " ".join(self._shown_argv(change.after_argv) or [])
         self.reporter.step(self.label, f"restarting the server: {shown}")
+        health = self._health_wire(for_restore=False)
+        watch = change.manager == "process" and health is not None
+        if watch:
+            # In the same round trip: poll health while watching the process just started.
+            assert health is not None
+            steps.append({"op": "health_wait", "args": dict(health, pid="started")})
+            self.reporter.step(self.label, f"then waiting for {health['base_url']} to be healthy "
+                                           f"(up to {health['timeout']:.0f} s)")
         results = self.session.call(
             "batch", steps=steps, on_event=lambda ev: self.reporter.progress(self.label, ev)
         )
+        self._timed("restart", t)
         if change.manager == "commands":
             for r in results[2:]:
                 if r["rc"] != 0:
                     raise RemoteError(f"server command failed (exit {r['rc']}): {r['stderr'].strip()[-300:]}")
-            started: dict[str, Any] = {"pid": None, "log": None}
-        else:
-            started = results[-1]
-        self._timed("restart", t)
-        health = self._health_wire(for_restore=False)
         if health is None:
             return
-        t = time.time()
-        self.reporter.step(self.label, f"waiting for {health['base_url']} to be healthy (up to {health['timeout']:.0f} s)")
-        got = self.session.call(
-            "health_wait",
-            pid=started.get("pid"),
-            log=started.get("log"),
-            on_event=lambda ev: self.reporter.progress(self.label, ev),
-            **health,
-        )
-        self._timed("health", t)
+        if not watch:
+            self.reporter.step(self.label, f"waiting for {health['base_url']} to be healthy "
+                                           f"(up to {health['timeout']:.0f} s)")
+            results = [self.session.call(
+                "health_wait", on_event=lambda ev: self.reporter.progress(self.label, ev), **health
+            )]
+        got = results[-1]
         self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls)")
 
     def confirm(self) -> HostReport:
-        holder = self.session.call("claim", release_dir=self.release_dir, who="confirmed")
-        if holder == "watchdog":
-            return self._watchdog_outcome()
+        """Step 8: disarm the watchdog (by claiming the release) and make it current."""
         applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
         prune = prune_candidates(releases, applied, keep)
         applied = [r for r in applied if r not in prune]
         finished = time.time()
-        self.session.call(
-            "batch",
+        got = self.session.call(
+            "claim_then",
+            release_dir=self.release_dir,
+            who="confirmed",
             steps=[
                 {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.release_id,
                                                   "fields": {"outcome": "deployed", "finished": finished,
@@ -467,6 +487,8 @@ class Deployment:
                 self._log_step(f"release {self.release_id} is current"),
             ],
         )
+        if got["holder"] == "watchdog":
+            return self._watchdog_outcome()
         self.reporter.step(self.label, f"release {self.release_id} is current")
         return HostReport(
             self.label, "changed", 0, release=self.release_id,
@@ -601,10 +623,8 @@ def _deploy_in_session(
     label = target.name
     if check:
         return _check(session, loaded, cli_vars, reporter)
-    state_dir = session.call("state_init", state_dir=target.state_dir)
-    acquire_lock(session, state_dir, f"deploy {loaded.display}", options.break_lock, reporter)
+    state_dir, state = open_state(session, f"deploy {loaded.display}", options.break_lock, reporter)
     try:
-        state = session.call("state_read", state_dir=state_dir)
         refuse_unfinished(label, state["journal"])
         if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")

@@ -18,7 +18,7 @@ from orchestrator import __version__
 from orchestrator.core.releases import new_release_id, rollback_target
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import HostUnsafeError, OrchError, RefusedError, RemoteError
-from orchestrator.pipeline.deploy import acquire_lock, release_lock
+from orchestrator.pipeline.deploy import open_state, release_lock
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
@@ -31,10 +31,8 @@ def rollback_host(
     label = target.name
     try:
         with HostSession(target, options) as session:
-            state_dir = session.call("state_init", state_dir=target.state_dir)
-            acquire_lock(session, state_dir, "rollback", options.break_lock, reporter)
+            state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
             try:
-                state = session.call("state_read", state_dir=state_dir)
                 journal = state["journal"]
                 if journal and not journal.get("finished"):
                     return finish_unfinished(session, state_dir, state, reporter)

@@ -220,6 +220,7 @@ class Session(object):
         self.cond = threading.Condition()
         self.cancelled = False  # the controller asked to stop the running op, or went away
         self.eof = False
+        self.last_started = {}  # the server this session started last: health_wait(pid="started")
 
     def reader(self, stdin):
         """Read requests while an op runs, so a ``cancel`` (Ctrl-C on the
@@ -610,6 +611,14 @@ def op_lock_acquire(state_dir, holder, replace_token=None):
     return {"acquired": True, "token": lock["token"]}
 
 
+@op("open_state")
+def op_open_state(state_dir, holder=None, replace_token=None):
+    """Start of a run in one round trip: the state dir, the lock, the records."""
+    root = op_state_init(state_dir)
+    lock = op_lock_acquire(root, holder, replace_token) if holder is not None else None
+    return {"root": root, "lock": lock, "state": op_state_read(root)}
+
+
 @op("lock_release")
 def op_lock_release(state_dir):
     path = os.path.join(expand(state_dir), "lock.json")
@@ -923,6 +932,7 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
         out.close()
     if SESSION is not None:
         SESSION.children[proc.pid] = proc
+        SESSION.last_started = {"pid": proc.pid, "log": log_path}
     if pidfile:
         p = expand(pidfile)
         d = os.path.dirname(p)
@@ -993,6 +1003,8 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
     ``unrecognized arguments`` is on screen seconds after the start, not
     after a fifteen-minute timeout.
     """
+    if pid == "started":  # in a batch right after server_start
+        pid, log = SESSION.last_started.get("pid"), SESSION.last_started.get("log")
     start = time.time()
     deadline = start + timeout
     last = said = ""
@@ -1149,6 +1161,15 @@ def op_watchdog_arm(state_dir, release_dir, deadline, plan, python=None):
     with open(os.path.join(release_dir, "watchdog.pid"), "w") as f:
         f.write("%d\n" % proc.pid)
     return {"pid": proc.pid, "deadline": deadline}
+
+
+@op("claim_then")
+def op_claim_then(release_dir, who, steps):
+    """Claim the release and, only if this claim won, run ``steps`` (one round trip)."""
+    holder = op_claim(release_dir, who)
+    if holder != who:
+        return {"holder": holder, "results": None}
+    return {"holder": holder, "results": op_batch(steps)}
 
 
 @op("claim")
