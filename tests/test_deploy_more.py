@@ -235,4 +235,4 @@ def test_round_trips_do_not_grow_with_files_and_one_exec_per_run(sandbox: Sandbo
     r1, r7 = report(one)["hosts"]["gpu"], report(seven)["hosts"]["gpu"]
     assert len(r7["files"]) == 7
     assert r1["execs"] == r7["execs"] == 1  # one SSH exec: the helper
-    assert r1["round_trips"] == r7["round_trips"] <= 12
+    assert r1["round_trips"] == r7["round_trips"] <= 10, (r1, r7)
