@@ -236,3 +236,20 @@ def test_round_trips_do_not_grow_with_files_and_one_exec_per_run(sandbox: Sandbo
     assert len(r7["files"]) == 7
     assert r1["execs"] == r7["execs"] == 1  # one SSH exec: the helper
     assert r1["round_trips"] == r7["round_trips"] <= 10, (r1, r7)
+
+
+def test_stopping_a_hand_started_server_takes_its_workers_too(sandbox: Sandbox) -> None:
+    from tests.fixtures.sandbox import wait_healthy
+
+    tree = sandbox.sglang_root.parent
+    # started from a shell script: the server is not its process group's leader
+    subprocess.Popen(["setsid", "sh", "-c", f"cd {sandbox.root}; STANDIN_WORKER=1 PYTHONPATH={tree} "
+                      f"{sys.executable} -m sglang.launch_server --model-path /models/standin "
+                      f"--port {sandbox.port} > {sandbox.root}/hand.log 2>&1; echo done"])
+    wait_healthy(sandbox.port)
+    server = sandbox.server_pid()
+    assert os.getpgid(server) != server
+    worker = int(Path(f"/proc/{server}/task/{server}/children").read_text().split()[0])
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    assert not Path(f"/proc/{server}").exists()
+    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]

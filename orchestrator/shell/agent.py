@@ -818,6 +818,28 @@ def op_process(pid):
     return rec
 
 
+def descendants(pid):
+    """Every live process below ``pid``: a server's workers (SGLang's scheduler
+    and detokenizer) must go with it, or they keep the GPUs."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.append(child)
+                todo.append(child)
+    return out
+
+
 def group_members(pgid):
     members = []
     for name in os.listdir("/proc"):
@@ -854,6 +876,9 @@ def op_server_stop(pid, pgid=None, stop_timeout=30.0, port=None, free_timeout=12
     targets = group_members(pgid) if use_group else [pid]
     if pid not in targets and pid_alive(pid):
         targets.append(pid)
+    for child in descendants(pid):
+        if child not in targets:
+            targets.append(child)
 
     def signal_all(sig):
         if use_group:

@@ -5,7 +5,8 @@
 It answers the endpoints orch's health checks and probes use, the way SGLang
 answers them: the port is bound at once, ``/health`` is 503 while the server
 is starting (``STANDIN_STARTUP_DELAY`` seconds, default 0.5; forever with
-``STANDIN_NEVER_READY=1``) and 200 once "The server is fired up and ready to
+``STANDIN_NEVER_READY=1``; ``STANDIN_WORKER=1`` starts a child worker process
+that outlives the server unless its stopper takes children too) and 200 once "The server is fired up and ready to
 roll!" was printed; ``/get_server_info`` returns every ``ServerArgs`` field as
 a top-level key, so a field added by a patch shows up by itself; ``--api-key``
 guards everything except ``/health*`` and ``/metrics``. SIGTERM and SIGINT
@@ -454,6 +455,14 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
     serving.daemon = True
     serving.start()
     logger.info(f"Stand-in server listening on {server_args.url()} (starting)")
+
+    if os.environ.get("STANDIN_WORKER") == "1":
+        # Like SGLang's scheduler: a child process. This one is not stopped on
+        # shutdown, so whoever stops the server must take its children too.
+        import subprocess
+
+        worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+        logger.info(f"worker process started: pid {worker.pid}")
 
     never_ready = os.environ.get("STANDIN_NEVER_READY") == "1"
     ready_at = time.monotonic() + _env_float("STANDIN_STARTUP_DELAY", DEFAULT_STARTUP_DELAY)
