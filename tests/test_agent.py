@@ -1,0 +1,154 @@
+"""orch's host-side helper, driven over the local transport (real processes, real files)."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import glob
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.target import HostTarget
+from orchestrator.shell.agent_client import AGENT_SOURCE, Agent, RemoteStepError
+from orchestrator.shell.transport import open_transport
+
+# GPU boxes run old Pythons: the helper must run on whatever python3 they have.
+INTERPRETERS = sorted({sys.executable, *glob.glob("/root/.pyenv/versions/3.[6-9]*/bin/python3")})
+
+
+def start(python: str = sys.executable) -> Agent:
+    transport = open_transport(HostTarget(name="local", connection="local", python=python))
+    transport.connect()
+    return Agent(transport, python=python).start()
+
+
+def test_helper_source_is_python_3_8_syntax_and_stdlib_only() -> None:
+    tree = ast.parse(AGENT_SOURCE, feature_version=(3, 8))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_stage_validate_commit_on_each_interpreter(python: str, tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+    os.chmod(target, 0o640)
+    agent = start(python)
+    try:
+        data = base64.b64encode(b"x = 2\n").decode()
+        staged = agent.call("stage", files=[{"path": str(target), "data": data}], token="t")[0]
+        results = agent.call("validate", checks=[{"staged": staged["staged"], "target": str(target),
+                                                  "argvs": [["python-syntax"]], "python": python}])
+        assert results[0]["rc"] == 0, results
+        agent.call("commit", files=[{"path": str(target), "staged": staged["staged"], "sha256": staged["sha256"]}])
+    finally:
+        agent.close()
+    assert target.read_text() == "x = 2\n"
+    assert target.stat().st_mode & 0o7777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
+
+
+def test_validation_failure_names_the_target_and_cleans_up(tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+    agent = start()
+    try:
+        bad = base64.b64encode(b"x = (\n").decode()
+        staged = agent.call("stage", files=[{"path": str(target), "data": bad}], token="t")[0]
+        leftover = f"import pathlib; pathlib.Path({str(tmp_path)!r}, 'junk').write_text('x')"
+        res = agent.call("validate", checks=[{"staged": staged["staged"], "target": str(target),
+                                              "argvs": [[sys.executable, "-c", leftover], ["python-syntax"]]}])
+        agent.call("remove", paths=[staged["staged"]])
+    finally:
+        agent.close()
+    assert res[-1]["rc"] == 1
+    assert res[-1]["stdout"].startswith(f"{target}:1: SyntaxError:")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
+
+
+def test_commit_refuses_a_file_that_reads_back_wrong(tmp_path: Path) -> None:
+    target = tmp_path / "f.txt"
+    target.write_text("old\n")
+    agent = start()
+    try:
+        staged = agent.call("stage", files=[{"path": str(target), "data": base64.b64encode(b"new\n").decode()}],
+                            token="t")[0]
+        with pytest.raises(RemoteStepError) as err:
+            agent.call("commit", files=[{"path": str(target), "staged": staged["staged"], "sha256": "0" * 64}])
+    finally:
+        agent.close()
+    assert err.value.kind == "commit" and "planned" in err.value.message
+
+
+def test_health_wait_fails_at_once_when_the_server_exits(tmp_path: Path) -> None:
+    agent = start()
+    log = tmp_path / "server.log"
+    try:
+        started = agent.call("server_start", argv=[sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
+                             log=str(log))
+        t0 = time.monotonic()
+        with pytest.raises(RemoteStepError) as err:
+            agent.call("health_wait", base_url="http://127.0.0.1:9", timeout=600.0, interval=0.1,
+                       checks=[{"method": "GET", "path": "/health"}], pid=started["pid"], log=str(log))
+        waited = time.monotonic() - t0
+    finally:
+        agent.close()
+    assert err.value.kind == "server_exited" and "code 3" in err.value.message
+    assert err.value.details["log_tail"] == ["boom"]
+    assert waited < 60  # not the 600 s timeout
+
+
+def test_ctrl_c_cancels_a_long_health_wait_on_the_host() -> None:
+    agent = start()
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            agent.call("health_wait", base_url="http://127.0.0.1:9", timeout=600.0, interval=0.2,
+                       checks=[{"method": "GET", "path": "/health"}])
+        assert time.monotonic() - t0 < 60
+        assert agent.call("hello")["protocol"] == 1  # the helper is free for the rollback
+    finally:
+        timer.cancel()
+        agent.close()
+
+
+def test_server_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    agent = start()
+    try:
+        code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)"
+        started = agent.call("server_start", argv=[sys.executable, "-c", code], log=str(tmp_path / "l"))
+        time.sleep(0.3)
+        res = agent.call("server_stop", pid=started["pid"], pgid=started["pgid"], stop_timeout=1.0)
+    finally:
+        agent.close()
+    assert res["killed"] is True
+    assert not Path(f"/proc/{started['pid']}").exists() or "Z" in Path(f"/proc/{started['pid']}/stat").read_text()
+
+
+def test_helper_exits_when_the_controller_goes_away() -> None:
+    agent = start()
+    pid = agent.info["pid"]
+    assert agent._proc is not None
+    agent._proc.close_stdin()
+    deadline = time.time() + 10
+    while time.time() < deadline and Path(f"/proc/{pid}").exists():
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.05)
+    alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    agent.close()
+    assert not alive
+    subprocess.run(["true"])
