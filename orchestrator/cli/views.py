@@ -38,14 +38,23 @@ class RichReporter:
     def __init__(self, console: Console, *, verbose: bool = True) -> None:
         self.console = console
         self.verbose = verbose
+        self._status: Any = None  # a live spinner while the host waits, on a terminal
+
+    def _settle(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
     def step(self, host: str, text: str) -> None:
+        self._settle()
         self.console.print(f"[bold cyan]{escape(host)}[/] {escape(text)}")
 
     def note(self, host: str, text: str) -> None:
+        self._settle()
         self.console.print(f"[bold cyan]{escape(host)}[/] [dim]note:[/] {escape(text)}")
 
     def warn(self, host: str, text: str) -> None:
+        self._settle()
         self.console.print(f"[bold cyan]{escape(host)}[/] [bold yellow]warning:[/] {escape(text)}")
 
     def progress(self, host: str, event: dict[str, Any]) -> None:
@@ -54,9 +63,19 @@ class RichReporter:
             return
         elapsed = event.get("elapsed")
         prefix = f"{elapsed:6.1f}s " if isinstance(elapsed, (int, float)) else ""
-        self.console.print(f"[dim]{escape(host)} {prefix}{escape(str(msg))}[/]")
+        line = f"{escape(host)} {prefix}{escape(str(msg))}"
+        if self.console.is_terminal and event.get("event") == "health":
+            # one live line that updates, instead of a line per change
+            if self._status is None:
+                self._status = self.console.status(line)
+                self._status.start()
+            else:
+                self._status.update(line)
+            return
+        self.console.print(f"[dim]{line}[/]")
 
     def plan(self, host: str, plan: HostPlan) -> None:
+        self._settle()
         for f in plan.files:
             if not f.changed:
                 note = "; ".join(f.plan.notes) or "already as planned"
@@ -84,6 +103,7 @@ class RichReporter:
                 self.step(host, "server restarts (code changed)")
 
     def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None:
+        self._settle()
         self.verification(path, text, ranges, title=f"read back from {host}")
 
     def verification(self, path: str, text: str, ranges: Sequence[ViewRange], *, title: str) -> None:
@@ -104,11 +124,13 @@ class RichReporter:
             )
 
     def server_log(self, host: str, title: str, lines: Sequence[str]) -> None:
+        self._settle()
         body = "\n".join(lines) if lines else "(empty)"
         self.console.print(Panel(Text(body), title=f"{host}: {title}", border_style="red"))
 
 
 def print_summary(console: Console, report: RunReport) -> None:
+    """The last word per host: outcome, release, and the error in one line."""
     for name, r in report.hosts.items():
         style = {0: "green", 1: "yellow", 2: "red", 3: "bold red"}[r.exit_code]
         line = f"[{style}]{escape(name)}: {r.outcome}[/]"
