@@ -253,3 +253,41 @@ def test_stopping_a_hand_started_server_takes_its_workers_too(sandbox: Sandbox) 
     assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
     assert not Path(f"/proc/{server}").exists()
     assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+
+
+def test_link_severed_after_commit_exits_3_and_the_watchdog_restores(sandbox: Sandbox) -> None:
+    from tests.fixtures.proxy import TcpProxy
+    from tests.fixtures.sandbox import wait_healthy
+
+    sandbox.start_by_hand()
+    original = sha256(sandbox.server_args)
+    proxy = TcpProxy(sandbox.sshd.port)
+    try:
+        known = sandbox.root / "known_hosts"
+        known.write_text(f"[127.0.0.1]:{proxy.port} {sandbox.sshd.host_key_pub}\n")
+        sandbox.write_inventory(port=proxy.port, known_hosts=str(known))
+        slow = sandbox.root / "slow.yaml"
+        body = SPEC.replace("server:\n  manager: process\n",
+                            'server:\n  manager: process\n  env: {STANDIN_NEVER_READY: "1"}\n  stop_timeout: 5s\n')
+        body = body.replace("timeout: 15m", "timeout: 20s").replace("confirm_timeout: 60s", "confirm_timeout: 2s")
+        slow.write_text(body)
+        proc = start_orch(sandbox, "deploy", "--host", "gpu", "--json", str(slow))
+        wait_for_step(sandbox, "restarting")
+        time.sleep(0.5)
+        proxy.sever()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proxy.close()
+    assert proc.returncode == 3, out + err
+    rep = json.loads(out)["hosts"]["gpu"]
+    assert rep["outcome"] == "rollback_failed"
+    assert "after the commit" in rep["error"] and "watchdog" in rep["error"]
+    assert "orch rollback --host gpu" in rep["error"]
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if json.loads((sandbox.state_dir / "journal.json").read_text()).get("step") == "restored_by_watchdog":
+            break
+        time.sleep(0.2)
+    assert sha256(sandbox.server_args) == original
+    wait_healthy(sandbox.port, 60)
+    assert cmdline(sandbox.server_pid()) == sandbox.hand_argv

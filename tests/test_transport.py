@@ -9,14 +9,12 @@ machine), so the remote PATH does not matter except where a test sets it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +31,7 @@ from orchestrator.shell.transport import (
     explain_become_failure,
     open_transport,
 )
+from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sshd import SshdServer, free_port, keygen, running_sshd
 
 PY = sys.executable
@@ -517,53 +516,6 @@ def test_ssh_become_prefixes_sudo_n_and_explains_missing_sudo(
             )
         finally:
             t.close()
-
-
-# --- a TCP proxy the tests can cut -------------------------------------------------
-
-
-class TcpProxy:
-    """Forwards 127.0.0.1:<port> to a local port until ``sever`` closes everything."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self._upstream = upstream_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self._upstream))
-            with self._lock:
-                self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def sever(self) -> None:
-        with self._lock:
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._sockets.clear()
-
-    def close(self) -> None:
-        self._listener.close()
-        self.sever()
 
 
 @pytest.mark.parametrize(

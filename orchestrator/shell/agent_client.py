@@ -139,9 +139,9 @@ class Agent:
                 continue
             if msg.get("ok"):
                 return msg.get("result")
-            err = msg.get("error") or {}
+            error: dict[str, Any] = msg.get("error") or {}
             raise RemoteStepError(
-                op, err.get("type", "error"), err.get("message", "failed"), err.get("details") or {}
+                op, error.get("type", "error"), error.get("message", "failed"), error.get("details") or {}
             )
 
     def close(self) -> None:
