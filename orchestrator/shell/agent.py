@@ -323,7 +323,10 @@ def serve(stdin, stdout):
         SESSION.current_id = None
         SESSION.send(reply)
         if request.get("op") == "bye":
-            break
+            # Leave at once: a normal interpreter exit would wait on the reader
+            # thread blocked in stdin (a second of stall per run, measured).
+            sys.stdout.flush()
+            os._exit(0)
     SESSION.stopping = True
 
 
@@ -1059,7 +1062,9 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
         if time.time() >= deadline:
             raise AgentError("health_timeout", "not healthy after %ss: %s" % (timeout, last),
                              log_tail=tail_lines(log) if log else [], polls=polls, last=last)
-        wake = time.time() + interval
+        # Poll quickly at first (a small server is up in a fraction of a
+        # second), backing off to ``interval``: 0.05, 0.1, 0.2 … s.
+        wake = time.time() + min(interval, 0.05 * (2 ** min(polls, 10)))
         while time.time() < wake:
             SESSION.check_cancel()
             time.sleep(min(0.1, max(0.0, wake - time.time())))
