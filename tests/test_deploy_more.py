@@ -255,29 +255,42 @@ def test_stopping_a_hand_started_server_takes_its_workers_too(sandbox: Sandbox) 
     assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
 
 
-def test_link_severed_after_commit_exits_3_and_the_watchdog_restores(sandbox: Sandbox) -> None:
+def never_healthy_playbook(box: Sandbox, health_timeout: str) -> Path:
+    """The story's playbook, but the new server never becomes healthy."""
+    body = SPEC.replace("server:\n  manager: process\n",
+                        'server:\n  manager: process\n  env: {STANDIN_NEVER_READY: "1"}\n  stop_timeout: 5s\n')
+    body = body.replace("timeout: 15m", f"timeout: {health_timeout}").replace("confirm_timeout: 60s", "confirm_timeout: 2s")
+    path = box.root / "slow.yaml"
+    path.write_text(body)
+    return path
+
+
+def deploy_through_proxy(box: Sandbox, health_timeout: str, fault: str) -> tuple[subprocess.Popen[str], str, str, float]:
+    """Deploy over a TCP proxy, and cut (``sever``) or ``stall`` it once the server restarts."""
     from tests.fixtures.proxy import TcpProxy
+
+    proxy = TcpProxy(box.sshd.port)
+    try:
+        known = box.root / "known_hosts"
+        known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
+        box.write_inventory(port=proxy.port, known_hosts=str(known))
+        proc = start_orch(box, "deploy", "--host", "gpu", "--json", str(never_healthy_playbook(box, health_timeout)))
+        wait_for_step(box, "restarting")
+        time.sleep(0.5)
+        faulted = time.monotonic()
+        getattr(proxy, fault)()
+        out, err = proc.communicate(timeout=150)
+        return proc, out, err, time.monotonic() - faulted
+    finally:
+        proxy.close()
+
+
+def test_link_severed_after_commit_exits_3_and_the_watchdog_restores(sandbox: Sandbox) -> None:
     from tests.fixtures.sandbox import wait_healthy
 
     sandbox.start_by_hand()
     original = sha256(sandbox.server_args)
-    proxy = TcpProxy(sandbox.sshd.port)
-    try:
-        known = sandbox.root / "known_hosts"
-        known.write_text(f"[127.0.0.1]:{proxy.port} {sandbox.sshd.host_key_pub}\n")
-        sandbox.write_inventory(port=proxy.port, known_hosts=str(known))
-        slow = sandbox.root / "slow.yaml"
-        body = SPEC.replace("server:\n  manager: process\n",
-                            'server:\n  manager: process\n  env: {STANDIN_NEVER_READY: "1"}\n  stop_timeout: 5s\n')
-        body = body.replace("timeout: 15m", "timeout: 20s").replace("confirm_timeout: 60s", "confirm_timeout: 2s")
-        slow.write_text(body)
-        proc = start_orch(sandbox, "deploy", "--host", "gpu", "--json", str(slow))
-        wait_for_step(sandbox, "restarting")
-        time.sleep(0.5)
-        proxy.sever()
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proxy.close()
+    proc, out, err, _ = deploy_through_proxy(sandbox, "20s", "sever")
     assert proc.returncode == 3, out + err
     rep = json.loads(out)["hosts"]["gpu"]
     assert rep["outcome"] == "rollback_failed"
@@ -291,3 +304,13 @@ def test_link_severed_after_commit_exits_3_and_the_watchdog_restores(sandbox: Sa
     assert sha256(sandbox.server_args) == original
     wait_healthy(sandbox.port, 60)
     assert cmdline(sandbox.server_pid()) == sandbox.hand_argv
+
+
+def test_a_link_that_goes_silent_is_noticed_and_reported(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    # the watchdog's deadline is minutes away; the sandbox's teardown stops it
+    proc, out, err, noticed = deploy_through_proxy(sandbox, "5m", "stall")
+    assert proc.returncode == 3, out + err
+    rep = json.loads(out)["hosts"]["gpu"]
+    assert "no data from" in rep["error"] and "watchdog" in rep["error"]
+    assert noticed < 120, noticed
