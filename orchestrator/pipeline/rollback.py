@@ -8,7 +8,6 @@ over hand edits (drift) loses nothing.
 
 from __future__ import annotations
 
-import base64
 import secrets
 import time
 from datetime import datetime, timezone
@@ -185,6 +184,3 @@ def undo_releases(
     return HostReport(label, "rolled_back", 0, release=rid, files=paths,
                       extra={"undid": list(target.undo), "current": target.new_applied[-1] if target.new_applied else None})
 
-
-def encode(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
