@@ -152,3 +152,22 @@ def test_helper_exits_when_the_controller_goes_away() -> None:
     agent.close()
     assert not alive
     subprocess.run(["true"])
+
+
+def test_a_deploy_removes_staged_copies_a_dead_run_left(tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+    old = tmp_path / ".mod.orch-staged-dead.py"
+    old.write_text("x = (\n")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    fresh = tmp_path / ".mod.orch-staged-running.py"  # a --check under way right now
+    fresh.write_text("x = 3\n")
+    agent = start()
+    try:
+        data = base64.b64encode(b"x = 2\n").decode()
+        agent.call("stage", files=[{"path": str(target), "data": data}], token="new", clean_stale=True)
+    finally:
+        agent.close()
+    assert not old.exists()
+    assert fresh.exists()
+    assert (tmp_path / ".mod.orch-staged-new.py").exists()

@@ -314,3 +314,18 @@ def test_a_link_that_goes_silent_is_noticed_and_reported(sandbox: Sandbox) -> No
     rep = json.loads(out)["hosts"]["gpu"]
     assert "no data from" in rep["error"] and "watchdog" in rep["error"]
     assert noticed < 120, noticed
+
+
+def test_deploy_after_the_server_died_starts_the_current_release_command_line(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand("--log-level", "warning")
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    running = sandbox.server_pid()
+    argv = cmdline(running)
+    os.killpg(running, signal.SIGKILL)  # the server crashes; nothing listens any more
+    deadline = time.time() + 10
+    while sandbox.server_pid() is not None and time.time() < deadline:
+        time.sleep(0.05)
+    proc = sandbox.orch("deploy", "--host", "gpu", "--json", "--var", "threshold=8", "speculative-disable")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert cmdline(sandbox.server_pid()) == argv[:-1] + ["8"]
+    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 8

@@ -239,6 +239,14 @@ class Deployment:
                 plan["health"] = self._health_wire(for_restore=True)
         return plan
 
+    def _started_record(self) -> dict[str, Any] | None:
+        """The command line this release starts: a later deploy starts it again
+        if the server has died by then (restore.json, unmasked)."""
+        change = self.plan.server
+        if change is None or change.manager != "process" or not change.after_argv:
+            return None
+        return wire_server_start(change.after_argv, change.after_cwd, change.after_env, change.replace_env)
+
     def _server_wire_before(self) -> dict[str, Any] | None:
         spec = self._server_spec()
         change = self.plan.server
@@ -418,7 +426,8 @@ class Deployment:
         self.restart_begun = True
         steps: list[dict[str, Any]] = [
             {"op": "put_json", "args": {"path": f"{self.release_dir}/restore.json",
-                                        "value": {"deadline": self.deadline, "plan": self._restore_plan()}}},
+                                        "value": {"deadline": self.deadline, "plan": self._restore_plan(),
+                                                  "started": self._started_record()}}},
             {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("restarting")}},
         ]
         if change.manager == "commands":
@@ -628,7 +637,11 @@ def _deploy_in_session(
         refuse_unfinished(label, state["journal"])
         if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
-        plan = make_plan(session, loaded, cli_vars)
+        applied = state["state"].get("applied", [])
+        current = f"{state_dir}/releases/{applied[-1]}" if applied else None
+        plan = make_plan(session, loaded, cli_vars, current_release_dir=current)
+        for note in plan.notes:
+            reporter.note(label, note)
         reporter.plan(label, plan)
         if not plan.changed:
             reporter.step(label, "unchanged: files and server command line already as planned")

@@ -136,12 +136,14 @@ def plan_server(
     running: dict[str, Any] | None,
     files_changed: bool,
     port: int | None,
+    last_started: dict[str, Any] | None = None,
 ) -> ServerChange | None:
     """Decide the new command line and whether the server must restart.
 
     The new command line is ``server.command`` with ``flags`` applied, or,
     without a ``command``, the running server's own recorded command line
-    with ``flags`` applied. A change of flags alone is a change.
+    with ``flags`` applied — or, when nothing runs (it crashed), the command
+    line the current release started. A change of flags alone is a change.
     """
     if server is None:
         return None
@@ -158,6 +160,16 @@ def plan_server(
         base = list(server.argv)
     elif running is not None:
         base = list(running["argv"])
+    elif last_started and last_started.get("argv"):
+        base = list(last_started["argv"])
+        running_like = {"env": last_started.get("env"), "cwd": last_started.get("cwd")}
+        env = dict(running_like["env"] or {})
+        env.update(server.env)
+        after = apply_flags(base, server.flags)
+        return ServerChange(
+            "process", None, after, server.workdir or running_like["cwd"], env,
+            bool(last_started.get("replace_env")), port, True, flag_changes([], after),
+        )
     else:
         raise ConfigError(
             "no server is running (by pidfile or on the health port) and server.command is not set",
@@ -185,6 +197,7 @@ def make_plan(
     cli_vars: dict[str, Any],
     *,
     check: bool = False,
+    current_release_dir: str | None = None,
 ) -> HostPlan:
     """Read the host, render the playbook for it, and edit in memory.
 
@@ -207,9 +220,13 @@ def make_plan(
         steps.append(
             {"op": "server_find", "args": {"pidfile": server_pidfile(target, rendered), "port": port}}
         )
+    if current_release_dir and rendered.server is not None and rendered.server.manager == "process":
+        # what the current release started, in case nothing runs now (same round trip)
+        steps.append({"op": "get_json", "args": {"path": f"{current_release_dir}/restore.json"}})
     results = session.call("batch", steps=steps)
     infos = results[0]
     running = results[1] if len(results) > 1 else None
+    last_started = (results[2] or {}).get("started") if len(results) > 2 else None
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
     planned: list[PlannedFile] = []
@@ -233,7 +250,7 @@ def make_plan(
     files_changed = any(p.changed for p in planned)
     notes: list[str] = []
     try:
-        server = plan_server(rendered.server, running, files_changed, port)
+        server = plan_server(rendered.server, running, files_changed, port, last_started)
     except ConfigError as e:
         if not check:
             raise e.located(file=loaded.display) from None
@@ -330,7 +347,7 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
         ]
         checks.append({"staged": staged, "target": f.path, "argvs": argvs, "python": python})
     steps = [
-        {"op": "stage", "args": {"files": files, "token": token}},
+        {"op": "stage", "args": {"files": files, "token": token, "clean_stale": keep}},
         {"op": "validate", "args": {"checks": checks}},
     ]
     if not keep:

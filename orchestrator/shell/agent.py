@@ -407,18 +407,47 @@ def staged_name(path, token):
     return os.path.join(directory, ".%s.orch-staged-%s%s" % (stem, token, ext))
 
 
+STALE_STAGED_SECONDS = 600.0
+
+
+def remove_stale_staged(path):
+    """Staged siblings a dead controller left behind (older than 10 minutes,
+    so a ``--check`` running right now is not disturbed)."""
+    directory, base = os.path.split(path)
+    stem, ext = os.path.splitext(base)
+    prefix, removed = ".%s.orch-staged-" % stem, []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(ext)):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            if time.time() - os.lstat(full).st_mtime > STALE_STAGED_SECONDS:
+                os.unlink(full)
+                removed.append(full)
+        except OSError:
+            pass
+    return removed
+
+
 @op("stage")
-def op_stage(files, token):
+def op_stage(files, token, clean_stale=False):
     """Write each new content to a hidden sibling of its target.
 
     Same directory, so the final rename is atomic and a validator sees the
-    file where it will live (relative imports, config lookups).
+    file where it will live (relative imports, config lookups). A deploy
+    (``clean_stale``) first removes the siblings a dead run left.
     """
     out = []
     for f in files:
         path = expand(f["path"])
         data = b64d(f["data"])
         staged = staged_name(path, token)
+        if clean_stale:
+            remove_stale_staged(path)
         try:
             st = os.stat(path)
             mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
