@@ -660,7 +660,10 @@ def _check(
     session: HostSession, loaded: LoadedPlaybook, cli_vars: dict[str, Any], reporter: Reporter
 ) -> HostReport:
     label = session.target.name
-    plan = make_plan(session, loaded, cli_vars, check=True)
+    state = session.call("state_read", state_dir=session.target.state_dir)  # reads, creates nothing
+    applied = state["state"].get("applied", [])
+    current = f"{state['root']}/releases/{applied[-1]}" if applied else None
+    plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current)
     reporter.plan(label, plan)
     for note in plan.notes:
         reporter.warn(label, note)
