@@ -163,7 +163,7 @@ def test_rollback_to_release(sandbox: Sandbox) -> None:
     first = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"][0]["id"]
     for t in ("8", "16"):
         assert sandbox.orch("deploy", "--host", "gpu", "--var", f"threshold={t}", "speculative-disable").returncode == 0
-    proc = sandbox.orch("rollback", "--host", "gpu", "--to", first[:12] if False else first, "--json")
+    proc = sandbox.orch("rollback", "--host", "gpu", "--to", first[:18], "--json")  # a unique prefix (to the millisecond)
     assert proc.returncode == 0, proc.stderr
     assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
     rows = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"]
