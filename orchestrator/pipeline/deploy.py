@@ -452,8 +452,6 @@ class Deployment:
             # In the same round trip: poll health while watching the process just started.
             assert health is not None
             steps.append({"op": "health_wait", "args": dict(health, pid="started")})
-            self.reporter.step(self.label, f"then waiting for {health['base_url']} to be healthy "
-                                           f"(up to {health['timeout']:.0f} s)")
         results = self.session.call(
             "batch", steps=steps, on_event=lambda ev: self.reporter.progress(self.label, ev)
         )
@@ -465,8 +463,6 @@ class Deployment:
         if health is None:
             return
         if not watch:
-            self.reporter.step(self.label, f"waiting for {health['base_url']} to be healthy "
-                                           f"(up to {health['timeout']:.0f} s)")
             results = [self.session.call(
                 "health_wait", on_event=lambda ev: self.reporter.progress(self.label, ev), **health
             )]

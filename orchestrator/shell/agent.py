@@ -990,6 +990,7 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
     if SESSION is not None:
         SESSION.children[proc.pid] = proc
         SESSION.last_started = {"pid": proc.pid, "log": log_path}
+        SESSION.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
     if pidfile:
         p = expand(pidfile)
         d = os.path.dirname(p)
@@ -1062,6 +1063,8 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
     """
     if pid == "started":  # in a batch right after server_start
         pid, log = SESSION.last_started.get("pid"), SESSION.last_started.get("log")
+    if timeout > 0:
+        SESSION.event("progress", msg="waiting up to %.0f s for %s to be healthy" % (timeout, base_url))
     start = time.time()
     deadline = start + timeout
     last = said = ""
