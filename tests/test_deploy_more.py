@@ -91,6 +91,17 @@ def test_commands_manager_restarts_through_user_commands_and_rolls_back(sandbox:
     assert cmdline(new_pid)[-2:] == ["--speculative-disable-batch-threshold", "32"]
     assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
 
+    # a flag the server rejects: the pid command's process is watched, so it fails in seconds
+    bad = sandbox.root / "bad.yaml"
+    bad.write_text(pb.read_text().replace('"--speculative-disable-batch-threshold": "{{ threshold }}"',
+                                          '"--speculative-disable-batch-threshold": "{{ threshold }}", "--no-such-flag": 1'))
+    started = time.monotonic()
+    rejected = sandbox.orch("deploy", "--host", "gpu", "--json", str(bad))
+    assert rejected.returncode == 1, rejected.stdout + rejected.stderr
+    assert "server exited during start" in report(rejected)["hosts"]["gpu"]["error"]
+    assert time.monotonic() - started < 45  # the health timeout is 60 s
+    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
+
     back = sandbox.orch("rollback", "--host", "gpu")
     assert back.returncode == 0, back.stdout + back.stderr
     assert sha256(sandbox.server_args) == original

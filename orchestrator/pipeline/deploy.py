@@ -432,8 +432,9 @@ class Deployment:
         ]
         if change.manager == "commands":
             if change.before is not None:
-                steps.append({"op": "run", "args": {"argv": spec["stop_cmd"], "timeout": spec["stop_timeout"] + 60}})
-            steps.append({"op": "run", "args": {"argv": spec["start_cmd"], "timeout": 600.0}})
+                steps.append({"op": "run_ok", "args": {"argv": spec["stop_cmd"], "timeout": spec["stop_timeout"] + 60}})
+            pid_cmd = self.plan.playbook.server.pid if self.plan.playbook.server else None
+            steps.append({"op": "commands_start", "args": {"start": spec["start_cmd"], "pid_cmd": pid_cmd}})
         else:
             before = change.before
             if before is not None and before.get("pid"):
@@ -447,25 +448,15 @@ class Deployment:
         shown = " ".join(self._shown_argv(change.after_argv) or [])
         self.reporter.step(self.label, f"restarting the server: {shown}")
         health = self._health_wire(for_restore=False)
-        watch = change.manager == "process" and health is not None
-        if watch:
+        if health is not None:
             # In the same round trip: poll health while watching the process just started.
-            assert health is not None
             steps.append({"op": "health_wait", "args": dict(health, pid="started")})
         results = self.session.call(
             "batch", steps=steps, on_event=lambda ev: self.reporter.progress(self.label, ev)
         )
         self._timed("restart", t)
-        if change.manager == "commands":
-            for r in results[2:]:
-                if r["rc"] != 0:
-                    raise RemoteError(f"server command failed (exit {r['rc']}): {r['stderr'].strip()[-300:]}")
         if health is None:
             return
-        if not watch:
-            results = [self.session.call(
-                "health_wait", on_event=lambda ev: self.reporter.progress(self.label, ev), **health
-            )]
         got = results[-1]
         self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls)")
 

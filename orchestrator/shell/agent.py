@@ -1000,12 +1000,36 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
     return {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "cwd": cwd, "log": log_path}
 
 
+@op("run_ok")
+def op_run_ok(argv, timeout=600.0):
+    """A user's server command (``commands`` manager) that must succeed."""
+    return run_server_cmd(argv, timeout)
+
+
+@op("commands_start")
+def op_commands_start(start, pid_cmd=None, timeout=600.0):
+    """The ``commands`` manager's start, then its ``pid`` command, so the
+    health wait can watch that process (``health_wait(pid="started")``)."""
+    res = run_argv(start, timeout=timeout)
+    if res["rc"] != 0:
+        raise AgentError("server", "start command exited %d: %s" % (
+            res["rc"], (res["stderr"] or res["stdout"]).strip()[-300:]))
+    SESSION.last_started = {}
+    if pid_cmd:
+        got = run_argv(pid_cmd, timeout=60.0)
+        words = got["stdout"].split()
+        if got["rc"] == 0 and words and words[0].isdigit():
+            SESSION.last_started = {"pid": int(words[0]), "log": None}
+            SESSION.event("progress", msg="started pid %s" % words[0])
+    return dict(SESSION.last_started)
+
+
 def exit_code_of(pid):
     """The exit code if ``pid`` has ended, else None."""
     proc = SESSION.children.get(pid) if SESSION else None
     if proc is not None:
         return proc.poll()
-    return None if pid_alive(pid) else -1
+    return None if pid_alive(pid) else "unknown"
 
 
 def run_check(base_url, check, timeout):
@@ -1075,7 +1099,8 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
         if pid is not None:
             code = exit_code_of(pid)
             if code is not None:
-                raise AgentError("server_exited", "server exited during start (code %s)" % code,
+                why = "code %s" % code if code != "unknown" else "not started by orch's helper: exit code unknown"
+                raise AgentError("server_exited", "server exited during start (%s)" % why,
                                  code=code, log_tail=tail_lines(log) if log else [], polls=polls)
         ok_all = True
         for check in checks:
