@@ -69,20 +69,20 @@ def open_state(
     got = session.call("open_state", state_dir=session.target.state_dir, holder=lock_holder(command))
     root = got["root"]
     if not got["lock"]["acquired"]:
-        acquire_lock(session, root, command, break_lock, reporter, first=got["lock"])
+        take_over_lock(session, root, command, break_lock, reporter, got["lock"])
         got = session.call("open_state", state_dir=root)
     return root, got["state"]
 
 
-def acquire_lock(
+def take_over_lock(
     session: HostSession,
     state_dir: str,
     command: str,
     break_lock: bool,
     reporter: Reporter,
-    first: dict[str, Any] | None = None,
+    refused: dict[str, Any],
 ) -> None:
-    """Take the host's lock, or fail fast naming who holds it.
+    """The lock was held (``refused`` is the helper's answer): take it over, or fail fast naming who holds it.
 
     A holder on this same machine whose process is gone is provably dead:
     its lock is taken with a note. A holder whose heartbeat stopped but
@@ -90,10 +90,7 @@ def acquire_lock(
     and taken with ``--break-lock``.
     """
     label = session.target.name
-    got = first or session.call("lock_acquire", state_dir=state_dir, holder=lock_holder(command))
-    if got["acquired"]:
-        return
-    h = got["holder"]
+    h = refused["holder"]
     since = datetime.fromtimestamp(float(h.get("started", 0)), timezone.utc).strftime("%H:%M:%S")
     who = f"{h.get('user', '?')}@{h.get('controller', '?')} pid {h.get('pid', '?')} ({h.get('command', '?')}, since {since} UTC)"
     age = float(h.get("heartbeat_age", 0))
@@ -119,6 +116,12 @@ def release_lock(session: HostSession, state_dir: str) -> None:
     # Best effort: if this fails, the lock's heartbeat stops when we go anyway.
     with contextlib.suppress(Exception):
         session.call("lock_release", state_dir=state_dir)
+
+
+def current_release_dir(state: dict[str, Any]) -> str | None:
+    """The current release's directory on the host, from a ``state_read`` answer."""
+    applied = state["state"].get("applied", [])
+    return f"{state['root']}/releases/{applied[-1]}" if applied else None
 
 
 def refuse_unfinished(label: str, journal: dict[str, Any] | None) -> None:
@@ -624,9 +627,7 @@ def _deploy_in_session(
         refuse_unfinished(label, state["journal"])
         if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
-        applied = state["state"].get("applied", [])
-        current = f"{state_dir}/releases/{applied[-1]}" if applied else None
-        plan = make_plan(session, loaded, cli_vars, current_release_dir=current)
+        plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state))
         for note in plan.notes:
             reporter.note(label, note)
         reporter.plan(label, plan)
@@ -648,9 +649,7 @@ def _check(
 ) -> HostReport:
     label = session.target.name
     state = session.call("state_read", state_dir=session.target.state_dir)  # reads, creates nothing
-    applied = state["state"].get("applied", [])
-    current = f"{state['root']}/releases/{applied[-1]}" if applied else None
-    plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current)
+    plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)
     for note in plan.notes:
         reporter.warn(label, note)

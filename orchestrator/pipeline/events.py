@@ -7,6 +7,7 @@ what was said.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -67,8 +68,6 @@ class RunLog:
     lines: list[str] = field(default_factory=list)
 
     def _keep(self, kind: str, text: str) -> None:
-        import time
-
         self.lines.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {kind:8} {text}")
 
     def step(self, host: str, text: str) -> None:

@@ -156,31 +156,26 @@ def plan_server(
             "commands", running, after, server.workdir, dict(server.env), False, port, restart,
             flag_changes(before_argv or [], after) if after is not None else [],
         )
+    # What runs now, or, when nothing does and there is no ``command``, what
+    # the current release started: its command line, cwd and environment.
+    recorded = running
+    if recorded is None and not server.argv and last_started and last_started.get("argv"):
+        recorded = last_started
     if server.argv:
         base = list(server.argv)
-    elif running is not None:
-        base = list(running["argv"])
-    elif last_started and last_started.get("argv"):
-        base = list(last_started["argv"])
-        running_like = {"env": last_started.get("env"), "cwd": last_started.get("cwd")}
-        env = dict(running_like["env"] or {})
-        env.update(server.env)
-        after = apply_flags(base, server.flags)
-        return ServerChange(
-            "process", None, after, server.workdir or running_like["cwd"], env,
-            bool(last_started.get("replace_env")), port, True, flag_changes([], after),
-        )
+    elif recorded is not None:
+        base = list(recorded["argv"])
     else:
         raise ConfigError(
             "no server is running (by pidfile or on the health port) and server.command is not set",
             key="server.command",
         )
     after = apply_flags(base, server.flags)
-    if running is not None:
-        env = dict(running.get("env") or {})
+    if recorded is not None:
+        env = dict(recorded.get("env") or {})
         env.update(server.env)
-        replace_env = True
-        cwd = server.workdir or running.get("cwd")
+        replace_env = True if running is not None else bool(recorded.get("replace_env"))
+        cwd = server.workdir or recorded.get("cwd")
     else:
         env, replace_env, cwd = dict(server.env), False, server.workdir
     before_argv = running["argv"] if running else []

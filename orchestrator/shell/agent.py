@@ -1010,10 +1010,7 @@ def op_run_ok(argv, timeout=600.0):
 def op_commands_start(start, pid_cmd=None, timeout=600.0):
     """The ``commands`` manager's start, then its ``pid`` command, so the
     health wait can watch that process (``health_wait(pid="started")``)."""
-    res = run_argv(start, timeout=timeout)
-    if res["rc"] != 0:
-        raise AgentError("server", "start command exited %d: %s" % (
-            res["rc"], (res["stderr"] or res["stdout"]).strip()[-300:]))
+    run_server_cmd(start, timeout)
     SESSION.last_started = {}
     if pid_cmd:
         got = run_argv(pid_cmd, timeout=60.0)
