@@ -28,6 +28,7 @@ from a dead link), then one ``{"id": 1, "done": true, "ok": true,
 
 import base64
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -148,12 +149,37 @@ def write_json(path, value):
     write_atomic(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode(), 0o600)
 
 
+def try_write_json(path, value):
+    """``write_json`` for records that must not stop a restore (a full disk):
+    returns the error as text, or None when written."""
+    try:
+        write_json(path, value)
+        return None
+    except OSError as e:
+        return "cannot write %s: %s" % (path, e.strerror or e)
+
+
+def real_path(path):
+    """The file ``path`` names, symlinks followed: orch writes the real file
+    and leaves a link pointing at it as it was."""
+    return os.path.realpath(expand(path))
+
+
 def read_json(path, default=None):
     try:
         with open(path, "rb") as f:
             return json.loads(f.read().decode())
     except FileNotFoundError:
         return default
+
+
+def read_record(path):
+    """A small record the restore machine polls or re-reads: absent or
+    unreadable (a half-written file on a full disk) both read as None."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
 
 
 def tail_lines(path, count=LOG_TAIL_LINES):
@@ -167,6 +193,36 @@ def tail_lines(path, count=LOG_TAIL_LINES):
         return []
     lines = data.decode("utf-8", "replace").splitlines()
     return lines[-count:]
+
+
+def proc_starttime(pid):
+    """When the process started, in clock ticks since boot: with the pid it
+    names one process, even after the pid has been reused."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError, TypeError):
+        return None
+
+
+def proc_start_epoch(pid):
+    """The process's start as a Unix time (to within a clock tick), or None."""
+    ticks = proc_starttime(pid)
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + ticks / float(os.sysconf("SC_CLK_TCK"))
+
+
+def same_process(pid, starttime):
+    """``pid`` is alive and is the process that was recorded (not a reused pid)."""
+    if not pid or not pid_alive(pid):
+        return False
+    return starttime is None or proc_starttime(pid) == starttime
 
 
 def pid_alive(pid):
@@ -206,35 +262,44 @@ def op(name):
 
 
 class Session(object):
-    """One controller's conversation: output lock, ticks, held lock heartbeat."""
+    """One controller's conversation: output, ticks, cancel, the held lock.
+
+    Two ways an op can be told to stop are kept apart: an explicit
+    ``cancel`` (Ctrl-C on the controller) stops any op, while the end of the
+    connection (``eof``: the controller died or the link dropped) stops a
+    wait that only the controller cared about but never a restore — a
+    restore that has begun is finished on the host whatever the link does.
+    """
 
     def __init__(self, out):
         self.out = out
         self.out_lock = threading.Lock()
+        self.out_broken = False  # the controller can no longer hear us
         self.current_id = None
-        self.lock_path = None
-        self.lock_token = None
+        self.lock = None  # (path, fd) of the host lock this session holds
         self.children = {}  # pid -> Popen, servers this agent started
         self.stopping = False
         self.requests = []  # lines read by the reader thread, waiting to run
         self.cond = threading.Condition()
-        self.cancelled = False  # the controller asked to stop the running op, or went away
+        self.cancel_requested = False
         self.eof = False
+        self.finishing = False  # a restore runs: the end of the link does not stop it
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
+        self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
     def reader(self, stdin):
-        """Read requests while an op runs, so a ``cancel`` (Ctrl-C on the
-        controller) or the end of the connection stops a long wait at once."""
+        """Read requests while an op runs, so a ``cancel`` or the end of the
+        connection is seen at once, not after a long wait."""
         while True:
             line = stdin.readline()
             with self.cond:
                 if not line:
-                    self.eof = self.cancelled = True
+                    self.eof = True
                     self.cond.notify_all()
                     return
                 try:
                     if json.loads(line.decode()).get("op") == "cancel":
-                        self.cancelled = True
+                        self.cancel_requested = True
                         continue
                 except ValueError:
                     pass
@@ -246,19 +311,26 @@ class Session(object):
             while not self.requests and not self.eof:
                 self.cond.wait()
             if self.requests:
-                self.cancelled = False
+                self.cancel_requested = False
                 return self.requests.pop(0)
             return None
 
     def check_cancel(self):
-        if self.cancelled:
+        if self.cancel_requested:
             raise AgentError("cancelled", "cancelled by the controller")
+        if self.eof and not self.finishing:
+            raise AgentError("cancelled", "the controller went away")
 
     def send(self, message):
         line = json.dumps(message, separators=(",", ":")) + "\n"
         with self.out_lock:
-            self.out.write(line.encode())
-            self.out.flush()
+            if self.out_broken:
+                return
+            try:
+                self.out.write(line.encode())
+                self.out.flush()
+            except (OSError, ValueError):
+                self.out_broken = True  # the link is gone; the work goes on
 
     def event(self, kind, **fields):
         if self.current_id is None:
@@ -275,13 +347,10 @@ class Session(object):
             now = time.time()
             if self.current_id is not None and now - last_tick >= TICK_SECONDS:
                 last_tick = now
-                try:
-                    self.event("tick", t=now)
-                except (OSError, ValueError):
-                    return
-            if self.lock_path and now - last_beat >= LOCK_HEARTBEAT_SECONDS:
+                self.event("tick", t=now)
+            if self.lock is not None and now - last_beat >= LOCK_HEARTBEAT_SECONDS:
                 last_beat = now
-                renew_heartbeat(self.lock_path, self.lock_token)
+                renew_heartbeat(self.lock)
 
 
 SESSION = None  # type: Session
@@ -325,8 +394,19 @@ def serve(stdin, stdout):
         if request.get("op") == "bye":
             # Leave at once: a normal interpreter exit would wait on the reader
             # thread blocked in stdin (a second of stall per run, measured).
+            release_own_lock()
             sys.stdout.flush()
             os._exit(0)
+    # The controller is gone (it died or the link dropped): whatever op was
+    # running has finished. Leave nothing half-done behind: staged copies it
+    # never committed go, and the host's lock is given back by us, so nobody
+    # has to wait for a heartbeat to go stale.
+    for staged in list(SESSION.staged):
+        try:
+            os.unlink(staged)
+        except OSError:
+            pass
+    release_own_lock()
     SESSION.stopping = True
 
 
@@ -371,14 +451,17 @@ def op_hello():
 
 
 def file_info(path, with_data=True):
+    """A file as the controller plans with it; a symlink is read through
+    (``real`` names the file that is actually written)."""
     path = expand(path)
+    real = os.path.realpath(path)
     try:
-        st = os.stat(path)
+        st = os.stat(real)
     except FileNotFoundError:
-        return {"path": path, "exists": False}
-    with open(path, "rb") as f:
+        return {"path": path, "real": real, "exists": False}
+    with open(real, "rb") as f:
         data = f.read()
-    info = {"path": path, "exists": True, "mode": st.st_mode & 0o7777, "uid": st.st_uid,
+    info = {"path": path, "real": real, "exists": True, "mode": st.st_mode & 0o7777, "uid": st.st_uid,
             "gid": st.st_gid, "sha256": sha256_bytes(data), "size": len(data)}
     if with_data:
         info["data"] = b64e(data)
@@ -395,14 +478,17 @@ def op_sha256(paths):
     out = {}
     for p in paths:
         try:
-            out[p] = sha256_file(expand(p))
+            out[p] = sha256_file(real_path(p))
         except FileNotFoundError:
             out[p] = None
     return out
 
 
 def staged_name(path, token):
-    directory, base = os.path.split(path)
+    """The staged copy of ``path``: a hidden sibling of the real file, same
+    extension, named with this run's random ``token`` — so it, and whatever a
+    validator derives from its name, is provably orch's own."""
+    directory, base = os.path.split(real_path(path))
     stem, ext = os.path.splitext(base)
     return os.path.join(directory, ".%s.orch-staged-%s%s" % (stem, token, ext))
 
@@ -413,7 +499,7 @@ STALE_STAGED_SECONDS = 600.0
 def remove_stale_staged(path):
     """Staged siblings a dead controller left behind (older than 10 minutes,
     so a ``--check`` running right now is not disturbed)."""
-    directory, base = os.path.split(path)
+    directory, base = os.path.split(real_path(path))
     stem, ext = os.path.splitext(base)
     prefix, removed = ".%s.orch-staged-" % stem, []
     try:
@@ -437,44 +523,48 @@ def remove_stale_staged(path):
 def op_stage(files, token, clean_stale=False):
     """Write each new content to a hidden sibling of its target.
 
-    Same directory, so the final rename is atomic and a validator sees the
-    file where it will live (relative imports, config lookups). A deploy
-    (``clean_stale``) first removes the siblings a dead run left.
+    Same directory as the real file, so the final rename is atomic and a
+    validator sees the file where it will live (relative imports, config
+    lookups). A deploy (``clean_stale``) first removes the siblings a dead
+    run left.
     """
     out = []
-    for f in files:
-        path = expand(f["path"])
-        data = b64d(f["data"])
-        staged = staged_name(path, token)
-        if clean_stale:
-            remove_stale_staged(path)
-        try:
-            st = os.stat(path)
-            mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
-        except FileNotFoundError:
-            mode, uid, gid = 0o644, None, None
-        try:
-            write_atomic(staged, data, mode, uid, gid)
-        except OSError as e:
-            raise AgentError("stage", "cannot stage %s: %s" % (path, e.strerror or e), path=path)
-        got = sha256_file(staged)
-        if got != sha256_bytes(data):
-            raise AgentError("stage", "staged copy of %s reads back wrong (sha256 %s)" % (path, got))
-        out.append({"path": path, "staged": staged, "sha256": got})
+    try:
+        for f in files:
+            out.append(stage_one(f, token, clean_stale))
+    except BaseException:
+        for done in out:  # a failed stage leaves nothing behind
+            try:
+                os.unlink(done["staged"])
+            except OSError:
+                pass
+        raise
     return out
 
 
-def dir_snapshot(directory):
-    snap = set()
-    for sub in (directory, os.path.join(directory, "__pycache__")):
-        try:
-            for name in os.listdir(sub):
-                snap.add(os.path.join(sub, name))
-        except OSError:
-            pass
-    snap.add(os.path.join(directory, "__pycache__")) if os.path.isdir(
-        os.path.join(directory, "__pycache__")) else None
-    return snap
+def stage_one(f, token, clean_stale):
+    """One file staged: a hidden sibling of the real file, read back by sha256."""
+    path = expand(f["path"])
+    real = real_path(path)
+    data = b64d(f["data"])
+    staged = staged_name(path, token)
+    if clean_stale:
+        remove_stale_staged(path)
+    try:
+        st = os.stat(real)
+        mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
+    except FileNotFoundError:
+        mode, uid, gid = 0o644, None, None
+    try:
+        write_atomic(staged, data, mode, uid, gid)
+    except OSError as e:
+        raise AgentError("stage", "cannot stage %s: %s" % (path, e.strerror or e), path=path)
+    got = sha256_file(staged)
+    if got != sha256_bytes(data):
+        raise AgentError("stage", "staged copy of %s reads back wrong (sha256 %s)" % (path, got))
+    if SESSION is not None:
+        SESSION.staged.add(staged)
+    return {"path": path, "real": real, "staged": staged, "sha256": got}
 
 
 def run_argv(argv, cwd=None, env=None, timeout=600.0, stdin=None, limit=64 * 1024):
@@ -498,19 +588,42 @@ def op_run(argv, cwd=None, env=None, timeout=600.0, stdin=None):
     return run_argv(argv, cwd and expand(cwd), env, timeout, b64d(stdin) if stdin else None)
 
 
+def derived_files(staged):
+    """What a validator may have made from the staged copy's exact name
+    (e.g. ``__pycache__/.x.orch-staged-1a2b.cpython-311.pyc``). Only these are
+    ever removed: anything else in the directory may be somebody's."""
+    directory, base = os.path.split(staged)
+    stem = os.path.splitext(base)[0]
+    out = []
+    for sub in (directory, os.path.join(directory, "__pycache__")):
+        try:
+            names = os.listdir(sub)
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(sub, name)
+            if name.startswith(stem) and full != staged and os.path.isfile(full) and not os.path.islink(full):
+                out.append(full)
+    return out
+
+
 @op("validate")
-def op_validate(checks, timeout=600.0):
+def op_validate(checks, token, keep_staged=True, timeout=600.0):
     """Run each file's validators on its staged copy, then clean up after them.
 
-    A validator may leave files beside the target (``__pycache__``, a
-    ``.mypy_cache``): whatever appeared in the target's directory while it ran
-    is removed, so a check leaves no trace.
+    The clean-up removes only files derived from the staged copy's exact
+    name (its bytecode), and a ``__pycache__`` directory only when it was
+    made during this run and is empty again: a colleague's file that
+    appears in the directory meanwhile is never touched (``--check`` holds
+    no lock).
     """
     results = []
     for check in checks:
-        staged, target = check["staged"], check["target"]
-        directory = os.path.dirname(target)
-        before = dir_snapshot(directory)
+        target = expand(check["target"])
+        staged = staged_name(target, token)
+        directory = os.path.dirname(staged)
+        cache = os.path.join(directory, "__pycache__")
+        cache_existed = os.path.isdir(cache)
         for argv in check["argvs"]:
             if argv == ["python-syntax"]:
                 argv = [check.get("python") or sys.executable, "-c", PYTHON_SYNTAX_CHECK, staged, target]
@@ -520,19 +633,24 @@ def op_validate(checks, timeout=600.0):
             results.append(res)
             if res["rc"] != 0:
                 break
-        left = sorted(dir_snapshot(directory) - before)
-        for extra in left:
-            if extra == staged:
-                continue
-            if os.path.isdir(extra) and not os.path.islink(extra):
-                shutil.rmtree(extra, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(extra)
-                except OSError:
-                    pass
+        for extra in derived_files(staged):
+            try:
+                os.unlink(extra)
+            except OSError:
+                pass
+        if not cache_existed:
+            try:
+                os.rmdir(cache)  # only succeeds when empty
+            except OSError:
+                pass
         if results and results[-1]["rc"] != 0:
             break
+    if not keep_staged:
+        for check in checks:
+            try:
+                os.unlink(staged_name(check["target"], token))
+            except OSError:
+                pass
     return results
 
 
@@ -548,38 +666,73 @@ def op_remove(paths):
     return removed
 
 
-@op("commit")
-def op_commit(files):
-    """Move each staged file over its target (atomic rename), mode and owner kept.
+def live_sha256(path):
+    try:
+        return sha256_file(path)
+    except FileNotFoundError:
+        return None
 
-    The whole file is re-read and its sha256 must be the planned one.
-    Returns the files committed, in order, so a failure part-way tells the
-    controller exactly which to restore.
+
+@op("commit")
+def op_commit(files, release_dir=None):
+    """Move each staged copy over its target: compare-and-swap on content.
+
+    Every target must still hold exactly the content that was planned
+    (``before``): a file edited by hand since, or during validation, is
+    never overwritten — the commit refuses and writes nothing. Then
+    ``commit.started`` is marked in the release (so a restore knows these
+    files may hold orch's content), and each file is renamed into place,
+    mode and owner kept, symlinks followed (the link stays a link). The
+    whole file is re-read and must have the planned sha256 (``after``).
+    On any failure the staged copies not yet moved are removed.
     """
-    done = []
-    for f in files:
-        path, staged = expand(f["path"]), f["staged"]
-        try:
-            st = os.stat(path)
-            os.chmod(staged, st.st_mode & 0o7777)
+    renamed = []
+    try:
+        checked = []
+        for f in files:
+            real = real_path(f["path"])
+            live = live_sha256(real)
+            if live != f["before"]:
+                raise AgentError(
+                    "changed", "%s changed on the host since it was planned (sha256 %s, planned over %s); "
+                    "nothing was written" % (f["path"], live, f["before"]), path=f["path"], committed=[])
+            checked.append((f, real))
+        if release_dir:
+            with open(os.path.join(expand(release_dir), "commit.started"), "w") as mark:
+                mark.write("%f\n" % time.time())
+        for f, real in checked:
             try:
-                os.chown(staged, st.st_uid, st.st_gid)
-            except PermissionError:
+                st = os.stat(real)
+                os.chmod(f["staged"], st.st_mode & 0o7777)
+                try:
+                    os.chown(f["staged"], st.st_uid, st.st_gid)
+                except PermissionError:
+                    pass
+            except FileNotFoundError:
                 pass
-        except FileNotFoundError:
-            pass
-        try:
-            os.replace(staged, path)
-        except OSError as e:
-            raise AgentError("commit", "cannot commit %s: %s" % (path, e.strerror or e),
-                             committed=done, path=path)
-        fsync_dir(os.path.dirname(path))
-        got = sha256_file(path)
-        if got != f["sha256"]:
-            raise AgentError("commit", "%s reads back with sha256 %s, planned %s" % (path, got, f["sha256"]),
-                             committed=done + [path], path=path)
-        done.append(path)
-    return done
+            try:
+                os.replace(f["staged"], real)
+            except OSError as e:
+                raise AgentError("commit", "cannot commit %s: %s" % (f["path"], e.strerror or e),
+                                 committed=list(renamed), path=f["path"])
+            renamed.append(f["path"])
+            SESSION.staged.discard(f["staged"])
+            fsync_dir(os.path.dirname(real))
+            got = sha256_file(real)
+            if got != f["after"]:
+                raise AgentError("commit", "%s reads back with sha256 %s, planned %s" % (f["path"], got, f["after"]),
+                                 committed=list(renamed), path=f["path"])
+        return renamed
+    except (AgentError, OSError) as e:
+        for f in files:
+            if f["path"] not in renamed:
+                try:
+                    os.unlink(f["staged"])
+                except OSError:
+                    pass
+        if isinstance(e, OSError):
+            raise AgentError("commit", "cannot commit: %s" % (e.strerror or e), committed=list(renamed))
+        raise
 
 
 # ---------------------------------------------------------------- state dir, lock, journal
@@ -596,51 +749,111 @@ def op_state_init(state_dir):
     return root
 
 
-def renew_heartbeat(path, token):
-    lock = read_json(path)
-    if not lock or lock.get("token") != token:
-        return
-    lock["heartbeat"] = time.time()
+def renew_heartbeat(lock):
+    """The lock's heartbeat is its file's mtime, renewed through the fd this
+    session holds: after a take-over that fd names the old (renamed) file,
+    so a slow heartbeat can never overwrite the new holder's lock."""
     try:
-        write_json(path, lock)
-    except OSError:
+        os.utime(lock[1])
+    except (OSError, NotImplementedError):
         pass
+
+
+def lock_view(path):
+    """The lock as another run sees it: its holder, and the heartbeat's age."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    holder = read_record(path) or {}
+    holder["heartbeat_age"] = time.time() - st.st_mtime
+    holder["agent_alive"] = pid_alive(holder.get("agent_pid"))
+    return holder
+
+
+def take_over(path, token):
+    """Remove the lock ``token`` names, as a compare-and-swap: of two runs
+    taking over the same stale lock, exactly one succeeds.
+
+    The lock is first renamed to a name of our own (only one rename of a
+    given file can succeed), then checked: if what we moved is not the
+    stale lock (someone took over first and made a new one), it is put back.
+    """
+    aside = "%s.takeover-%d-%s" % (path, os.getpid(), base64.b16encode(os.urandom(4)).decode())
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    moved = read_record(aside) or {}
+    if moved.get("token") != token:
+        try:
+            os.link(aside, path)
+        except OSError:
+            pass
+        os.unlink(aside)
+        return False
+    os.unlink(aside)
+    return True
 
 
 @op("lock_acquire")
 def op_lock_acquire(state_dir, holder, replace_token=None):
     """Take the host's lock, or report who holds it.
 
-    ``holder`` carries who/where/pid/start; the agent adds the heartbeat it
-    renews every few seconds while this session lives. ``replace_token``
-    takes over a lock the controller judged gone or stale (compare-and-swap:
-    only if it is still that same lock).
+    ``holder`` carries who/where/pid/start; the heartbeat is the lock
+    file's mtime, renewed every few seconds while this session lives.
+    ``replace_token`` takes over a lock the controller judged gone or stale,
+    only if it is still that same lock.
     """
     path = os.path.join(expand(state_dir), "lock.json")
+    if replace_token is not None and not take_over(path, replace_token):
+        return {"acquired": False, "holder": lock_view(path) or {}, "changed_hands": True}
     lock = dict(holder)
     lock["token"] = "%s-%d-%d" % (socket.gethostname(), os.getpid(), int(time.time() * 1000))
-    lock["heartbeat"] = time.time()
     lock["agent_pid"] = os.getpid()
-    data = (json.dumps(lock, indent=1, sort_keys=True) + "\n").encode()
-    existing = read_json(path)
-    if existing is not None:
-        if replace_token is None or existing.get("token") != replace_token:
-            existing["heartbeat_age"] = time.time() - float(existing.get("heartbeat", 0))
-            existing["agent_alive"] = pid_alive(existing.get("agent_pid"))
-            return {"acquired": False, "holder": existing}
-        os.unlink(path)
+    lock["taken"] = time.time()
+    # Written whole under a name of our own, then linked into place: link()
+    # fails if the lock exists, so the lock appears complete or not at all.
+    tmp = "%s.new-%d-%s" % (path, os.getpid(), base64.b16encode(os.urandom(4)).decode())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, (json.dumps(lock, indent=1, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+        os.link(tmp, path)
     except OSError as e:
+        os.close(fd)
         if e.errno == errno.EEXIST:
-            existing = read_json(path) or {}
-            existing["heartbeat_age"] = time.time() - float(existing.get("heartbeat", 0))
-            return {"acquired": False, "holder": existing}
+            return {"acquired": False, "holder": lock_view(path) or {}}
         raise
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    SESSION.lock_path, SESSION.lock_token = path, lock["token"]
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    SESSION.lock = (path, fd)
     return {"acquired": True, "token": lock["token"]}
+
+
+def release_own_lock():
+    """Remove the lock this session holds, if the file there is still ours."""
+    lock = SESSION.lock if SESSION is not None else None
+    if lock is None:
+        return False
+    path, fd = lock
+    SESSION.lock = None
+    released = False
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+        if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            os.unlink(path)
+            released = True
+    except OSError:
+        pass
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    return released
 
 
 @op("open_state")
@@ -653,12 +866,7 @@ def op_open_state(state_dir, holder=None, replace_token=None):
 
 @op("lock_release")
 def op_lock_release(state_dir):
-    path = os.path.join(expand(state_dir), "lock.json")
-    lock = read_json(path)
-    if lock and lock.get("token") == SESSION.lock_token:
-        os.unlink(path)
-    SESSION.lock_path = SESSION.lock_token = None
-    return True
+    return release_own_lock()
 
 
 @op("get_json")
@@ -691,7 +899,7 @@ def op_state_read(state_dir):
         "exists": os.path.isdir(root),
         "journal": read_json(os.path.join(root, "journal.json")),
         "state": read_json(os.path.join(root, "state.json"), {"applied": []}),
-        "lock": read_json(os.path.join(root, "lock.json")),
+        "lock": lock_view(os.path.join(root, "lock.json")),
         "releases": releases,
     }
 
@@ -700,12 +908,14 @@ def op_state_read(state_dir):
 
 
 @op("release_create")
-def op_release_create(state_dir, release_id, manifest, files):
+def op_release_create(state_dir, release_id, manifest, files, restore=None):
     """Back up every file into a new release, and check the backups read back.
 
     ``files``: ``[{"path", "n", "before": b64|None, "after": b64}]``. The
     before copy is what restores the host; it is re-read and its sha256
     compared before the controller is allowed to touch the live file.
+    ``restore`` is the release's durable restore plan (``restore.json``,
+    see the restore machine below).
     """
     root = os.path.join(expand(state_dir), "releases", release_id)
     os.makedirs(os.path.join(root, "files"), 0o700)
@@ -720,6 +930,11 @@ def op_release_create(state_dir, release_id, manifest, files):
             if got != sha256_bytes(data):
                 raise AgentError("backup", "backup %s reads back with sha256 %s" % (dest, got))
     write_json(os.path.join(root, "manifest.json"), manifest)
+    if restore is not None:
+        write_json(os.path.join(root, "restore.json"), restore)
+    # The restore machine's lock file exists from the start: locking it later
+    # needs no free space, so a full disk cannot stop a restore.
+    open(os.path.join(root, RESTORE_LOCK), "a").close()
     return root
 
 
@@ -812,7 +1027,8 @@ def process_record(pid):
                     env[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
     except OSError as e:
         raise AgentError("server", "cannot read process %d: %s" % (pid, e))
-    return {"pid": pid, "pgid": os.getpgid(pid), "sid": os.getsid(pid), "argv": argv, "cwd": cwd, "env": env}
+    return {"pid": pid, "pgid": os.getpgid(pid), "sid": os.getsid(pid), "argv": argv, "cwd": cwd, "env": env,
+            "starttime": proc_starttime(pid)}
 
 
 def read_pidfile(pidfile):
@@ -992,12 +1208,28 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
         SESSION.last_started = {"pid": proc.pid, "log": log_path}
         SESSION.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
     if pidfile:
+        # Best effort: the server runs either way, and is found by its port
+        # when its pidfile cannot be written (a full disk must not turn a
+        # started server into a failed restore).
         p = expand(pidfile)
-        d = os.path.dirname(p)
-        if not os.path.isdir(d):
-            os.makedirs(d, 0o755)
-        write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
+        try:
+            d = os.path.dirname(p)
+            if not os.path.isdir(d):
+                os.makedirs(d, 0o755)
+            write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
+        except OSError as e:
+            if SESSION is not None:
+                SESSION.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
     return {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "cwd": cwd, "log": log_path}
+
+
+def run_server_cmd(argv, timeout=600.0):
+    """A user's server command (``commands`` manager) that must succeed."""
+    res = run_argv(argv, timeout=timeout)
+    if res["rc"] != 0:
+        raise AgentError("server", "%s exited %d: %s" % (
+            " ".join(argv), res["rc"], (res["stderr"] or res["stdout"]).strip()[-300:]))
+    return res
 
 
 @op("run_ok")
@@ -1029,40 +1261,76 @@ def exit_code_of(pid):
     return None if pid_alive(pid) else "unknown"
 
 
+BODY_LIMIT = 1 << 20  # a health answer larger than this is cut: nothing we check needs more
+
+
+def fetch(url, method, body, headers, timeout):
+    """One HTTP request: (status, text), or (None, reason). Bounded by the
+    socket timeout per read; ``bounded_fetch`` bounds the whole of it."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read(BODY_LIMIT).decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        try:
+            text = e.read(BODY_LIMIT).decode("utf-8", "replace")
+        except Exception:
+            text = ""
+        return e.code, text
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return None, str(getattr(e, "reason", e))
+
+
+def bounded_fetch(url, method, body, headers, timeout):
+    """``fetch``, but over in ``timeout`` seconds whatever the server does.
+
+    A socket timeout only bounds each read: a body that trickles a byte a
+    second never trips it. The request runs on a thread we stop waiting for
+    at the deadline (the thread ends with its socket timeout).
+    """
+    box = {}
+
+    def run():
+        box["got"] = fetch(url, method, body, headers, max(0.1, timeout))
+
+    worker = threading.Thread(target=run, name="orch-check")
+    worker.daemon = True
+    worker.start()
+    worker.join(max(0.0, timeout))
+    if "got" not in box:
+        return None, "no complete answer within %.1f s" % timeout
+    return box["got"]
+
+
 def run_check(base_url, check, timeout):
+    """One health check against its expectations: (passed, what was seen)."""
     url = base_url.rstrip("/") + check["path"]
+    label = "%s %s" % (check["method"].upper(), check["path"])
     body = None
     headers = dict(check.get("headers") or {})
     if check.get("json") is not None:
         body = json.dumps(check["json"]).encode()
         headers.setdefault("Content-Type", "application/json")
-    req = urllib.request.Request(url, data=body, method=check["method"].upper(), headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, text = resp.status, resp.read(1 << 20).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read(1 << 16).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        return False, "%s %s: %s" % (check["method"].upper(), check["path"], reason)
+    status, text = bounded_fetch(url, check["method"].upper(), body, headers, timeout)
+    if status is None:
+        return False, "%s: %s" % (label, text)
     want = check.get("status", 200)
     if status != want:
-        return False, "%s %s: HTTP %d (want %d)" % (check["method"].upper(), check["path"], status, want)
+        return False, "%s: HTTP %d (want %d)" % (label, status, want)
     if check.get("body") and not re.search(check["body"], text):
-        return False, "%s %s: body does not match %r" % (check["method"].upper(), check["path"], check["body"])
+        return False, "%s: body does not match %r" % (label, check["body"])
     expect = check.get("expect") or {}
     if expect:
         try:
             doc = json.loads(text)
         except ValueError:
-            return False, "%s %s: body is not JSON" % (check["method"].upper(), check["path"])
+            return False, "%s: body is not JSON" % label
         for key, value in expect.items():
             if not isinstance(doc, dict) or key not in doc:
-                return False, "%s %s: no key %r" % (check["method"].upper(), check["path"], key)
+                return False, "%s: no key %r" % (label, key)
             if not same_value(doc[key], value):
-                return False, "%s %s: %s is %r (want %r)" % (
-                    check["method"].upper(), check["path"], key, doc[key], value)
-    return True, "%s %s: ok" % (check["method"].upper(), check["path"])
+                return False, "%s: %s is %r (want %r)" % (label, key, doc[key], value)
+    return True, "%s: ok" % label
 
 
 def same_value(got, want):
@@ -1073,19 +1341,60 @@ def same_value(got, want):
     return False
 
 
-@op("health_wait")
-def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, settle=0.0):
-    """Poll every check until all pass, the timeout passes, or the server dies.
+CHECK_TIMEOUT = 30.0  # one request, at most (and never past the overall deadline)
 
-    The process is watched between polls: if it exits, this fails at once
-    with its exit code and the tail of its log — the SyntaxError or the
-    ``unrecognized arguments`` is on screen seconds after the start, not
-    after a fifteen-minute timeout.
+
+def check_all(base_url, checks, interval, deadline):
+    """Every check once, each bounded by the overall ``deadline``: (passed, last seen)."""
+    last = ""
+    for check in checks:
+        per_check = min(max(interval, 1.0) * 5, CHECK_TIMEOUT)
+        if deadline is not None:
+            per_check = min(per_check, max(0.1, deadline - time.time()))
+        ok, last = run_check(base_url, check, per_check)
+        if not ok:
+            return False, last
+    return True, last
+
+
+def watch_process(pid, log, polls, phase):
+    """Fail at once when the watched server has exited."""
+    if pid is None:
+        return
+    code = exit_code_of(pid)
+    if code is not None:
+        why = "code %s" % code if code != "unknown" else "not started by orch's helper: exit code unknown"
+        raise AgentError("server_exited", "server exited %s (%s)" % (phase, why),
+                         code=code, log_tail=tail_lines(log) if log else [], polls=polls)
+
+
+def sleep_watching(seconds):
+    wake = time.time() + seconds
+    while time.time() < wake:
+        SESSION.check_cancel()
+        time.sleep(min(0.1, max(0.0, wake - time.time())))
+
+
+@op("health_wait")
+def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, stable_for=0.0):
+    """Poll every check until all pass, then keep them passing for ``stable_for``.
+
+    Every request is bounded by the overall deadline (``timeout``), however
+    slowly a server answers. The process is watched between polls: if it
+    exits, this fails at once with its exit code and the tail of its log —
+    the SyntaxError is on screen seconds after the start, not after a
+    fifteen-minute timeout. After the first pass the server must stay
+    healthy, and alive, for ``stable_for`` seconds: a server that dies two
+    seconds after answering is not a success. ``timeout`` 0 checks once.
     """
     if pid == "started":  # in a batch right after server_start
         pid, log = SESSION.last_started.get("pid"), SESSION.last_started.get("log")
-    if timeout > 0:
-        SESSION.event("progress", msg="waiting up to %.0f s for %s to be healthy" % (timeout, base_url))
+    if timeout <= 0:
+        ok, last = check_all(base_url, checks, interval, None)
+        if not ok:
+            raise AgentError("health_timeout", "not healthy: %s" % last, polls=1, last=last)
+        return {"elapsed": 0.0, "polls": 1, "last": last, "stable_for": 0.0}
+    SESSION.event("progress", msg="waiting up to %.0f s for %s to be healthy" % (timeout, base_url))
     start = time.time()
     deadline = start + timeout
     last = said = ""
@@ -1093,35 +1402,38 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, sett
     polls = 0
     while True:
         SESSION.check_cancel()
-        if pid is not None:
-            code = exit_code_of(pid)
-            if code is not None:
-                why = "code %s" % code if code != "unknown" else "not started by orch's helper: exit code unknown"
-                raise AgentError("server_exited", "server exited during start (%s)" % why,
-                                 code=code, log_tail=tail_lines(log) if log else [], polls=polls)
-        ok_all = True
-        for check in checks:
-            ok, last = run_check(base_url, check, min(max(interval, 1.0) * 5, 30.0))
-            if not ok:
-                ok_all = False
-                break
+        watch_process(pid, log, polls, "during start")
+        ok, last = check_all(base_url, checks, interval, deadline)
         polls += 1
-        if ok_all:
-            return {"elapsed": time.time() - start, "polls": polls, "last": last}
+        watch_process(pid, log, polls, "during start")
+        if ok:
+            break
         # Say what we wait for when it changes, and every 10 s: not at every poll.
         now = time.time()
         if last != said or now - said_at >= 10.0:
             said, said_at = last, now
             SESSION.event("health", msg=last, elapsed=round(now - start, 1), polls=polls)
-        if time.time() >= deadline:
+        if now >= deadline:
             raise AgentError("health_timeout", "not healthy after %ss: %s" % (timeout, last),
                              log_tail=tail_lines(log) if log else [], polls=polls, last=last)
         # Poll quickly at first (a small server is up in a fraction of a
         # second), backing off to ``interval``: 0.05, 0.1, 0.2 … s.
-        wake = time.time() + min(interval, 0.05 * (2 ** min(polls, 10)))
-        while time.time() < wake:
-            SESSION.check_cancel()
-            time.sleep(min(0.1, max(0.0, wake - time.time())))
+        sleep_watching(min(interval, 0.05 * (2 ** min(polls, 10)), max(0.0, deadline - now)))
+    healthy_after = time.time() - start
+    if stable_for > 0:
+        SESSION.event("progress", msg="healthy after %.1f s; checking it stays healthy for %.0f s"
+                      % (healthy_after, stable_for))
+        stable_until = time.time() + stable_for
+        while time.time() < stable_until:
+            sleep_watching(min(interval, 1.0, max(0.0, stable_until - time.time())))
+            watch_process(pid, log, polls, "%.1f s after it became healthy" % (time.time() - start - healthy_after))
+            ok, seen = check_all(base_url, checks, interval, max(stable_until, time.time() + 1.0))
+            polls += 1
+            if not ok:
+                raise AgentError("unstable", "server became unhealthy %.1f s after it first passed its checks: %s"
+                                 % (time.time() - start - healthy_after, seen),
+                                 log_tail=tail_lines(log) if log else [], polls=polls, last=seen)
+    return {"elapsed": healthy_after, "polls": polls, "last": last, "stable_for": stable_for}
 
 
 @op("log_tail")
@@ -1129,114 +1441,358 @@ def op_log_tail(path, lines=LOG_TAIL_LINES):
     return tail_lines(expand(path), lines)
 
 
-# ---------------------------------------------------------------- restoring a state
+# ---------------------------------------------------------------- the restore machine
+#
+# Every change orch makes on a host is a release directory with a durable
+# restore plan, ``restore.json``: the state to bring the host to (for a
+# deploy: as it was before; for ``orch rollback``: the state it asked for).
+# ONE function executes it, ``restore_release``, for all three who may:
+# the controller's automatic rollback, the watchdog, and ``orch rollback``
+# finishing a deploy that never did. It re-reads the plan from disk when it
+# acts, so whoever acts restores the same thing. Around it:
+#
+# - ``restore.lock`` (flock): one restorer at a time, and no confirm while a
+#   restore runs. It exists from the release's creation, so locking it
+#   needs no disk space.
+# - ``claim.json``: who acts. ``confirmed`` ends the watchdog; a controller
+#   or ``orch rollback`` claim turns the watchdog into a back-up that acts
+#   only if that restore has not completed by the claim's ``until``.
+# - ``restored.json``: what a restore actually did, file by file. Every
+#   message orch prints about a restore is built from this record.
+# - ``commit.started``: the commit began, so a target may hold orch's
+#   content. Without it, a target that changed was changed by somebody
+#   else, and is left alone.
+# - ``server.touched``: the server was (about to be) stopped.
+#
+# Files are restored as compare-and-swap on content: a file that already
+# holds the wanted content is never rewritten; one that holds content orch
+# did not write is first saved into the release as drift (``files/<n>.drift``),
+# named in the record, then restored — nothing a person wrote is lost.
+
+RESTORE_LOCK = "restore.lock"
 
 
-def restore_files(files):
-    """Put each file back as recorded; ``source`` None means it did not exist."""
-    done = []
-    for f in files:
-        path = expand(f["path"])
-        if f.get("source") is None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            done.append(path)
-            continue
-        with open(f["source"], "rb") as src:
-            data = src.read()
-        if sha256_bytes(data) != f["sha256"]:
-            raise AgentError("restore", "backup %s is damaged (sha256 %s, recorded %s)" % (
-                f["source"], sha256_bytes(data), f["sha256"]))
-        write_atomic(path, data, f.get("mode"), f.get("uid"), f.get("gid"))
-        if sha256_file(path) != f["sha256"]:
-            raise AgentError("restore", "%s reads back wrong after restore" % path)
-        done.append(path)
+class ReleaseLock(object):
+    """``with ReleaseLock(release_dir):`` — the restore machine's mutex (flock).
+
+    Held by a process, it is released when that process dies: a restorer
+    killed mid-way never blocks the watchdog that backs it up.
+    """
+
+    def __init__(self, release_dir):
+        self.path = os.path.join(release_dir, RESTORE_LOCK)
+        self.fd = None
+
+    def __enter__(self):
+        try:
+            self.fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)
+
+
+def save_drift(release_dir, n, path, live):
+    """Keep what a person wrote before orch writes over it."""
+    dest = os.path.join(release_dir, "files", "%d.drift" % n)
+    with open(path, "rb") as f:
+        data = f.read()
+    write_atomic(dest, data, 0o600)
+    if sha256_file(dest) != live:
+        raise AgentError("restore", "the drift copy %s reads back wrong" % dest)
+    return dest
+
+
+def restore_file(release_dir, n, f, committed):
+    """Bring one file to ``f``'s content; returns what was done.
+
+    ``f``: ``path``, ``source`` (the file holding the wanted content, or
+    None: the file must not exist), ``sha256`` (the wanted content's),
+    ``expect`` (what orch left there), ``mode``/``uid``/``gid``.
+    """
+    path = expand(f["path"])
+    real = os.path.realpath(path)
+    live = live_sha256(real)
+    done = {"path": path, "sha256_live": live}
+    if live == f.get("sha256"):
+        done["action"] = "unchanged"  # already as wanted: never rewritten
+        return done
+    if live is not None and live != f.get("expect"):
+        if not committed:
+            # orch never wrote here: this is somebody else's change, not ours to undo
+            done["action"] = "left"
+            return done
+        done["drift"] = save_drift(release_dir, n, real, live)
+    if f.get("source") is None:
+        os.unlink(real)
+        done["action"] = "removed"
+        return done
+    with open(f["source"], "rb") as src:
+        data = src.read()
+    if sha256_bytes(data) != f["sha256"]:
+        raise AgentError("restore", "backup %s is damaged (sha256 %s, recorded %s); %s was left as it is" % (
+            f["source"], sha256_bytes(data), f["sha256"], path))
+    write_atomic(real, data, f.get("mode"), f.get("uid"), f.get("gid"))
+    if sha256_file(real) != f["sha256"]:
+        raise AgentError("restore", "%s reads back wrong after restore" % path)
+    done["action"] = "restored"
     return done
 
 
-@op("restore_files")
-def op_restore_files(files):
-    return restore_files(files)
+def point_link(path, target):
+    """Make the symlink ``path`` point at ``target``, atomically (rename over)."""
+    tmp = "%s.orch-tmp-%d" % (path, os.getpid())
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
 
 
-def run_server_cmd(argv, timeout=600.0):
-    res = run_argv(argv, timeout=timeout)
-    if res["rc"] != 0:
-        raise AgentError("server", "%s exited %d: %s" % (
-            " ".join(argv), res["rc"], (res["stderr"] or res["stdout"]).strip()[-300:]))
-    return res
+def restore_link(link):
+    """A symlink back to ``target`` (``expect``: where orch pointed it)."""
+    path = expand(link["path"])
+    try:
+        now = os.readlink(path)
+    except OSError:
+        now = None
+    done = {"path": path, "was": now, "target": link["target"]}
+    if now == link["target"]:
+        done["action"] = "unchanged"
+        return done
+    if now != link.get("expect"):
+        done["drift"] = now  # somebody pointed it elsewhere; recorded, then restored
+    point_link(path, link["target"])
+    done["action"] = "restored"
+    return done
 
 
-def apply_server(server):
-    """Bring the server to a recorded state: stop what runs, start ``start``."""
-    if not server:
-        return None
+def server_settled(server, touched, paths, running):
+    """Whether the server already is as the plan wants it, so that restoring
+    it again would only cost a restart (minutes, on a GPU box).
+
+    It is when the process running before was never stopped (same pid and
+    start time, and nobody marked it touched), or when the wanted command
+    line runs and started after every restored file got its content back.
+    """
+    before = server.get("before") or {}
+    if not touched and before.get("pid") and same_process(before["pid"], before.get("starttime")):
+        return True
+    start = server.get("start")
+    if start is None:
+        return not touched  # nothing ran before; a server running now is not ours to stop
+    if running is None or running["argv"] != start["argv"]:
+        return False
+    started_at = proc_start_epoch(running["pid"])
+    newest = 0.0
+    for p in paths:
+        try:
+            newest = max(newest, os.lstat(p).st_mtime)
+        except OSError:
+            pass
+    # The start time is known to a clock tick: a process that started within
+    # a tick before the newest restored file would pass, and none does — the
+    # restore writes every file before it starts anything.
+    return started_at is not None and started_at + 1.0 / os.sysconf("SC_CLK_TCK") >= newest
+
+
+def restore_server(release_dir, server, paths):
+    """Bring the server to the plan's state: stop what runs, start ``start``."""
+    touched = os.path.exists(os.path.join(release_dir, "server.touched"))
     manager = server.get("manager", "process")
     if manager == "commands":
-        if server.get("stop"):
-            run_server_cmd(server["stop"])
-        started = None
-        if server.get("start"):
-            run_server_cmd(server["start"])
-            started = {"pid": None}
+        if not touched:
+            return {"action": "untouched"}
+        stopped = run_argv(server["stop"], timeout=server.get("stop_timeout", 30.0) + 60) if server.get("stop") else None
+        if not server.get("start"):
+            return {"action": "stopped", "stop_rc": stopped and stopped["rc"]}
+        run_server_cmd(server["start"])
+        started = {"action": "restarted", "pid": None, "log": None}
+        if server.get("pid_cmd"):
+            got = run_argv(server["pid_cmd"], timeout=60.0)
+            words = got["stdout"].split()
+            if got["rc"] == 0 and words and words[0].isdigit():
+                started["pid"] = int(words[0])
         return started
     running = op_server_find(server.get("pidfile"), server.get("port"))
+    if server_settled(server, touched, paths, running):
+        if not touched:
+            return {"action": "untouched", "pid": (server.get("before") or {}).get("pid")}
+        return {"action": "already running", "pid": running["pid"] if running else None}
     if running is not None:
-        op_server_stop(running["pid"], running["pgid"], server.get("stop_timeout", 30.0), server.get("port"))
+        op_server_stop(running["pid"], running["pgid"], server.get("stop_timeout", 30.0), server.get("port"),
+                       server.get("free_timeout", 120.0))
     start = server.get("start")
     if not start:
-        return None
-    return op_server_start(start["argv"], start.get("cwd"), start.get("env"), server.get("log"),
-                           server.get("pidfile"), start.get("replace_env", False))
+        return {"action": "stopped"}
+    got = op_server_start(start["argv"], start.get("cwd"), start.get("env"), server.get("log"),
+                          server.get("pidfile"), start.get("replace_env", False))
+    return {"action": "restarted", "pid": got["pid"], "log": got["log"]}
 
 
-@op("apply_state")
-def op_apply_state(files, server=None, health=None):
-    """Restore files, restart the recorded server, health-check it.
-
-    One code path for an automatic rollback, ``orch rollback`` and the
-    watchdog, so they cannot drift apart.
-    """
-    result = {"files": restore_files(files)}
-    SESSION.event("progress", msg="files restored: %d" % len(result["files"]))
-    started = apply_server(server)
-    result["server"] = started
-    if started is not None and health:
-        result["health"] = op_health_wait(pid=started.get("pid"), log=started.get("log"), **health)
-    return result
-
-
-# ---------------------------------------------------------------- the watchdog
-
-
-def claim(release_dir, who):
-    """Exactly one of confirm / controller rollback / watchdog acts on a release."""
-    path = os.path.join(release_dir, "claim")
+def run_restore(release_dir, spec, by):
+    """Execute a restore plan; returns the record of what was done (never raises)."""
+    plan = spec["plan"]
+    committed = plan.get("always") or os.path.exists(os.path.join(release_dir, "commit.started"))
+    record = {"by": by, "started": time.time(), "files": [], "links": [], "server": None, "health": None,
+              "ok": False, "completed": False, "error": None}
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as e:
-        if e.errno == errno.EEXIST:
-            with open(path) as f:
-                return f.read().strip()
-        raise
-    with os.fdopen(fd, "w") as f:
-        f.write(who)
-    return who
+        for n, f in enumerate(plan.get("files") or []):
+            SESSION.check_cancel()
+            record["files"].append(restore_file(release_dir, f.get("n", n), f, committed))
+        for link in plan.get("links") or []:
+            record["links"].append(restore_link(link))
+        SESSION.event("progress", msg=describe_restored(record))
+        server = plan.get("server")
+        if server:
+            paths = [os.path.realpath(expand(f["path"])) for f in plan.get("files") or []]
+            paths += [expand(link["path"]) for link in plan.get("links") or []]
+            record["server"] = restore_server(release_dir, server, paths)
+            started = record["server"]
+            if started.get("action") in ("restarted", "already running") and plan.get("health"):
+                record["health"] = op_health_wait(pid=started.get("pid"), log=started.get("log"), **plan["health"])
+        if plan.get("on_success"):
+            op_batch(plan["on_success"])
+        record["ok"] = record["completed"] = True
+    except AgentError as e:
+        record["error"], record["error_kind"] = e.message, e.kind
+        record["log_tail"] = e.details.get("log_tail") or []
+        record["completed"] = e.kind != "cancelled"
+    except Exception as e:  # a restore reports, it does not crash
+        record["error"], record["error_kind"] = "%s: %s" % (type(e).__name__, e), "internal"
+        record["completed"] = True
+    record["finished"] = time.time()
+    return record
 
 
-@op("watchdog_arm")
-def op_watchdog_arm(state_dir, release_dir, deadline, plan, python=None):
-    """Leave a process on the host that restores ``plan`` at ``deadline``.
+def describe_restored(record):
+    counts = {}
+    for f in record["files"]:
+        counts[f["action"]] = counts.get(f["action"], 0) + 1
+    return "files: " + (", ".join("%d %s" % (v, k) for k, v in sorted(counts.items())) or "none")
+
+
+JOURNAL_STEP_BY = {"controller": "rolled_back", "watchdog": "restored_by_watchdog", "rollback": "rolled_back"}
+
+
+def finish_records(release_dir, spec, record, reason):
+    """Write what the restore did into the release and the journal (best
+    effort: on a full disk the record still reaches the controller)."""
+    problems = []
+    err = try_write_json(os.path.join(release_dir, "restored.json"), record)
+    if err:
+        problems.append(err)
+    manifest_path = os.path.join(release_dir, "manifest.json")
+    manifest = read_json(manifest_path) or {}
+    kind = manifest.get("kind", spec.get("kind", "deploy"))
+    if kind == "rollback":
+        manifest["outcome"] = "done" if record["ok"] else "rollback_failed"
+    else:
+        manifest["outcome"] = "rolled_back" if record["ok"] else "rollback_failed"
+        manifest["restored_by"] = record["by"]
+        if reason and not manifest.get("error"):
+            manifest["error"] = reason
+    drift = [f["path"] for f in record["files"] if f.get("drift")]
+    if drift:
+        manifest["drift"] = drift
+    if not record["ok"]:
+        manifest["restore_error"] = record["error"]
+    err = try_write_json(manifest_path, manifest)
+    if err:
+        problems.append(err)
+    journal_path = os.path.join(os.path.dirname(os.path.dirname(release_dir)), "journal.json")
+    journal = read_json(journal_path)
+    if journal and journal.get("release") == os.path.basename(release_dir):
+        if record["ok"]:
+            journal["step"] = "done" if kind == "rollback" else JOURNAL_STEP_BY.get(record["by"], "rolled_back")
+            journal["finished"] = True
+        else:
+            journal["step"] = "restore_failed" if record["completed"] else "restore_interrupted"
+        journal["drift"] = drift
+        journal["time"] = time.time()
+        err = try_write_json(journal_path, journal)
+        if err:
+            problems.append(err)
+    return problems
+
+
+@op("restore_release")
+def op_restore_release(release_dir, by, until=None, reason=None):
+    """Bring the host to the release's restore plan (see the banner above).
+
+    ``until``: the moment after which the watchdog backs this restore up if
+    it has not completed (the claim). Returns the restore record; a restore
+    another party already completed is returned as it was (``already``).
+    """
+    release_dir = expand(release_dir)
+    SESSION.finishing = True  # a dropped link does not stop a restore
+    try:
+        with ReleaseLock(release_dir):
+            done = read_record(os.path.join(release_dir, "restored.json"))
+            if done and done.get("completed") and done.get("ok"):
+                done["already"] = True
+                return done
+            claim = read_record(os.path.join(release_dir, "claim.json"))
+            if claim and claim.get("by") == "confirmed":
+                raise AgentError("confirmed", "release %s was confirmed: it is current, and `orch rollback` "
+                                 "undoes it" % os.path.basename(release_dir))
+            spec = read_json(os.path.join(release_dir, "restore.json"))
+            if spec is None:
+                raise AgentError("restore", "release %s has no restore plan" % os.path.basename(release_dir))
+            claim_error = try_write_json(os.path.join(release_dir, "claim.json"),
+                                         {"by": by, "time": time.time(), "until": until})
+            record = run_restore(release_dir, spec, by)
+            record["record_errors"] = ([claim_error] if claim_error else []) + finish_records(
+                release_dir, spec, record, reason)
+            return record
+    finally:
+        SESSION.finishing = False
+
+
+@op("confirm_release")
+def op_confirm_release(release_dir, steps):
+    """The deploy passed: claim the release as confirmed (the watchdog then
+    leaves) and run ``steps`` — unless a restore got there first."""
+    release_dir = expand(release_dir)
+    with ReleaseLock(release_dir):
+        done = read_record(os.path.join(release_dir, "restored.json"))
+        claim = read_record(os.path.join(release_dir, "claim.json"))
+        if done is not None or (claim and claim.get("by") not in (None, "confirmed")):
+            return {"confirmed": False, "restored": done, "claim": claim}
+        write_json(os.path.join(release_dir, "claim.json"), {"by": "confirmed", "time": time.time()})
+    return {"confirmed": True, "results": op_batch(steps)}
+
+
+@op("mark")
+def op_mark(path):
+    """An empty marker file (``server.touched``): creating one needs no data blocks."""
+    with open(expand(path), "w"):
+        pass
+    return True
+
+
+@op("release_arm")
+def op_release_arm(state_dir, release_dir, python=None):
+    """Leave a watchdog on the host for this release (its plan is already on disk).
 
     It needs nothing from the controller after this call: its own copy of
     this program, the plan and the backups are on the host's disk.
     """
     root = expand(state_dir)
+    release_dir = expand(release_dir)
     agent_path = os.path.join(root, "agent.py")
     write_atomic(agent_path, AGENT_SOURCE.encode(), 0o600)  # noqa: F821 (set by the bootstrap)
-    write_json(os.path.join(release_dir, "restore.json"), {"deadline": deadline, "plan": plan})
+    spec = read_json(os.path.join(release_dir, "restore.json"))
+    if spec is None or not spec.get("deadline"):
+        raise AgentError("arm", "release %s has no restore plan with a deadline" % release_dir)
     log = open(os.path.join(release_dir, "watchdog.log"), "ab")
     proc = subprocess.Popen([python or sys.executable, agent_path, "watchdog", release_dir],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -1244,74 +1800,56 @@ def op_watchdog_arm(state_dir, release_dir, deadline, plan, python=None):
     log.close()
     with open(os.path.join(release_dir, "watchdog.pid"), "w") as f:
         f.write("%d\n" % proc.pid)
-    return {"pid": proc.pid, "deadline": deadline}
+    return {"pid": proc.pid, "deadline": spec["deadline"]}
 
 
-@op("claim_then")
-def op_claim_then(release_dir, who, steps):
-    """Claim the release and, only if this claim won, run ``steps`` (one round trip)."""
-    holder = op_claim(release_dir, who)
-    if holder != who:
-        return {"holder": holder, "results": None}
-    return {"holder": holder, "results": op_batch(steps)}
-
-
-@op("claim")
-def op_claim(release_dir, who):
-    """Claim a release for ``who``; returns who holds the claim now."""
-    holder = claim(release_dir, who)
-    if holder == who:
-        try:
-            with open(os.path.join(release_dir, "watchdog.pid")) as f:
-                os.kill(int(f.read().strip()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-    return holder
+def watchdog_wait(release_dir, spec):
+    """Sleep until the watchdog must act (True) or is no longer needed (False)."""
+    while True:
+        claim = read_record(os.path.join(release_dir, "claim.json")) or {}
+        done = read_record(os.path.join(release_dir, "restored.json")) or {}
+        if claim.get("by") == "confirmed" or done.get("completed"):
+            return False
+        deadline = spec["deadline"]
+        if claim.get("by") in ("controller", "rollback") and claim.get("until"):
+            deadline = claim["until"]  # backing up a restore that is under way
+        if time.time() >= deadline:
+            return True
+        time.sleep(0.5)
 
 
 def watchdog_main(release_dir):
-    spec = read_json(os.path.join(release_dir, "restore.json"))
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    while time.time() < spec["deadline"]:
-        if os.path.exists(os.path.join(release_dir, "claim")):
-            return 0
-        time.sleep(min(1.0, max(0.05, spec["deadline"] - time.time())))
-    if claim(release_dir, "watchdog") != "watchdog":
+    release_dir = expand(release_dir)
+    spec = read_json(os.path.join(release_dir, "restore.json"))
+    if spec is None or not watchdog_wait(release_dir, spec):
         return 0
-    print("%s watchdog: deadline passed unconfirmed; restoring" % time.strftime("%Y-%m-%dT%H:%M:%S"))
-    sys.stdout.flush()
     global SESSION
     SESSION = Session(open(os.devnull, "wb"))
-    outcome = {"watchdog": True, "time": time.time()}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print("%s watchdog: deadline passed with the release neither confirmed nor restored; restoring" % stamp)
+    sys.stdout.flush()
     try:
-        result = op_apply_state(**spec["plan"])
-        outcome.update(ok=True, result=result)
-        print("restored: %s" % json.dumps(result))
-    except Exception as e:
-        outcome.update(ok=False, error=str(e))
-        print("restore FAILED: %s" % e)
-    write_json(os.path.join(release_dir, "watchdog.json"), outcome)
-    manifest_path = os.path.join(release_dir, "manifest.json")
-    manifest = read_json(manifest_path) or {}
-    manifest["outcome"] = "rolled_back" if outcome["ok"] else "rollback_failed"
-    manifest["error"] = manifest.get("error") or "not confirmed before the watchdog deadline"
-    manifest["restored_by"] = "watchdog"
-    write_json(manifest_path, manifest)
-    state_root = os.path.dirname(os.path.dirname(release_dir))
-    journal_path = os.path.join(state_root, "journal.json")
-    journal = read_json(journal_path)
-    if journal and journal.get("release") == os.path.basename(release_dir) and outcome["ok"]:
-        journal["step"] = "restored_by_watchdog"
-        journal["finished"] = True
-        write_json(journal_path, journal)
-    return 0 if outcome["ok"] else 1
+        record = op_restore_release(release_dir, "watchdog",
+                                    reason="not confirmed before the watchdog's deadline")
+    except AgentError as e:
+        print("watchdog: nothing to do: %s" % e.message)
+        return 0
+    if record.get("already"):
+        print("watchdog: already restored by %s" % record.get("by"))
+        return 0
+    print("restored: %s" % json.dumps(record, sort_keys=True))
+    return 0 if record["ok"] else 1
 
 
 def main(argv):
     if len(argv) >= 3 and argv[1] == "watchdog":
         sys.exit(watchdog_main(argv[2]))
     os.umask(0o022)
+    # A dropped SSH session must not kill a restore half-way: the helper
+    # notices the end of its input and leaves by itself.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 
