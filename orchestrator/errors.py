@@ -1,7 +1,13 @@
-"""Every error orch reports on purpose, and the exit code each one means.
+"""Every error orch reports on purpose: the causes, and the exit code each
+means when nothing else decides.
 
-The exit code lives on the class (like Click's ``ClickException.exit_code``),
-so the CLI maps exceptions to codes in exactly one place:
+Two things are kept apart. The classes here say *what happened* (a cause):
+bad input, an unreachable host, a lost link, a host step that failed, a
+server that failed. *What that means for the run* — the outcome and the
+exit code — depends also on how far the run got, and is decided in one
+place for a host run (``core.outcomes.verdict``). ``exit_code`` on a class
+is what the CLI uses when an error ends a command outside a host run
+(Click's ``ClickException.exit_code`` pattern):
 
 - 2 ``RefusedError``: refused before anything on a host changed.
 - 1 ``DeployFailedError``: the deploy failed; the host is back in its
@@ -102,8 +108,18 @@ class UnfinishedDeployError(RefusedError):
     """The journal shows a deploy that never finished; ``orch rollback`` finishes it."""
 
 
+class ContentChangedError(RefusedError):
+    """A target changed on the host after it was planned: the commit refused, nothing was written."""
+
+
 class RemoteError(OrchError):
     """A step on the host failed. Which exit code it means depends on the step."""
+
+
+class ServerFailedError(OrchError):
+    """The new server did not start, did not become healthy, or did not stay healthy."""
+
+    exit_code = 1
 
 
 class NotImplementedYetError(RefusedError):
@@ -122,5 +138,11 @@ class HostUnsafeError(OrchError):
     exit_code = 3
 
 
-class LinkLostError(HostUnsafeError):
-    """The connection went silent or dropped while the host was mid-change."""
+class LinkLostError(OrchError):
+    """The connection went silent or dropped during the run.
+
+    Before anything changed that is an unreachable host (exit 2); after the
+    commit the host is in an unknown state (exit 3): the policy decides.
+    """
+
+    exit_code = 2

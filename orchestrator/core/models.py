@@ -315,6 +315,7 @@ class Server(_Model):
     pidfile: str | None = Field(None, min_length=1)
     log: str | None = Field(None, min_length=1)
     stop_timeout: Duration = 30.0
+    free_timeout: Duration = 120.0  # after the stop: wait this long for the port and GPUs to be released
     start: str | None = Field(None, min_length=1)
     stop: str | None = Field(None, min_length=1)
     pid: str | None = Field(None, min_length=1)
@@ -391,6 +392,7 @@ class Health(_Model):
     timeout: Duration = 900.0
     interval: Duration = 1.0
     confirm_timeout: Duration = 60.0
+    stable_for: Duration = 5.0  # after the first pass, the checks must keep passing this long
     checks: list[Check] = Field(min_length=1)
 
     @field_validator("base_url")

@@ -28,7 +28,12 @@ def new_release_id(now: datetime, suffix: str) -> str:
 
 @dataclass(frozen=True)
 class FileState:
-    """One file as a restore should leave it: ``source`` None means absent."""
+    """One file as a restore should leave it: ``source`` None means absent.
+
+    ``expect`` is the content orch left there (the sha256 the release
+    wrote): anything else found at restore time is drift, saved before it
+    is replaced. ``n`` numbers the file's copies in its release.
+    """
 
     path: str
     source: str | None
@@ -36,6 +41,8 @@ class FileState:
     mode: int | None = None
     uid: int | None = None
     gid: int | None = None
+    expect: str | None = None
+    n: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -45,6 +52,8 @@ class FileState:
             "mode": self.mode,
             "uid": self.uid,
             "gid": self.gid,
+            "expect": self.expect,
+            "n": self.n,
         }
 
 
@@ -135,15 +144,21 @@ def rollback_target(
 def prune_candidates(
     release_ids: list[str], applied: list[str], keep: int
 ) -> list[str]:
-    """The oldest releases beyond ``keep``; never the current or previous one."""
-    protected = set(applied[-2:])
-    ordered = sorted(release_ids)
-    excess = len(ordered) - max(keep, 2)
+    """The oldest releases beyond ``keep`` that are no longer in effect.
+
+    ``keep_releases`` is a soft cap. A release in effect (in ``applied``) is
+    never pruned: each is a step ``orch rollback`` can take, and the oldest
+    of them holds the only copy of the files as they were before any
+    release. Rolled back deploys, undone releases and rollback records go
+    first, oldest first.
+    """
+    in_effect = set(applied)
+    excess = len(release_ids) - keep
     out: list[str] = []
-    for rid in ordered:
+    for rid in sorted(release_ids):
         if excess <= 0:
             break
-        if rid in protected:
+        if rid in in_effect:
             continue
         out.append(rid)
         excess -= 1

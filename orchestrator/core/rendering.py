@@ -142,6 +142,7 @@ class RenderedServer:
     pidfile: str | None = None
     log: str | None = None
     stop_timeout: float = 30.0
+    free_timeout: float = 120.0
     start: list[str] | None = None
     stop: list[str] | None = None
     pid: list[str] | None = None
@@ -173,6 +174,7 @@ class RenderedHealth:
     interval: float
     confirm_timeout: float
     checks: tuple[RenderedCheck, ...]
+    stable_for: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,7 @@ def _server(server: Server, ctx: _Ctx) -> RenderedServer:
         pidfile=text("pidfile"),
         log=text("log"),
         stop_timeout=server.stop_timeout,
+        free_timeout=server.free_timeout,
         start=words("start"),
         stop=words("stop"),
         pid=words("pid"),
@@ -347,6 +350,7 @@ def _health(health: Health, ctx: _Ctx) -> RenderedHealth:
         timeout=health.timeout,
         interval=health.interval,
         confirm_timeout=health.confirm_timeout,
+        stable_for=health.stable_for,
         checks=tuple(_check(c, (*base, "checks", i), ctx) for i, c in enumerate(health.checks)),
     )
 
