@@ -1,20 +1,22 @@
-"""One deploy on one host, as the contract's nine steps.
+"""One deploy on one host, as the contract's steps.
 
 1 connect and lock · 2 plan · 3 stage and validate · 4 back up, journal,
-arm the watchdog · 5 commit · 6 verification read · 7 restart · 8 health and
-confirm · 9 on any failure after 4, restore and restart what ran before.
+arm the watchdog · 5 commit · 6 verification read · 7 restart · 8 health,
+stability, confirm · on any failure after 4, the restore machine.
 
-Each step is one method of ``Deployment`` and (at most) one round trip to
-the host's helper. The journal on the host says which step was reached, so
-``orch rollback`` can finish a deploy whose controller or link died; the
-watchdog on the host restores by itself if nobody confirms in time.
+Each step is one method of ``Deployment`` and one round trip to the host's
+helper. ``reached`` says how far the deploy got; when it ends in a failure,
+``core.outcomes.verdict`` turns the cause, that step and the restore's own
+record into the outcome and exit code. Every restore — this deploy's
+automatic rollback, the host-side watchdog, ``orch rollback`` — is the same
+host-side function running the release's ``restore.json`` (see
+``shell/agent.py``), so what is printed is what the host recorded.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -22,20 +24,27 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core.budget import deploy_budget, restore_budget, total
+from orchestrator.core.outcomes import Step, Verdict, verdict
 from orchestrator.core.regions import view_ranges
 from orchestrator.core.releases import FileState, new_release_id, prune_candidates
+from orchestrator.core.restore import (
+    RestorePlan,
+    RestoreRecord,
+    ServerStart,
+    ServerTarget,
+    restore_spec,
+)
 from orchestrator.core.secrets import redact, redact_argv, redact_env, redact_text
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import (
-    DeployFailedError,
-    HostUnsafeError,
-    LinkLostError,
-    LockHeldError,
-    OrchError,
-    RemoteError,
-    UnfinishedDeployError,
-)
+from orchestrator.errors import ContentChangedError, LinkLostError, OrchError, RemoteError
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.locking import (
+    current_release_dir,
+    open_state,
+    refuse_unfinished,
+    release_lock,
+)
 from orchestrator.pipeline.plan import (
     HostPlan,
     Staged,
@@ -45,95 +54,14 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
 )
 from orchestrator.pipeline.report import HostReport
-from orchestrator.pipeline.session import ConnectOptions, HostSession, controller_id, lock_holder
+from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
 
-STALE_LOCK_SECONDS = 30.0
 
-
-def local_pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def open_state(
-    session: HostSession, command: str, break_lock: bool, reporter: Reporter
-) -> tuple[str, dict[str, Any]]:
-    """State dir, lock and records in one round trip (a second one only to take over a lock)."""
-    got = session.call("open_state", state_dir=session.target.state_dir, holder=lock_holder(command))
-    root = got["root"]
-    if not got["lock"]["acquired"]:
-        take_over_lock(session, root, command, break_lock, reporter, got["lock"])
-        got = session.call("open_state", state_dir=root)
-    return root, got["state"]
-
-
-def take_over_lock(
-    session: HostSession,
-    state_dir: str,
-    command: str,
-    break_lock: bool,
-    reporter: Reporter,
-    refused: dict[str, Any],
-) -> None:
-    """The lock was held (``refused`` is the helper's answer): take it over, or fail fast naming who holds it.
-
-    A holder on this same machine whose process is gone is provably dead:
-    its lock is taken with a note. A holder whose heartbeat stopped but
-    which we cannot check (another controller) is only reported as stale,
-    and taken with ``--break-lock``.
-    """
-    label = session.target.name
-    h = refused["holder"]
-    since = datetime.fromtimestamp(float(h.get("started", 0)), timezone.utc).strftime("%H:%M:%S")
-    who = f"{h.get('user', '?')}@{h.get('controller', '?')} pid {h.get('pid', '?')} ({h.get('command', '?')}, since {since} UTC)"
-    age = float(h.get("heartbeat_age", 0))
-    if h.get("controller_id") == controller_id() and not local_pid_alive(int(h.get("pid", 0))):
-        reporter.note(label, f"took the lock left by {who}: that process is gone")
-    elif age > STALE_LOCK_SECONDS and not h.get("agent_alive"):
-        if not break_lock:
-            raise LockHeldError(
-                f"{label}: stale lock held by {who}, no heartbeat for {age:.0f} s; "
-                "if that deploy is really gone, pass --break-lock"
-            )
-        reporter.warn(label, f"breaking the stale lock of {who} (no heartbeat for {age:.0f} s)")
-    else:
-        raise LockHeldError(f"{label}: locked by {who}, heartbeat {age:.0f} s ago")
-    again = session.call(
-        "lock_acquire", state_dir=state_dir, holder=lock_holder(command), replace_token=h.get("token")
-    )
-    if not again["acquired"]:
-        raise LockHeldError(f"{label}: the lock changed hands while taking it; try again")
-
-
-def release_lock(session: HostSession, state_dir: str) -> None:
-    # Best effort: if this fails, the lock's heartbeat stops when we go anyway.
-    with contextlib.suppress(Exception):
-        session.call("lock_release", state_dir=state_dir)
-
-
-def current_release_dir(state: dict[str, Any]) -> str | None:
-    """The current release's directory on the host, from a ``state_read`` answer."""
-    applied = state["state"].get("applied", [])
-    return f"{state['root']}/releases/{applied[-1]}" if applied else None
-
-
-def refuse_unfinished(label: str, journal: dict[str, Any] | None) -> None:
-    if journal and not journal.get("finished"):
-        raise UnfinishedDeployError(
-            f"{label}: deploy {journal.get('release')} never finished (last step: "
-            f"{journal.get('step')}); run `orch rollback --host {label}` to finish restoring it"
-        )
-
-
-def wire_server_start(argv: list[str], cwd: str | None, env: dict[str, str] | None, replace_env: bool) -> dict[str, Any]:
-    return {"argv": argv, "cwd": cwd, "env": env or {}, "replace_env": replace_env}
+def at(when: float) -> str:
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC")
 
 
 @dataclass
@@ -148,99 +76,303 @@ class Deployment:
     reporter: Reporter
     release_id: str = ""
     release_dir: str = ""
+    reached: Step = Step.PLANNING
+    release_created: bool = False
+    deadline: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
-    restart_begun: bool = False
-    committed: bool = False
     started_at: float = 0.0
 
     @property
     def label(self) -> str:
         return self.session.target.name
 
-    # ---------------------------------------------------------------- helpers
+    # ---------------------------------------------------------------- the steps
 
-    def _timed(self, name: str, started: float) -> None:
-        self.timings[name] = round(time.time() - started, 3)
+    def run(self) -> HostReport:
+        self.started_at = time.time()
+        self.release_id = new_release_id(datetime.now(timezone.utc), secrets.token_hex(2))
+        self.release_dir = f"{self.state_dir}/releases/{self.release_id}"
+        try:
+            self.back_up_and_arm()
+            self.commit_and_read_back()
+            self.restart_and_check()
+            return self.confirm()
+        except (OrchError, KeyboardInterrupt) as cause:
+            return self.fail(cause)
 
-    def _secret_values(self) -> list[str]:
-        names = self.plan.playbook.secret_names
-        return [str(v) for k, v in self.plan.vars.items() if k in names and v is not None]
-
-    def _redact(self, text: str) -> str:
-        return redact_text(text, self._secret_values())
-
-    def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
-        return redact_argv(argv, self._secret_values()) if argv is not None else None
-
-    def _server_spec(self) -> dict[str, Any] | None:
-        rendered = self.plan.playbook.server
-        if rendered is None or self.plan.server is None:
-            return None
-        target = self.session.target
-        spec: dict[str, Any] = {
-            "manager": rendered.manager,
-            "pidfile": server_pidfile(target, self.plan.playbook),
-            "log": server_log(target, self.plan.playbook),
-            "port": self.plan.server.port,
-            "stop_timeout": rendered.stop_timeout,
-        }
-        if rendered.manager == "commands":
-            spec["stop_cmd"] = list(self.plan.server.stop or [])
-            spec["start_cmd"] = list(self.plan.server.start or [])
-            spec["restore_start_cmd"] = list(self.plan.server.restore_start or [])
-        return spec
-
-    def _health_wire(self, *, for_restore: bool) -> dict[str, Any] | None:
-        health = self.plan.playbook.health
-        if health is None:
-            return None
-        checks = []
-        for c in health.checks:
-            check: dict[str, Any] = {
-                "method": c.method,
-                "path": c.path,
-                "json": c.json,
-                "status": c.status,
-                "headers": dict(c.headers or {}),
-            }
-            if not for_restore:  # the previous server need not know the new flag
-                check["expect"] = dict(c.expect or {})
-                check["body"] = c.body
-            checks.append(check)
-        return {
-            "base_url": health.base_url,
-            "checks": checks,
-            "timeout": health.timeout,
-            "interval": health.interval,
-        }
-
-    def _health_shown(self) -> dict[str, Any] | None:
-        health = self._health_wire(for_restore=True)
-        if health is not None:
-            for check in health["checks"]:
-                check["headers"] = {k: self._redact(v) for k, v in check["headers"].items()}
-        return health
-
-    def _restore_plan(self) -> dict[str, Any]:
-        """What the watchdog, an automatic rollback or ``orch rollback`` restores."""
+    def back_up_and_arm(self) -> None:
+        """Step 4: the release with its backups and restore plan, the journal, the watchdog."""
+        t = time.time()
+        pb = self.plan.loaded.model
+        self.deadline = time.time() + total(deploy_budget(pb.server, pb.health))
         files = [
-            FileState(
-                f.path,
-                f"{self.release_dir}/files/{f.index}.before",
-                f.remote.sha256,
-                f.remote.mode,
-                f.remote.uid,
-                f.remote.gid,
-            ).to_wire()
+            {"path": f.path, "n": f.index,
+             "before": base64.b64encode(f.remote.data).decode("ascii"),
+             "after": base64.b64encode(f.new_bytes).decode("ascii")}
             for f in self.plan.changed_files
         ]
-        plan: dict[str, Any] = {"files": files, "server": None, "health": None}
-        if self.restart_begun:
-            plan["server"] = self._server_wire_before()
-            before = self.plan.server.before if self.plan.server else None
-            if before is not None:
-                plan["health"] = self._health_wire(for_restore=True)
-        return plan
+        spec = restore_spec(self.release_id, "deploy", self._restore_plan(), deadline=self.deadline,
+                            started=self._started_record())
+        self.session.batch([
+            ops.release_create(self.state_dir, self.release_id, self._manifest(), files, restore=spec),
+            ops.put_json(self._journal_path(), self._journal("backed_up")),
+            ops.release_arm(self.state_dir, self.release_dir),
+        ])
+        self.release_created = True
+        self.reached = Step.ARMED
+        self._timed("backup", t)
+        self.reporter.step(self.label, f"backed up {len(files)} file(s) into release {self.release_id}; "
+                                       f"the watchdog restores it at {at(self.deadline)} unless confirmed")
+
+    def commit_and_read_back(self) -> None:
+        """Steps 5 and 6: compare-and-swap the files in, then read them back for the ``sed -n`` view."""
+        if not self.staged:
+            return
+        t = time.time()
+        wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
+                 "after": s.file.new_sha256} for s in self.staged]
+        changed = self.plan.changed_files
+        self.reached = Step.COMMITTING
+        try:
+            results = self.session.batch([
+                ops.commit(wire, self.release_dir),
+                ops.put_json(self._journal_path(), self._journal("committed")),
+                ops.read([f.path for f in changed]),
+            ])
+        except RemoteStepError as e:
+            if e.op == "batch" and not e.details.get("committed") and e.details.get("step", 0) == 0:
+                self.reached = Step.ARMED  # the commit wrote nothing
+                if e.kind == "changed":
+                    raise ContentChangedError(f"{self.label}: {e.message}") from None
+            raise
+        self._timed("commit", t)
+        self.reporter.step(self.label, f"committed {len(wire)} file(s)")
+        for f, info in zip(changed, results[2], strict=True):
+            data = base64.b64decode(info.get("data") or "")
+            if info.get("sha256") != f.new_sha256:
+                raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, planned {f.new_sha256}")
+            text = data.decode("utf-8")
+            ranges = view_ranges(f.plan.changes, len(text.splitlines()), context=3)
+            self.reporter.readback(self.label, f.path, text, ranges)
+
+    def restart_and_check(self) -> None:
+        """Steps 7 and 8: stop the old server, start the new command line, health and stability."""
+        change = self.plan.server
+        if change is None or not change.restart:
+            return
+        t = time.time()
+        spec = self._server_target()
+        assert spec is not None
+        steps = [
+            ops.put_json(self._journal_path(), self._journal("restarting")),
+            ops.mark(f"{self.release_dir}/server.touched"),
+        ]
+        if change.manager == "commands":
+            if change.before is not None and change.stop:
+                steps.append(ops.run_ok(change.stop, timeout=spec.stop_timeout + 60))
+            pid_cmd = self.plan.playbook.server.pid if self.plan.playbook.server else None
+            steps.append(ops.commands_start(change.start or [], pid_cmd))
+        else:
+            before = change.before
+            if before is not None and before.get("pid"):
+                steps.append(ops.server_stop(before["pid"], before.get("pgid"), spec.stop_timeout, spec.port,
+                                             spec.free_timeout))
+            steps.append(ops.server_start(change.after_argv or [], change.after_cwd, change.after_env, spec.log,
+                                          spec.pidfile, change.replace_env))
+        shown = " ".join(self._shown_argv(change.after_argv) or [])
+        self.reporter.step(self.label, f"restarting the server: {shown}")
+        health = self._health_wire(for_restore=False)
+        if health is not None:
+            # In the same round trip: poll health while watching the process just started.
+            steps.append(ops.health_wait(health, pid="started"))
+        self.reached = Step.RESTARTING
+        results = self.session.batch(steps, on_event=lambda ev: self.reporter.progress(self.label, ev))
+        self._timed("restart", t)
+        if health is not None:
+            got = results[-1]
+            stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
+            self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
+
+    def confirm(self) -> HostReport:
+        """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""
+        self.reached = Step.CONFIRMING
+        applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
+        releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
+        keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
+        prune = prune_candidates(releases, applied, keep)
+        finished = time.time()
+        answer = self.session.run(ops.confirm_release(self.release_dir, [
+            ops.release_update(self.state_dir, self.release_id, {
+                "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
+                "timings": self.timings}),
+            ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
+            ops.put_json(self._journal_path(), self._journal("confirmed", finished=True)),
+            ops.release_prune(self.state_dir, prune),
+            self._log_op(f"release {self.release_id} is current"),
+            ops.lock_release(self.state_dir),
+        ]))
+        if not answer.confirmed:
+            return self._restored_before_confirm(answer)
+        self.reporter.step(self.label, f"release {self.release_id} is current")
+        in_effect = len(applied)
+        if in_effect > keep:
+            self.reporter.note(self.label, f"{in_effect} releases are in effect, more than keep_releases {keep}: "
+                                           "none of them is pruned, each is a step of `orch rollback`")
+        return HostReport(
+            self.label, "changed", 0, release=self.release_id,
+            files=[f.path for f in self.plan.changed_files],
+            extra={"flag_changes": self.plan.server.flag_changes if self.plan.server else [],
+                   "timings": self.timings},
+        )
+
+    # ---------------------------------------------------------------- failure
+
+    def fail(self, cause: BaseException) -> HostReport:
+        """Any failure after the plan: close or restore the release, then the verdict."""
+        reason = self._reason(cause)
+        if isinstance(cause, LinkLostError) or not self.release_created:
+            return self._report(cause, reason, None)
+        changed = self.reached >= Step.COMMITTING
+        self.reporter.warn(self.label, f"deploy failed: {reason}; "
+                                       + ("rolling back" if changed else "closing the release (nothing was changed)"))
+        pb = self.plan.loaded.model
+        until = time.time() + total(restore_budget(pb.server, pb.health))
+        try:
+            record: RestoreRecord = self.session.run(
+                ops.restore_release(self.release_dir, "controller", until=until, reason=reason),
+                on_event=lambda ev: self.reporter.progress(self.label, ev))
+        except LinkLostError as e:
+            return self._report(e, reason, None, restoring_until=until)
+        except KeyboardInterrupt:
+            return self._unsafe(
+                f"{self.label}: interrupted again during the rollback of {self.release_id}: orch stopped "
+                f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
+                f"{at(until)}; or run `orch rollback --host {self.label}` now", reason)
+        except (RemoteStepError, OrchError) as e:
+            return self._unsafe(
+                f"{self.label}: deploy failed ({reason}) and its restore could not run: {e}. Backups are in "
+                f"{self.release_dir}; the watchdog restores at {at(until)}; run `orch status --host "
+                f"{self.label}`", reason)
+        if record.log_tail:
+            self.reporter.server_log(self.label, "server log, restore (last 40 lines)", record.log_tail)
+        self._close_record(record)
+        return self._report(cause, reason, record)
+
+    def _restored_before_confirm(self, answer: ops.ConfirmAnswer) -> HostReport:
+        """The watchdog (or a person's ``orch rollback``) restored the release before we could confirm."""
+        record = answer.restored
+        why = "the watchdog's deadline passed before the deploy could confirm"
+        if record is None:
+            return self._unsafe(
+                f"{self.label}: {why}; the watchdog is restoring release {self.release_id} but left no record; "
+                f"run `orch status --host {self.label}`", why)
+        return self._report(RemoteError(why), why, record)
+
+    def _report(self, cause: BaseException, reason: str, record: RestoreRecord | None,
+                restoring_until: float | None = None) -> HostReport:
+        """The host's report: outcome and exit code from the policy, message from what was done."""
+        v: Verdict = verdict(cause, self.reached, record)
+        files = [f.path for f in self.plan.changed_files]
+        label = self.label
+        if record is not None:
+            done = record.describe([f.path for f in self.plan.changed_files])
+            if record.ok and v.outcome == "rolled_back":
+                who = "" if record.by == "controller" else f" (by the {record.by})"
+                self.reporter.step(label, f"rolled back{who}: {done}")
+            elif record.ok:
+                self.reporter.step(label, f"release {self.release_id} closed: nothing on the host was changed")
+            else:
+                reason = (f"{reason}; and the ROLLBACK FAILED: {done}. The host is not known to be healthy; "
+                          f"backups are in {self.release_dir}; fix the cause and run `orch rollback --host {label}`")
+            for f in record.drift:
+                self.reporter.warn(label, f"{f.path} had changed on the host during the deploy: that content is "
+                                          f"kept in {f.drift}")
+            for problem in record.record_errors:
+                self.reporter.warn(label, f"the host could not record the restore: {problem}")
+            return HostReport(label, v.outcome, v.exit_code, release=self.release_id, files=files,  # type: ignore[arg-type]
+                              error=reason, extra={"restore": done, "drift": [f.path for f in record.drift],
+                                                   "timings": self.timings})
+        if isinstance(cause, LinkLostError):
+            if restoring_until is not None:
+                reason += (f"; the restore of release {self.release_id} was under way on the host when the link "
+                           f"dropped: the host finishes it by itself, and the watchdog backs it up at "
+                           f"{at(restoring_until)}; run `orch status --host {label}` to see")
+            elif self.reached >= Step.COMMITTING:
+                reason += (f" after the commit of release {self.release_id}; the host-side watchdog restores it "
+                           f"by itself at {at(self.deadline)} unless confirmed; run `orch status --host {label}` "
+                           f"to see, or `orch rollback --host {label}` to restore now")
+            elif self.release_created:
+                reason += (f"; nothing on the host was changed. The watchdog closes release {self.release_id} at "
+                           f"{at(self.deadline)}, or `orch rollback --host {label}` does it now")
+            else:
+                reason += "; nothing on the host was changed"
+        return HostReport(label, v.outcome, v.exit_code, release=self.release_id or None,  # type: ignore[arg-type]
+                          files=files if self.reached >= Step.COMMITTING else [], error=reason,
+                          extra={"timings": self.timings})
+
+    def _unsafe(self, message: str, reason: str) -> HostReport:
+        return HostReport(self.label, "rollback_failed", 3, release=self.release_id,
+                          files=[f.path for f in self.plan.changed_files], error=message,
+                          extra={"timings": self.timings})
+
+    def _close_record(self, record: RestoreRecord) -> None:
+        """Timings and the run log into the release (best effort: the link may be gone)."""
+        finished = time.time()
+        with contextlib.suppress(OrchError):
+            self.session.batch([
+                ops.release_update(self.state_dir, self.release_id, {
+                    "finished": finished, "timings": self.timings,
+                    "duration": round(finished - self.started_at, 3),
+                    **({"outcome": "failed"} if record.ok and self.reached < Step.COMMITTING else {})}),
+                self._log_op(f"restore: {record.describe()}"),
+            ])
+
+    def _reason(self, cause: BaseException) -> str:
+        if isinstance(cause, KeyboardInterrupt):
+            return "interrupted (Ctrl-C)"
+        if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
+            self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
+        return self._redact(str(cause))
+
+    # ---------------------------------------------------------------- records
+
+    def _restore_plan(self) -> RestorePlan:
+        """What the watchdog, the automatic rollback or ``orch rollback`` restores: complete from the start."""
+        files = [
+            FileState(f.path, f"{self.release_dir}/files/{f.index}.before", f.remote.sha256, f.remote.mode,
+                      f.remote.uid, f.remote.gid, expect=f.new_sha256, n=f.index)
+            for f in self.plan.changed_files
+        ]
+        change = self.plan.server
+        server = self._server_target() if change is not None and change.restart else None
+        health = self._health_wire(for_restore=True) if server is not None and change and change.before else None
+        return RestorePlan(files=files, server=server, health=health)
+
+    def _server_target(self) -> ServerTarget | None:
+        """The server as it ran before this release: what a restore brings back."""
+        rendered = self.plan.playbook.server
+        change = self.plan.server
+        if rendered is None or change is None:
+            return None
+        target = self.session.target
+        before = change.before or {}
+        start = None
+        if change.manager == "process" and before.get("argv"):
+            start = ServerStart(list(before["argv"]), before.get("cwd"), dict(before.get("env") or {}), True)
+        return ServerTarget(
+            manager=change.manager,
+            start=start,
+            pidfile=server_pidfile(target, self.plan.playbook),
+            log=server_log(target, self.plan.playbook),
+            port=change.port,
+            stop_timeout=rendered.stop_timeout,
+            free_timeout=rendered.free_timeout,
+            before_pid=before.get("pid"),
+            before_starttime=before.get("starttime"),
+            stop_cmd=list(change.stop or []) if change.manager == "commands" else None,
+            start_cmd=list(change.restore_start or []) if change.manager == "commands" and change.before else None,
+            pid_cmd=list(rendered.pid or []) if rendered.pid else None,
+        )
 
     def _started_record(self) -> dict[str, Any] | None:
         """The command line this release starts: a later deploy starts it again
@@ -248,30 +380,34 @@ class Deployment:
         change = self.plan.server
         if change is None or change.manager != "process" or not change.after_argv:
             return None
-        return wire_server_start(change.after_argv, change.after_cwd, change.after_env, change.replace_env)
+        return ServerStart(change.after_argv, change.after_cwd, change.after_env or {},
+                           change.replace_env).to_wire()
 
-    def _server_wire_before(self) -> dict[str, Any] | None:
-        spec = self._server_spec()
-        change = self.plan.server
-        if spec is None or change is None:
+    def _health_wire(self, *, for_restore: bool) -> dict[str, Any] | None:
+        health = self.plan.playbook.health
+        if health is None:
             return None
-        before = change.before
-        if spec["manager"] == "commands":
-            return {"manager": "commands", "stop": spec["stop_cmd"],
-                    "start": spec["restore_start_cmd"] if before else None}
-        wire = dict(spec)
-        wire["start"] = (
-            wire_server_start(before["argv"], before.get("cwd"), before.get("env"), True)
-            if before and before.get("argv")
-            else None
-        )
-        return wire
+        checks = []
+        for c in health.checks:
+            check: dict[str, Any] = {"method": c.method, "path": c.path, "json": c.json, "status": c.status,
+                                     "headers": dict(c.headers or {})}
+            if not for_restore:  # the previous server need not know the new flag
+                check["expect"] = dict(c.expect or {})
+                check["body"] = c.body
+            checks.append(check)
+        return {"base_url": health.base_url, "checks": checks, "timeout": health.timeout,
+                "interval": health.interval, "stable_for": health.stable_for}
 
     def _manifest(self) -> dict[str, Any]:
         target = self.session.target
         loaded = self.plan.loaded
         change = self.plan.server
         before = change.before if change else None
+        server = self._server_target()
+        health = self._health_wire(for_restore=True)
+        if health is not None:
+            for check in health["checks"]:
+                check["headers"] = {k: self._redact(v) for k, v in check["headers"].items()}
         return {
             "id": self.release_id,
             "kind": "deploy",
@@ -279,20 +415,14 @@ class Deployment:
             "playbook": {"name": self.plan.playbook.name, "path": str(loaded.path), "sha256": loaded.sha256},
             "vars": redact(self.plan.vars, self.plan.playbook.secret_names),
             "files": [
-                {
-                    "path": f.path,
-                    "n": f.index,
-                    "existed": True,
-                    "mode": f.remote.mode,
-                    "uid": f.remote.uid,
-                    "gid": f.remote.gid,
-                    "sha256_before": f.remote.sha256,
-                    "sha256_after": f.new_sha256,
-                }
+                {"path": f.path, "n": f.index, "existed": True, "mode": f.remote.mode, "uid": f.remote.uid,
+                 "gid": f.remote.gid, "sha256_before": f.remote.sha256, "sha256_after": f.new_sha256}
                 for f in self.plan.changed_files
             ],
-            "server_spec": self._server_spec(),
-            "health": self._health_shown(),
+            "server_spec": ({"manager": server.manager, "pidfile": server.pidfile, "log": server.log,
+                             "port": server.port, "stop_timeout": server.stop_timeout}
+                            if server is not None else None),
+            "health": health,
             # A record for people: secrets masked. What a restore runs is in restore.json.
             "server_before": (
                 {"argv": self._shown_argv(before.get("argv")), "cwd": before.get("cwd"),
@@ -307,6 +437,7 @@ class Deployment:
             ),
             "restarted": bool(change and change.restart),
             "flag_changes": [self._redact(c) for c in (change.flag_changes if change else [])],
+            "watchdog_deadline": self.deadline,
             "orch_version": __version__,
             "controller": lock_holder("deploy"),
             "created": time.time(),
@@ -314,269 +445,30 @@ class Deployment:
         }
 
     def _journal(self, step: str, finished: bool = False) -> dict[str, Any]:
-        return {
-            "release": self.release_id,
-            "playbook": self.plan.playbook.name,
-            "step": step,
-            "finished": finished,
-            "time": time.time(),
-            "controller": lock_holder("deploy"),
-        }
-
-    def _log_step(self, last: str) -> dict[str, Any]:
-        """The op that writes this run's log into the release (secrets redacted)."""
-        text = self.reporter.text() if isinstance(self.reporter, RunLog) else ""
-        text += f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
-        return {"op": "release_log", "args": {"state_dir": self.state_dir, "release_id": self.release_id,
-                                              "text": self._redact(text)}}
+        return {"release": self.release_id, "kind": "deploy", "playbook": self.plan.playbook.name,
+                "step": step, "finished": finished, "time": time.time(), "controller": lock_holder("deploy")}
 
     def _journal_path(self) -> str:
         return f"{self.state_dir}/journal.json"
 
-    # ---------------------------------------------------------------- the steps
+    def _log_op(self, last: str) -> ops.Op:
+        """The op that writes this run's log into the release (secrets redacted)."""
+        text = self.reporter.text() if isinstance(self.reporter, RunLog) else ""
+        text += f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
+        return ops.release_log(self.state_dir, self.release_id, self._redact(text))
 
-    def run(self) -> HostReport:
-        self.started_at = time.time()
-        now = datetime.now(timezone.utc)
-        self.release_id = new_release_id(now, secrets.token_hex(2))
-        self.release_dir = f"{self.state_dir}/releases/{self.release_id}"
-        self.back_up_and_arm()  # step 4: from here on, a failure means restore
-        try:
-            self.commit()
-            self.verification_read()
-            self.restart_and_check()
-            return self.confirm()
-        except KeyboardInterrupt:
-            return self.roll_back("interrupted (Ctrl-C)")
-        except LinkLostError as e:
-            raise self.link_lost(e) from None
-        except (RemoteError, OrchError) as e:
-            return self.roll_back(self._failure_text(e))
+    def _timed(self, name: str, started: float) -> None:
+        self.timings[name] = round(time.time() - started, 3)
 
-    def _failure_text(self, e: Exception) -> str:
-        if isinstance(e, RemoteStepError) and e.details.get("log_tail"):
-            self.reporter.server_log(self.label, "server log (last 40 lines)", e.details["log_tail"])
-        return self._redact(str(e))
+    def _secret_values(self) -> list[str]:
+        names = self.plan.playbook.secret_names
+        return [str(v) for k, v in self.plan.vars.items() if k in names and v is not None]
 
-    def back_up_and_arm(self) -> None:
-        t = time.time()
-        health = self.plan.playbook.health
-        budget = (health.timeout + health.confirm_timeout) if health else 600.0
-        stop_timeout = self.plan.playbook.server.stop_timeout if self.plan.playbook.server else 0.0
-        # commit + restart (stop_timeout) + health.timeout + confirm_timeout, and
-        # a few seconds for the steps between them.
-        deadline = time.time() + budget + stop_timeout + 10.0
-        files = [
-            {
-                "path": f.path,
-                "n": f.index,
-                "before": base64.b64encode(f.remote.data).decode("ascii"),
-                "after": base64.b64encode(f.new_bytes).decode("ascii"),
-            }
-            for f in self.plan.changed_files
-        ]
-        self.session.call(
-            "batch",
-            steps=[
-                {"op": "release_create", "args": {"state_dir": self.state_dir, "release_id": self.release_id,
-                                                  "manifest": self._manifest(), "files": files}},
-                {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("backed_up")}},
-                {"op": "watchdog_arm", "args": {"state_dir": self.state_dir, "release_dir": self.release_dir,
-                                                "deadline": deadline, "plan": self._restore_plan(),
-                                                "python": None}},
-            ],
-        )
-        self.deadline = deadline
-        self._timed("backup", t)
-        self.reporter.step(self.label, f"backed up {len(files)} file(s) into release {self.release_id}")
+    def _redact(self, text: str) -> str:
+        return redact_text(text, self._secret_values())
 
-    def commit(self) -> None:
-        if not self.staged:
-            return
-        t = time.time()
-        wire = [{"path": s.file.path, "staged": s.staged, "sha256": s.file.new_sha256} for s in self.staged]
-        self.committed = True
-        self.session.call("batch", steps=[
-            {"op": "commit", "args": {"files": wire}},
-            {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("committed")}},
-        ])
-        self._timed("commit", t)
-        self.reporter.step(self.label, f"committed {len(wire)} file(s)")
-
-    def verification_read(self) -> None:
-        """Step 6: what is on the host now, changed regions with context."""
-        changed = self.plan.changed_files
-        if not changed:
-            return
-        infos = self.session.call("read", paths=[f.path for f in changed])
-        for f, info in zip(changed, infos, strict=False):
-            data = base64.b64decode(info.get("data") or "")
-            if info.get("sha256") != f.new_sha256:
-                raise RemoteError(
-                    f"{f.path} reads back with sha256 {info.get('sha256')}, planned {f.new_sha256}"
-                )
-            text = data.decode("utf-8")
-            ranges = view_ranges(f.plan.changes, len(text.splitlines()), context=3)
-            self.reporter.readback(self.label, f.path, text, ranges)
-
-    def restart_and_check(self) -> None:
-        change = self.plan.server
-        if change is None or not change.restart:
-            return
-        t = time.time()
-        spec = self._server_spec()
-        assert spec is not None
-        self.restart_begun = True
-        steps: list[dict[str, Any]] = [
-            {"op": "put_json", "args": {"path": f"{self.release_dir}/restore.json",
-                                        "value": {"deadline": self.deadline, "plan": self._restore_plan(),
-                                                  "started": self._started_record()}}},
-            {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("restarting")}},
-        ]
-        if change.manager == "commands":
-            if change.before is not None:
-                steps.append({"op": "run_ok", "args": {"argv": spec["stop_cmd"], "timeout": spec["stop_timeout"] + 60}})
-            pid_cmd = self.plan.playbook.server.pid if self.plan.playbook.server else None
-            steps.append({"op": "commands_start", "args": {"start": spec["start_cmd"], "pid_cmd": pid_cmd}})
-        else:
-            before = change.before
-            if before is not None and before.get("pid"):
-                steps.append({"op": "server_stop", "args": {"pid": before["pid"], "pgid": before.get("pgid"),
-                                                            "stop_timeout": spec["stop_timeout"],
-                                                            "port": spec["port"]}})
-            steps.append({"op": "server_start", "args": {"argv": change.after_argv, "cwd": change.after_cwd,
-                                                         "env": change.after_env, "log": spec["log"],
-                                                         "pidfile": spec["pidfile"],
-                                                         "replace_env": change.replace_env}})
-        shown = " ".join(self._shown_argv(change.after_argv) or [])
-        self.reporter.step(self.label, f"restarting the server: {shown}")
-        health = self._health_wire(for_restore=False)
-        if health is not None:
-            # In the same round trip: poll health while watching the process just started.
-            steps.append({"op": "health_wait", "args": dict(health, pid="started")})
-        results = self.session.call(
-            "batch", steps=steps, on_event=lambda ev: self.reporter.progress(self.label, ev)
-        )
-        self._timed("restart", t)
-        if health is None:
-            return
-        got = results[-1]
-        self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls)")
-
-    def confirm(self) -> HostReport:
-        """Step 8: disarm the watchdog (by claiming the release) and make it current."""
-        applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
-        releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
-        keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
-        prune = prune_candidates(releases, applied, keep)
-        applied = [r for r in applied if r not in prune]
-        finished = time.time()
-        got = self.session.call(
-            "claim_then",
-            release_dir=self.release_dir,
-            who="confirmed",
-            steps=[
-                {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.release_id,
-                                                  "fields": {"outcome": "deployed", "finished": finished,
-                                                             "duration": round(finished - self.started_at, 3),
-                                                             "timings": self.timings}}},
-                {"op": "put_json", "args": {"path": f"{self.state_dir}/state.json", "value": {"applied": applied}}},
-                {"op": "put_json", "args": {"path": self._journal_path(), "value": self._journal("confirmed", True)}},
-                {"op": "release_prune", "args": {"state_dir": self.state_dir, "remove": prune}},
-                self._log_step(f"release {self.release_id} is current"),
-            ],
-        )
-        if got["holder"] == "watchdog":
-            return self._watchdog_outcome()
-        self.reporter.step(self.label, f"release {self.release_id} is current")
-        return HostReport(
-            self.label, "changed", 0, release=self.release_id,
-            files=[f.path for f in self.plan.changed_files],
-            extra={"flag_changes": self.plan.server.flag_changes if self.plan.server else []},
-        )
-
-    def _watchdog_outcome(self) -> HostReport:
-        result = self.session.call("get_json", path=f"{self.release_dir}/watchdog.json")
-        ok = bool(result and result.get("ok"))
-        error = "the watchdog's deadline passed before the deploy could confirm; it restored the host"
-        if ok:
-            return HostReport(self.label, "rolled_back", 1, release=self.release_id,
-                              files=[f.path for f in self.plan.changed_files], error=error)
-        raise HostUnsafeError(
-            f"{self.label}: the watchdog restored release {self.release_id} and that FAILED "
-            f"({(result or {}).get('error', 'still running?')}); run `orch status --host {self.label}`"
-        )
-
-    def roll_back(self, reason: str) -> HostReport:
-        """Step 9: restore every file, restart what ran before, check it."""
-        label = self.label
-        self.reporter.warn(label, f"deploy failed: {reason}; rolling back")
-        files = [f.path for f in self.plan.changed_files]
-        try:
-            holder = self.session.call("claim", release_dir=self.release_dir, who="controller")
-            if holder == "watchdog":
-                return self._watchdog_outcome()
-            plan = self._restore_plan()
-            if not self.committed:
-                plan["files"] = []  # nothing was written: leave the files alone
-            self.session.call("put_json", path=self._journal_path(), value=self._journal("rolling_back"))
-            self.session.call(
-                "apply_state", on_event=lambda ev: self.reporter.progress(label, ev), **plan
-            )
-            self._cleanup_staged()
-            finished = time.time()
-            self.session.call(
-                "batch",
-                steps=[
-                    {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.release_id,
-                                                      "fields": {"outcome": "rolled_back", "error": reason,
-                                                                 "finished": finished, "timings": self.timings,
-                                                                 "duration": round(finished - self.started_at, 3)}}},
-                    {"op": "put_json", "args": {"path": self._journal_path(),
-                                                "value": self._journal("rolled_back", True)}},
-                    self._log_step(f"rolled back: {reason}"),
-                ],
-            )
-        except KeyboardInterrupt:
-            raise HostUnsafeError(
-                f"{label}: interrupted again during the rollback of {self.release_id}; the host may be "
-                f"half-restored. The watchdog restores it by {self._deadline_text()}; or run "
-                f"`orch rollback --host {label}` now"
-            ) from None
-        except LinkLostError as e:
-            raise self.link_lost(e) from None
-        except (RemoteError, OrchError) as e:
-            detail = self._failure_text(e)
-            try:
-                self.session.call("release_update", state_dir=self.state_dir, release_id=self.release_id,
-                                  fields={"outcome": "rollback_failed", "error": f"{reason}; restore: {detail}"})
-                self.session.call("put_json", path=self._journal_path(), value=self._journal("rollback_failed"))
-            except Exception:  # noqa: BLE001
-                pass
-            raise HostUnsafeError(
-                f"{label}: deploy failed ({reason}) and the ROLLBACK FAILED too: {detail}. Files "
-                f"{'are restored' if 'restore' not in detail else 'may be half-restored'}; the previous "
-                f"server may not be running. Backups are in {self.release_dir}; run "
-                f"`orch rollback --host {label}` once the cause is fixed"
-            ) from None
-        self.reporter.step(label, f"rolled back: files restored{' and the previous server is healthy' if self.restart_begun else ''}")
-        return HostReport(label, "rolled_back", 1, release=self.release_id, files=files, error=reason)
-
-    def _cleanup_staged(self) -> None:
-        if self.staged and not self.committed:
-            self.session.call("remove", paths=[s.staged for s in self.staged])
-
-    def _deadline_text(self) -> str:
-        return datetime.fromtimestamp(self.deadline, timezone.utc).strftime("%H:%M:%S UTC")
-
-    def link_lost(self, e: Exception) -> HostUnsafeError:
-        label = self.label
-        return HostUnsafeError(
-            f"{label}: {e} while deploying release {self.release_id}"
-            f"{' after the commit' if self.committed else ''}. The host-side watchdog restores it by "
-            f"itself at {self._deadline_text()} unless confirmed; run `orch status --host {label}` "
-            f"to see, or `orch rollback --host {label}` to restore now"
-        )
+    def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
+        return redact_argv(argv, self._secret_values()) if argv is not None else None
 
 
 def deploy_host(
@@ -591,35 +483,35 @@ def deploy_host(
     """The whole story on one host; every error becomes this host's report."""
     label = target.name
     reporter = RunLog(reporter)
+    reached = Step.CONNECTING
+    session = HostSession(target, options)
     try:
-        with HostSession(target, options) as session:
-            result = _deploy_in_session(session, target, loaded, cli_vars, options, reporter, check)
+        with session:
+            reached = Step.PLANNING
+            result = _deploy_in_session(session, loaded, cli_vars, options, reporter, check)
             result.extra["round_trips"] = session.round_trips
             result.extra["execs"] = session.execs
             return result
-    except HostUnsafeError as e:
-        return HostReport(label, "rollback_failed", 3, error=str(e))
-    except DeployFailedError as e:
-        return HostReport(label, "rolled_back", 1, error=str(e))
-    except LinkLostError as e:
-        return HostReport(label, "unreachable", 2, error=str(e))
-    except OrchError as e:
-        outcome = "unreachable" if type(e).__name__ in ("UnreachableError", "HostKeyError") else "failed"
-        return HostReport(label, outcome, e.exit_code, error=str(e))  # type: ignore[arg-type]
-    except KeyboardInterrupt:
-        return HostReport(label, "failed", 1, error="interrupted (Ctrl-C) before anything changed")
+    except (OrchError, KeyboardInterrupt) as cause:
+        v = verdict(cause, reached)
+        if isinstance(cause, KeyboardInterrupt):
+            error = "interrupted (Ctrl-C) before anything changed"
+        elif isinstance(cause, LinkLostError):
+            error = f"{cause}; nothing on the host was changed"
+        else:
+            error = str(cause)
+        return HostReport(label, v.outcome, v.exit_code, error=error)  # type: ignore[arg-type]
 
 
 def _deploy_in_session(
     session: HostSession,
-    target: HostTarget,
     loaded: LoadedPlaybook,
     cli_vars: dict[str, Any],
     options: ConnectOptions,
     reporter: Reporter,
     check: bool,
 ) -> HostReport:
-    label = target.name
+    label = session.target.name
     if check:
         return _check(session, loaded, cli_vars, reporter)
     state_dir, state = open_state(session, f"deploy {loaded.display}", options.break_lock, reporter)
@@ -633,22 +525,25 @@ def _deploy_in_session(
         reporter.plan(label, plan)
         if not plan.changed:
             reporter.step(label, "unchanged: files and server command line already as planned")
+            release_lock(session, state_dir)
             return HostReport(label, "unchanged", 0)
         staged = stage_and_validate(session, plan, keep=True)
         if staged:
             reporter.step(label, f"staged {len(staged)} file(s) beside their targets; validated")
-        deployment = Deployment(session, plan, staged, state_dir, state, reporter)
-        return deployment.run()
-    finally:
-        if session.agent is not None and session.agent._proc is not None:
+        report = Deployment(session, plan, staged, state_dir, state, reporter).run()
+        if report.outcome != "changed":  # a confirmed deploy gave the lock back with its confirm
             release_lock(session, state_dir)
+        return report
+    except BaseException:
+        release_lock(session, state_dir)
+        raise
 
 
 def _check(
     session: HostSession, loaded: LoadedPlaybook, cli_vars: dict[str, Any], reporter: Reporter
 ) -> HostReport:
     label = session.target.name
-    state = session.call("state_read", state_dir=session.target.state_dir)  # reads, creates nothing
+    state = session.run(ops.state_read(session.target.state_dir))  # reads, creates nothing
     plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)
     for note in plan.notes:

@@ -1,9 +1,11 @@
 """``orch rollback``: undo the current release (or down to ``--to R``), or
-finish a deploy that never did.
+finish a deploy (or a rollback) that never did.
 
-A rollback is recorded on the host like a release (kind ``rollback``), with
-the live content it replaced kept as its own "before" — so even a rollback
-over hand edits (drift) loses nothing.
+Both are the restore machine (``shell/agent.py``): finishing runs the
+unfinished release's own ``restore.json``; undoing writes a new release of
+kind ``rollback`` whose ``restore.json`` is the state asked for, then runs
+it. The live content a rollback replaces is kept as that release's
+"before" copies, so a rollback over hand edits (drift) loses nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.releases import new_release_id, rollback_target
+from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.releases import FileState, new_release_id, rollback_target
+from orchestrator.core.restore import RestorePlan, RestoreRecord, ServerTarget, restore_spec
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import HostUnsafeError, OrchError, RefusedError, RemoteError
-from orchestrator.pipeline.deploy import open_state, release_lock
+from orchestrator.errors import OrchError
 from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 
 
@@ -28,71 +33,77 @@ def rollback_host(
     target: HostTarget, to: str | None, options: ConnectOptions, reporter: Reporter
 ) -> HostReport:
     label = target.name
+    reached = Step.CONNECTING
     try:
         with HostSession(target, options) as session:
+            reached = Step.PLANNING
             state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
             try:
                 journal = state["journal"]
                 if journal and not journal.get("finished"):
-                    return finish_unfinished(session, state_dir, state, reporter)
+                    return finish_unfinished(session, state_dir, journal, reporter)
                 return undo_releases(session, state_dir, state, to, reporter)
             finally:
                 release_lock(session, state_dir)
-    except HostUnsafeError as e:
-        return HostReport(label, "rollback_failed", 3, error=str(e))
-    except OrchError as e:
-        outcome = "unreachable" if type(e).__name__ in ("UnreachableError", "HostKeyError") else "failed"
-        return HostReport(label, outcome, e.exit_code, error=str(e))  # type: ignore[arg-type]
+    except (OrchError, KeyboardInterrupt) as cause:
+        v = verdict(cause, reached)
+        return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)")  # type: ignore[arg-type]
 
 
 def _events(reporter: Reporter, label: str) -> Any:
     return lambda ev: reporter.progress(label, ev)
 
 
-def finish_unfinished(
-    session: HostSession, state_dir: str, state: dict[str, Any], reporter: Reporter
+def report_restore(
+    label: str, release_id: str, record: RestoreRecord, reporter: Reporter, planned: list[str], what: str,
+    extra: dict[str, Any] | None = None,
 ) -> HostReport:
-    """The journal shows a deploy that died mid-way: restore its release's plan."""
+    """The rollback's report, from what the host recorded."""
+    done = record.describe(planned)
+    for f in record.drift:
+        reporter.warn(label, f"{f.path} had changed on the host (drift): that content is kept in {f.drift}")
+    for problem in record.record_errors:
+        reporter.warn(label, f"the host could not record the restore: {problem}")
+    if record.log_tail:
+        reporter.server_log(label, "server log (last 40 lines)", record.log_tail)
+    info = {"restore": done, "drift": [f.path for f in record.drift], **(extra or {})}
+    if not record.ok:
+        return HostReport(label, "rollback_failed", 3, release=release_id, files=planned, extra=info, error=(
+            f"{label}: {what} FAILED: {done}. The host is not known to be healthy; fix the cause and run "
+            f"`orch rollback --host {label}` again"))
+    reporter.step(label, f"{what}: {done}")
+    return HostReport(label, "rolled_back", 0, release=release_id, files=planned, extra=info)
+
+
+def finish_unfinished(
+    session: HostSession, state_dir: str, journal: dict[str, Any], reporter: Reporter
+) -> HostReport:
+    """The journal shows a run that died mid-way: run its release's restore plan."""
     label = session.target.name
-    journal = state["journal"]
     rid = journal["release"]
     release_dir = f"{state_dir}/releases/{rid}"
-    reporter.step(label, f"finishing the unfinished deploy {rid} (last step: {journal.get('step')})")
-    holder = session.call("claim", release_dir=release_dir, who="controller")
-    if holder == "watchdog":
-        result = session.call("get_json", path=f"{release_dir}/watchdog.json")
-        if result is None:
-            raise RefusedError(f"{label}: the watchdog is restoring {rid} right now; run again in a minute")
-        if not result.get("ok"):
-            reporter.warn(label, f"the watchdog's restore failed ({result.get('error')}); restoring again")
-        else:
-            session.call("put_json", path=f"{state_dir}/journal.json",
-                         value=dict(journal, step="restored_by_watchdog", finished=True))
-            reporter.step(label, f"the watchdog had already restored {rid}")
-            return HostReport(label, "rolled_back", 0, release=rid)
-    spec = session.call("get_json", path=f"{release_dir}/restore.json")
+    kind = journal.get("kind", "deploy")
+    reporter.step(label, f"finishing the unfinished {kind} {rid} (last step: {journal.get('step')})")
+    spec = session.run(ops.get_json(f"{release_dir}/restore.json"))
     if spec is None:
-        # Died before the backup finished: nothing was committed.
-        session.call("put_json", path=f"{state_dir}/journal.json",
-                     value=dict(journal, step="abandoned", finished=True))
-        reporter.step(label, f"deploy {rid} had not changed anything; journal closed")
+        # Died before its release was written: nothing was changed.
+        session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="abandoned", finished=True)))
+        reporter.step(label, f"{kind} {rid} had not changed anything; journal closed")
         return HostReport(label, "unchanged", 0, release=rid)
     try:
-        session.call("apply_state", on_event=_events(reporter, label), **spec["plan"])
+        record = session.run(ops.restore_release(release_dir, "rollback", reason="unfinished; restored by orch rollback"),
+                             on_event=_events(reporter, label))
     except RemoteStepError as e:
-        if e.details.get("log_tail"):
-            reporter.server_log(label, "server log (last 40 lines)", e.details["log_tail"])
-        raise HostUnsafeError(f"{label}: restoring the unfinished deploy {rid} failed: {e}") from None
-    session.call("batch", steps=[
-        {"op": "release_update", "args": {"state_dir": state_dir, "release_id": rid,
-                                          "fields": {"outcome": "rolled_back",
-                                                     "error": "unfinished; restored by orch rollback"}}},
-        {"op": "put_json", "args": {"path": f"{state_dir}/journal.json",
-                                    "value": dict(journal, step="rolled_back", finished=True)}},
-    ])
-    reporter.step(label, f"restored the state before {rid}")
-    return HostReport(label, "rolled_back", 0, release=rid,
-                      files=[f["path"] for f in spec["plan"]["files"]])
+        if e.kind != "confirmed":
+            raise
+        session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="confirmed", finished=True)))
+        reporter.warn(label, f"{rid} had been confirmed before its run ended; journal closed")
+        return HostReport(label, "unchanged", 0, release=rid)
+    planned = [f["path"] for f in spec["plan"].get("files", [])]
+    what = "finished" if kind == "rollback" else f"restored the state before {rid}"
+    if record.already:
+        what = f"{rid} had already been restored by the {record.by}"
+    return report_restore(label, rid, record, reporter, planned, what)
 
 
 def undo_releases(
@@ -108,79 +119,61 @@ def undo_releases(
     target = rollback_target(applied, releases, releases_dir, to)
     newest = releases[target.undo[0]]
     paths = [f.path for f in target.files]
-    live = session.call("read", paths=paths)
-    expected_after = {}
+    live = session.run(ops.read(paths))
+    expected_after: dict[str, str] = {}
     for rid in reversed(target.undo):  # oldest first: the newest's "after" wins
         for entry in releases[rid].get("files", []):
             expected_after[entry["path"]] = entry["sha256_after"]
-    for info in live:
-        want = expected_after.get(info["path"])
-        if info.get("sha256") != want:
-            reporter.warn(label, f"{info['path']} changed on the host since release {newest['id']} "
-                                 "(drift); its current content is kept in the rollback record")
     rid = new_release_id(datetime.now(timezone.utc), secrets.token_hex(2))
-    record = {
-        "id": rid,
-        "kind": "rollback",
-        "host": label,
-        "undid": list(target.undo),
-        "to": target.new_applied[-1] if target.new_applied else None,
-        "playbook": {"name": "(rollback)"},
-        "files": [
-            {"path": info["path"], "n": n, "existed": info["exists"], "mode": info.get("mode"),
-             "uid": info.get("uid"), "gid": info.get("gid"), "sha256_before": info.get("sha256"),
-             "sha256_after": f.sha256}
-            for n, (info, f) in enumerate(zip(live, target.files, strict=False))
-        ],
-        "server_before": newest.get("server_after"),
-        "server_after": target.server_before,
-        "restarted": target.restart,
-        "flag_changes": [],
-        "orch_version": __version__,
-        "controller": lock_holder("rollback"),
-        "created": time.time(),
-        "outcome": "in_progress",
-    }
-    started = time.time()
-    session.call("release_create", state_dir=state_dir, release_id=rid, manifest=record,
-                 files=[{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
-                        for n, i in enumerate(live)])
-    plan: dict[str, Any] = {"files": [f.to_wire() for f in target.files], "server": None, "health": None}
+    release_dir = f"{releases_dir}/{rid}"
+    server = None
+    health = None
     if target.restart:
         # The oldest undone release's restore.json says exactly what ran before
         # it (unmasked: the manifest is the masked record for people).
-        spec = session.call("get_json", path=f"{releases_dir}/{target.undo[-1]}/restore.json")
+        spec = session.run(ops.get_json(f"{releases_dir}/{target.undo[-1]}/restore.json"))
         if not spec or not spec["plan"].get("server"):
-            raise HostUnsafeError(f"{label}: release {target.undo[-1]} has no restore record for its server")
-        plan["server"] = spec["plan"]["server"]
-        plan["health"] = spec["plan"].get("health")
-    what = ", ".join(target.undo)
-    reporter.step(label, f"rolling back {what}" + (" and restarting the previous server" if plan["server"] else ""))
-    try:
-        session.call("apply_state", on_event=_events(reporter, label), **plan)
-    except (RemoteError, OrchError) as e:
-        if isinstance(e, RemoteStepError) and e.details.get("log_tail"):
-            reporter.server_log(label, "server log (last 40 lines)", e.details["log_tail"])
-        session.call("release_update", state_dir=state_dir, release_id=rid,
-                     fields={"outcome": "rollback_failed", "error": str(e)})
-        raise HostUnsafeError(
-            f"{label}: rollback of {what} FAILED: {e}. The host is not known to be healthy; "
-            f"backups are under {releases_dir}; fix the cause and run `orch rollback --host {label}` again"
-        ) from None
-    finished = time.time()
-    steps: list[dict[str, Any]] = [
-        {"op": "release_update", "args": {"state_dir": state_dir, "release_id": rid,
-                                          "fields": {"outcome": "done", "finished": finished,
-                                                     "duration": round(finished - started, 3)}}},
-        {"op": "put_json", "args": {"path": f"{state_dir}/state.json",
-                                    "value": {"applied": list(target.new_applied)}}},
+            raise OrchError(f"{label}: release {target.undo[-1]} has no restore record for its server")
+        server = ServerTarget.from_wire(spec["plan"]["server"], keep_before=False)
+        health = spec["plan"].get("health")
+    on_success = [ops.put_json(f"{state_dir}/state.json", {"applied": list(target.new_applied)})]
+    on_success += [ops.release_update(state_dir, undone, {"undone_by": rid}) for undone in target.undo]
+    plan = RestorePlan(
+        files=[FileState(f.path, f.source, f.sha256, f.mode, f.uid, f.gid, expect=expected_after.get(f.path), n=n)
+               for n, f in enumerate(target.files)],
+        server=server, health=health, always=True, on_success=[op.wire() for op in on_success])
+    record_files = [
+        {"path": info["path"], "n": n, "existed": info["exists"], "mode": info.get("mode"),
+         "uid": info.get("uid"), "gid": info.get("gid"), "sha256_before": info.get("sha256"),
+         "sha256_after": f.sha256}
+        for n, (info, f) in enumerate(zip(live, target.files, strict=True))
     ]
-    for undone in target.undo:
-        steps.append({"op": "release_update", "args": {"state_dir": state_dir, "release_id": undone,
-                                                       "fields": {"undone_by": rid}}})
-    session.call("batch", steps=steps)
+    manifest = {
+        "id": rid, "kind": "rollback", "host": label, "undid": list(target.undo),
+        "to": target.new_applied[-1] if target.new_applied else None,
+        "playbook": {"name": "(rollback)"}, "files": record_files,
+        "server_before": newest.get("server_after"), "server_after": target.server_before,
+        "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
+        "controller": lock_holder("rollback"), "created": time.time(), "outcome": "in_progress",
+    }
+    backups = [{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
+               for n, i in enumerate(live)]
+    what = ", ".join(target.undo)
+    reporter.step(label, f"rolling back {what}" + (" and restarting the previous server" if server else ""))
+    steps = [
+        ops.release_create(state_dir, rid, manifest, backups, restore=restore_spec(rid, "rollback", plan)),
+        ops.put_json(f"{state_dir}/journal.json", {"release": rid, "kind": "rollback", "step": "rolling_back",
+                                                   "finished": False, "time": time.time(),
+                                                   "controller": lock_holder("rollback")}),
+    ]
+    if server is not None:
+        steps.append(ops.mark(f"{release_dir}/server.touched"))
+    steps.append(ops.restore_release(release_dir, "rollback"))
+    started = time.time()
+    record: RestoreRecord = session.batch(steps, on_event=_events(reporter, label))[-1]
+    session.run(ops.release_update(state_dir, rid, {"finished": time.time(),
+                                                     "duration": round(time.time() - started, 3)}))
     now_current = target.new_applied[-1] if target.new_applied else "none (the state before any release)"
-    reporter.step(label, f"rolled back {what}; current release: {now_current}")
-    return HostReport(label, "rolled_back", 0, release=rid, files=paths,
-                      extra={"undid": list(target.undo), "current": target.new_applied[-1] if target.new_applied else None})
-
+    return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
+                          extra={"undid": list(target.undo),
+                                 "current": target.new_applied[-1] if target.new_applied else None})

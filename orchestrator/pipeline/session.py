@@ -11,13 +11,16 @@ import getpass
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core.target import HostTarget
-from orchestrator.shell.agent_client import Agent
+from orchestrator.shell import ops
+from orchestrator.shell.agent_client import Agent, EventHandler
+from orchestrator.shell.ops import Op
 from orchestrator.shell.transport import Transport, open_transport
 
 
@@ -85,6 +88,19 @@ class HostSession:
     def call(self, op: str, **args: Any) -> Any:
         assert self.agent is not None
         return self.agent.call(op, **args)
+
+    def run(self, op: Op, on_event: EventHandler | None = None) -> Any:
+        """One typed op, one round trip; the answer read by the op's ``parse``."""
+        assert self.agent is not None
+        return op.parse(self.agent.call(op.name, on_event=on_event, **op.args))
+
+    def batch(self, steps: Sequence[Op], on_event: EventHandler | None = None) -> list[Any]:
+        """Several typed ops in one round trip, run in order until the first failure."""
+        return list(self.run(ops.batch(steps), on_event))
+
+    @property
+    def link_alive(self) -> bool:
+        return self.agent is not None and self.agent.dead is None
 
     @property
     def round_trips(self) -> int:

@@ -53,6 +53,7 @@ class Agent:
     link_timeout: float = LINK_TIMEOUT
     calls: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    dead: str | None = None  # why the link is gone: later calls fail at once, never wait on it
     _proc: RemoteProcess | None = None
     _next_id: int = 0
 
@@ -93,6 +94,8 @@ class Agent:
         **args: Any,
     ) -> Any:
         """One round trip: send a request, pass events to ``on_event``, return the result."""
+        if self.dead is not None:
+            raise LinkLostError(self.dead)
         if self._proc is None:
             raise RemoteError("the helper is not running")
         self._next_id += 1
@@ -102,6 +105,9 @@ class Agent:
         self._proc.write(request.encode("utf-8") + b"\n")
         try:
             return self._await(rid, op, on_event)
+        except LinkLostError as e:
+            self.dead = str(e)
+            raise
         except KeyboardInterrupt:
             self._cancel(rid, op)
             raise
@@ -111,11 +117,13 @@ class Agent:
 
         A second Ctrl-C while waiting for that interrupts this too, at once.
         """
-        if self._proc is None:
+        if self._proc is None or self.dead is not None:
             return
         try:
             self._proc.write(b'{"op":"cancel"}\n')
             self._await(rid, op, None)
+        except LinkLostError as e:
+            self.dead = str(e)
         except (RemoteStepError, RemoteError):
             pass
 
@@ -148,6 +156,9 @@ class Agent:
         """Say goodbye and let the channel close; never raises."""
         proc, self._proc = self._proc, None
         if proc is None:
+            return
+        if self.dead is not None:
+            proc.kill()  # the link is gone: nothing to say goodbye to, nothing to wait for
             return
         try:
             proc.write(json.dumps({"id": 0, "op": "bye", "args": {}}).encode() + b"\n")

@@ -1,0 +1,216 @@
+"""The helper's operations, typed on the controller's side.
+
+Each function here builds one request for the host-side helper
+(``shell/agent.py``, where ``@op("name")`` defines what it does). The
+pipeline never writes a request as a dict literal: it calls these, so a
+wrong op name or a misspelt argument fails in a unit test
+(``tests/test_ops.py`` binds every builder's arguments to the helper
+function's signature), not on a host in the middle of a deploy.
+
+``HostSession.run(op)`` sends one op (one round trip); ``HostSession.batch(
+[op, op, …])`` sends several in one round trip, run in order on the host
+until the first failure. An op's ``parse`` turns the wire answer into a
+typed value where the pipeline reads it field by field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.core.restore import RestoreRecord
+
+Wire = dict[str, Any]
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Op:
+    """One request: the helper op's name, its keyword arguments, and how to read its answer."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    parse: Callable[[Any], Any] = field(default=_as_is, compare=False, repr=False)
+
+    def wire(self) -> Wire:
+        """The step as the helper's ``batch`` takes it."""
+        return {"op": self.name, "args": dict(self.args)}
+
+
+def _op(name: str, parse: Callable[[Any], Any] = _as_is, **args: Any) -> Op:
+    # Arguments left at None are not sent: the helper's own default applies.
+    return Op(name, {k: v for k, v in args.items() if v is not None}, parse)
+
+
+# ---------------------------------------------------------------- state, lock, records
+
+
+def open_state(state_dir: str, holder: Wire | None = None) -> Op:
+    """Create the state dir, take the lock (``holder``), read the records: one round trip."""
+    return _op("open_state", state_dir=state_dir, holder=holder)
+
+
+def state_read(state_dir: str) -> Op:
+    """Everything history/status/rollback need; creates nothing."""
+    return _op("state_read", state_dir=state_dir)
+
+
+def lock_acquire(state_dir: str, holder: Wire, replace_token: str | None = None) -> Op:
+    return _op("lock_acquire", state_dir=state_dir, holder=holder, replace_token=replace_token)
+
+
+def lock_release(state_dir: str) -> Op:
+    return _op("lock_release", state_dir=state_dir)
+
+
+def get_json(path: str) -> Op:
+    return _op("get_json", path=path)
+
+
+def put_json(path: str, value: Any) -> Op:
+    return Op("put_json", {"path": path, "value": value})
+
+
+def mark(path: str) -> Op:
+    """An empty marker file (creating one needs no data blocks on a full disk)."""
+    return _op("mark", path=path)
+
+
+# ---------------------------------------------------------------- files
+
+
+def read(paths: Sequence[str], *, with_data: bool = True) -> Op:
+    return _op("read", paths=list(paths), with_data=with_data)
+
+
+def sha256(paths: Sequence[str]) -> Op:
+    return _op("sha256", paths=list(paths))
+
+
+def stage(files: Sequence[Wire], token: str, *, clean_stale: bool = False) -> Op:
+    """``files``: ``{"path", "data" (base64)}``; staged beside the real file."""
+    return _op("stage", files=list(files), token=token, clean_stale=clean_stale)
+
+
+def validate(checks: Sequence[Wire], token: str, *, keep_staged: bool = True) -> Op:
+    """``checks``: ``{"target", "argvs", "python"}``; run on the staged copies of ``token``
+    (removed afterwards unless ``keep_staged``)."""
+    return _op("validate", checks=list(checks), token=token, keep_staged=keep_staged)
+
+
+def remove(paths: Sequence[str]) -> Op:
+    return _op("remove", paths=list(paths))
+
+
+def commit(files: Sequence[Wire], release_dir: str | None) -> Op:
+    """``files``: ``{"path", "staged", "before", "after"}``; compare-and-swap on ``before``."""
+    return _op("commit", files=list(files), release_dir=release_dir)
+
+
+# ---------------------------------------------------------------- releases and restores
+
+
+def release_create(state_dir: str, release_id: str, manifest: Wire, files: Sequence[Wire],
+                   restore: Wire | None = None) -> Op:
+    return _op("release_create", state_dir=state_dir, release_id=release_id, manifest=manifest,
+               files=list(files), restore=restore)
+
+
+def release_update(state_dir: str, release_id: str, fields: Wire) -> Op:
+    return _op("release_update", state_dir=state_dir, release_id=release_id, fields=fields)
+
+
+def release_prune(state_dir: str, remove: Sequence[str]) -> Op:
+    return _op("release_prune", state_dir=state_dir, remove=list(remove))
+
+
+def release_log(state_dir: str, release_id: str, text: str) -> Op:
+    return _op("release_log", state_dir=state_dir, release_id=release_id, text=text)
+
+
+def release_arm(state_dir: str, release_dir: str) -> Op:
+    """Start the release's watchdog (its restore plan is already on disk)."""
+    return _op("release_arm", state_dir=state_dir, release_dir=release_dir)
+
+
+def restore_release(release_dir: str, by: str, *, until: float | None = None, reason: str | None = None) -> Op:
+    """Run the release's restore plan; answers with the record of what was done."""
+    return _op("restore_release", RestoreRecord.from_wire, release_dir=release_dir, by=by, until=until,
+               reason=reason)
+
+
+@dataclass(frozen=True)
+class ConfirmAnswer:
+    confirmed: bool
+    restored: RestoreRecord | None
+    claimed_by: str | None
+
+
+def _confirm_answer(data: Wire) -> ConfirmAnswer:
+    restored = data.get("restored")
+    return ConfirmAnswer(
+        bool(data.get("confirmed")),
+        RestoreRecord.from_wire(restored) if restored else None,
+        (data.get("claim") or {}).get("by"),
+    )
+
+
+def confirm_release(release_dir: str, steps: Sequence[Op]) -> Op:
+    """Claim the release as confirmed and run ``steps`` — unless a restore got there first."""
+    return _op("confirm_release", _confirm_answer, release_dir=release_dir, steps=[s.wire() for s in steps])
+
+
+# ---------------------------------------------------------------- servers
+
+
+def server_find(pidfile: str | None, port: int | None) -> Op:
+    return _op("server_find", pidfile=pidfile, port=port)
+
+
+def process(pid: int) -> Op:
+    return _op("process", pid=pid)
+
+
+def server_stop(pid: int, pgid: int | None, stop_timeout: float, port: int | None, free_timeout: float) -> Op:
+    return _op("server_stop", pid=pid, pgid=pgid, stop_timeout=stop_timeout, port=port,
+               free_timeout=free_timeout)
+
+
+def server_start(argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None, log: str | None,
+                 pidfile: str | None, replace_env: bool) -> Op:
+    return _op("server_start", argv=list(argv), cwd=cwd, env=dict(env or {}), log=log, pidfile=pidfile,
+               replace_env=replace_env)
+
+
+def run(argv: Sequence[str], *, timeout: float = 600.0, cwd: str | None = None) -> Op:
+    """A command whose exit code is data (``{"rc", "stdout", "stderr"}``)."""
+    return _op("run", argv=list(argv), timeout=timeout, cwd=cwd)
+
+
+def run_ok(argv: Sequence[str], *, timeout: float = 600.0) -> Op:
+    """A user's server command that must succeed (``commands`` manager)."""
+    return _op("run_ok", argv=list(argv), timeout=timeout)
+
+
+def commands_start(start: Sequence[str], pid_cmd: Sequence[str] | None) -> Op:
+    return _op("commands_start", start=list(start), pid_cmd=list(pid_cmd) if pid_cmd else None)
+
+
+def health_wait(health: Wire, *, pid: int | str | None = None, log: str | None = None) -> Op:
+    """Poll ``health`` (``base_url``, ``checks``, ``timeout``, ``interval``, ``stable_for``);
+    ``pid="started"`` watches the server started earlier in the same batch."""
+    return _op("health_wait", pid=pid, log=log, **health)
+
+
+def batch(steps: Sequence[Op]) -> Op:
+    """Several ops in one round trip; each answer read by its own op's ``parse``."""
+    parsers = [s.parse for s in steps]
+
+    def parse(results: list[Any]) -> list[Any]:
+        return [p(r) for p, r in zip(parsers, results, strict=True)]
+
+    return Op("batch", {"steps": [s.wire() for s in steps]}, parse)
