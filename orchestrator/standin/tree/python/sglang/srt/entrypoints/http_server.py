@@ -12,6 +12,16 @@ a top-level key, so a field added by a patch shows up by itself; ``--api-key``
 guards everything except ``/health*`` and ``/metrics``. SIGTERM and SIGINT
 stop it cleanly (exit 0) unless ``STANDIN_IGNORE_SIGTERM=1``, which makes a
 manager fall back to SIGKILL.
+
+Fault switches (environment variables), so tests can make the server fail
+the ways real ones do without an unknown flag:
+``STANDIN_CRASH_AT_START=1`` exits with code 1 and a traceback line before
+binding; ``STANDIN_EXIT_AFTER_READY=S`` exits (code 1) S seconds after it
+became healthy; ``STANDIN_FLAP=S`` answers health 200 for S seconds, then
+503 for S seconds, and so on; ``STANDIN_HANG=1`` accepts connections and
+never answers; ``STANDIN_TRICKLE=S`` sends health answers one byte every S
+seconds; ``STANDIN_READY_FILE=PATH`` becomes healthy only once PATH exists
+(so a test decides the moment, instead of racing a delay).
 """
 
 from __future__ import annotations
@@ -73,10 +83,16 @@ class ServerState:
         self.shutting_down = threading.Event()
         self.lock = threading.Lock()
         self.in_flight = 0
+        self.ready_since: Optional[float] = None
         self.worker = _make_spec_worker(server_args)
 
     def healthy(self) -> bool:
-        return self.ready.is_set() and not self.shutting_down.is_set()
+        if not self.ready.is_set() or self.shutting_down.is_set():
+            return False
+        flap = _env_float("STANDIN_FLAP", 0.0)
+        if flap > 0 and self.ready_since is not None:
+            return int((time.monotonic() - self.ready_since) / flap) % 2 == 0
+        return True
 
 
 def _make_spec_worker(server_args: ServerArgs):
@@ -157,7 +173,8 @@ def _json_body(body: bytes) -> Dict[str, Any]:
 
 
 def health(state: ServerState, body: bytes) -> Reply:
-    return Reply(200 if state.healthy() else 503, content_type="text/plain")
+    text = b"healthy\n" * 16 if os.environ.get("STANDIN_TRICKLE") else b""
+    return Reply(200 if state.healthy() else 503, text, content_type="text/plain")
 
 
 def server_info(state: ServerState, body: bytes) -> Reply:
@@ -337,6 +354,10 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _dispatch(self, method: str) -> None:
+        if os.environ.get("STANDIN_HANG") == "1":
+            while not self.state.shutting_down.wait(1.0):
+                pass  # a hung server: the connection stays open, no answer ever comes
+            return
         try:
             body = self._read_body()
         except ValueError:
@@ -373,6 +394,14 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
+        trickle = _env_float("STANDIN_TRICKLE", 0.0)
+        if trickle > 0 and self.path.split("?", 1)[0] in HEALTH_PATHS:
+            for i in range(len(reply.body)):  # a byte at a time: every read is "in time"
+                self.wfile.write(reply.body[i : i + 1])
+                self.wfile.flush()
+                if self.state.shutting_down.wait(trickle):
+                    return
+            return
         self.wfile.write(reply.body)
 
     def log_request(self, code: Any = "-", size: Any = "-") -> None:
@@ -436,6 +465,9 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
     launch_command = " ".join(
         shlex.quote(w) for w in [sys.executable, "-m", "sglang.launch_server"] + args
     )
+    if os.environ.get("STANDIN_CRASH_AT_START") == "1":
+        print("RuntimeError: the stand-in crashed at start (STANDIN_CRASH_AT_START=1)", flush=True)
+        sys.exit(1)
     state = ServerState(server_args, launch_command)
     handler = type("BoundHandler", (Handler,), {"state": state})
 
@@ -466,11 +498,18 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
 
     never_ready = os.environ.get("STANDIN_NEVER_READY") == "1"
     ready_at = time.monotonic() + _env_float("STANDIN_STARTUP_DELAY", DEFAULT_STARTUP_DELAY)
+    exit_after = _env_float("STANDIN_EXIT_AFTER_READY", 0.0)
     try:
         while not stop.wait(0.05):
-            if not never_ready and not state.ready.is_set() and time.monotonic() >= ready_at:
+            ready_file = os.environ.get("STANDIN_READY_FILE")
+            gate_open = not ready_file or os.path.exists(ready_file)
+            if not never_ready and not state.ready.is_set() and time.monotonic() >= ready_at and gate_open:
+                state.ready_since = time.monotonic()
                 state.ready.set()
                 _announce_ready()
+            if exit_after > 0 and state.ready_since is not None and time.monotonic() - state.ready_since >= exit_after:
+                logger.error("the stand-in dies now (STANDIN_EXIT_AFTER_READY)")
+                os._exit(1)
     finally:
         if received:
             logger.info(f"Received {signal.Signals(received[0]).name}; shutting down.")
