@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import base64
 import glob
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.target import HostTarget
+from orchestrator.errors import LinkLostError
 from orchestrator.shell.agent_client import AGENT_SOURCE, Agent, RemoteStepError
 from orchestrator.shell.transport import open_transport
 
@@ -45,10 +48,12 @@ def test_stage_validate_commit_on_each_interpreter(python: str, tmp_path: Path) 
     try:
         data = base64.b64encode(b"x = 2\n").decode()
         staged = agent.call("stage", files=[{"path": str(target), "data": data}], token="t")[0]
-        results = agent.call("validate", checks=[{"staged": staged["staged"], "target": str(target),
-                                                  "argvs": [["python-syntax"]], "python": python}])
+        results = agent.call("validate", checks=[{"target": str(target), "argvs": [["python-syntax"]],
+                                                  "python": python}], token="t")
         assert results[0]["rc"] == 0, results
-        agent.call("commit", files=[{"path": str(target), "staged": staged["staged"], "sha256": staged["sha256"]}])
+        before = hashlib.sha256(b"x = 1\n").hexdigest()
+        agent.call("commit", files=[{"path": str(target), "staged": staged["staged"], "before": before,
+                                     "after": staged["sha256"]}])
     finally:
         agent.close()
     assert target.read_text() == "x = 2\n"
@@ -56,22 +61,34 @@ def test_stage_validate_commit_on_each_interpreter(python: str, tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
 
 
-def test_validation_failure_names_the_target_and_cleans_up(tmp_path: Path) -> None:
+def test_validation_failure_names_the_target_and_cleans_up_only_its_own(tmp_path: Path) -> None:
+    """The clean-up removes the staged copy's own bytecode, never a file or a
+    directory someone else made in the directory while the validator ran."""
     target = tmp_path / "mod.py"
     target.write_text("x = 1\n")
     agent = start()
     try:
+        ok = base64.b64encode(b"x = 2\n").decode()
+        staged = agent.call("stage", files=[{"path": str(target), "data": ok}], token="t")[0]
+        # a validator that compiles the staged copy (bytecode derived from its name) while a
+        # colleague writes notes and a checkpoint directory beside it
+        meanwhile = (f"import pathlib, py_compile; d = pathlib.Path({str(tmp_path)!r}); "
+                     f"py_compile.compile({staged['staged']!r}); (d / 'notes.txt').write_text('mine'); "
+                     f"(d / 'ckpt').mkdir(); (d / 'ckpt' / 'step-1').write_text('weights')")
+        res = agent.call("validate", checks=[{"target": str(target), "argvs": [
+            [sys.executable, "-c", meanwhile]]}], token="t")
+        assert res[-1]["rc"] == 0, res
         bad = base64.b64encode(b"x = (\n").decode()
-        staged = agent.call("stage", files=[{"path": str(target), "data": bad}], token="t")[0]
-        leftover = f"import pathlib; pathlib.Path({str(tmp_path)!r}, 'junk').write_text('x')"
-        res = agent.call("validate", checks=[{"staged": staged["staged"], "target": str(target),
-                                              "argvs": [[sys.executable, "-c", leftover], ["python-syntax"]]}])
+        agent.call("stage", files=[{"path": str(target), "data": bad}], token="u")
+        failed = agent.call("validate", checks=[{"target": str(target), "argvs": [["python-syntax"]]}],
+                            token="u", keep_staged=False)
         agent.call("remove", paths=[staged["staged"]])
     finally:
         agent.close()
-    assert res[-1]["rc"] == 1
-    assert res[-1]["stdout"].startswith(f"{target}:1: SyntaxError:")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
+    assert failed[-1]["rc"] == 1
+    assert failed[-1]["stdout"].startswith(f"{target}:1: SyntaxError:")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "mod.py", "notes.txt"]
+    assert (tmp_path / "ckpt" / "step-1").read_text() == "weights"
 
 
 def test_commit_refuses_a_file_that_reads_back_wrong(tmp_path: Path) -> None:
@@ -82,10 +99,51 @@ def test_commit_refuses_a_file_that_reads_back_wrong(tmp_path: Path) -> None:
         staged = agent.call("stage", files=[{"path": str(target), "data": base64.b64encode(b"new\n").decode()}],
                             token="t")[0]
         with pytest.raises(RemoteStepError) as err:
-            agent.call("commit", files=[{"path": str(target), "staged": staged["staged"], "sha256": "0" * 64}])
+            agent.call("commit", files=[{"path": str(target), "staged": staged["staged"],
+                                         "before": hashlib.sha256(b"old\n").hexdigest(), "after": "0" * 64}])
     finally:
         agent.close()
     assert err.value.kind == "commit" and "planned" in err.value.message
+
+
+def test_commit_is_a_compare_and_swap_on_the_planned_content(tmp_path: Path) -> None:
+    """A file edited by hand after it was planned is never overwritten: the commit writes nothing."""
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    one.write_text("old 1\n")
+    two.write_text("old 2\n")
+    agent = start()
+    try:
+        staged = agent.call("stage", token="t", files=[
+            {"path": str(p), "data": base64.b64encode(b"new\n").decode()} for p in (one, two)])
+        two.write_text("a colleague's edit\n")  # after planning, before the commit
+        with pytest.raises(RemoteStepError) as err:
+            agent.call("commit", files=[
+                {"path": str(p), "staged": s["staged"], "before": hashlib.sha256(old).hexdigest(),
+                 "after": s["sha256"]}
+                for p, s, old in zip((one, two), staged, (b"old 1\n", b"old 2\n"), strict=True)])
+    finally:
+        agent.close()
+    assert err.value.kind == "changed" and str(two) in err.value.message
+    assert one.read_text() == "old 1\n" and two.read_text() == "a colleague's edit\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.txt", "two.txt"]  # staged copies removed
+
+
+def test_commit_follows_a_symlink_and_keeps_it(tmp_path: Path) -> None:
+    real = tmp_path / "real.py"
+    real.write_text("x = 1\n")
+    link = tmp_path / "link.py"
+    link.symlink_to(real)
+    agent = start()
+    try:
+        staged = agent.call("stage", files=[{"path": str(link), "data": base64.b64encode(b"x = 2\n").decode()}],
+                            token="t")[0]
+        assert Path(staged["staged"]).parent == real.parent and staged["real"] == str(real)
+        agent.call("commit", files=[{"path": str(link), "staged": staged["staged"],
+                                     "before": hashlib.sha256(b"x = 1\n").hexdigest(), "after": staged["sha256"]}])
+    finally:
+        agent.close()
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text() == "x = 2\n"
 
 
 def test_health_wait_fails_at_once_when_the_server_exits(tmp_path: Path) -> None:
@@ -94,16 +152,14 @@ def test_health_wait_fails_at_once_when_the_server_exits(tmp_path: Path) -> None
     try:
         started = agent.call("server_start", argv=[sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
                              log=str(log))
-        t0 = time.monotonic()
         with pytest.raises(RemoteStepError) as err:
             agent.call("health_wait", base_url="http://127.0.0.1:9", timeout=600.0, interval=0.1,
                        checks=[{"method": "GET", "path": "/health"}], pid=started["pid"], log=str(log))
-        waited = time.monotonic() - t0
     finally:
         agent.close()
+    # the exit was seen (not the 600 s health timeout)
     assert err.value.kind == "server_exited" and "code 3" in err.value.message
     assert err.value.details["log_tail"] == ["boom"]
-    assert waited < 60  # not the 600 s timeout
 
 
 def test_ctrl_c_cancels_a_long_health_wait_on_the_host() -> None:
@@ -111,11 +167,9 @@ def test_ctrl_c_cancels_a_long_health_wait_on_the_host() -> None:
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     try:
         timer.start()
-        t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             agent.call("health_wait", base_url="http://127.0.0.1:9", timeout=600.0, interval=0.2,
                        checks=[{"method": "GET", "path": "/health"}])
-        assert time.monotonic() - t0 < 60
         assert agent.call("hello")["protocol"] == 1  # the helper is free for the rollback
     finally:
         timer.cancel()
@@ -171,3 +225,54 @@ def test_a_deploy_removes_staged_copies_a_dead_run_left(tmp_path: Path) -> None:
     assert not old.exists()
     assert fresh.exists()
     assert (tmp_path / ".mod.orch-staged-new.py").exists()
+
+
+def test_of_two_take_overs_of_a_stale_lock_exactly_one_wins(tmp_path: Path) -> None:
+    """The take-over is a compare-and-swap on the host, not check-then-write."""
+    state = tmp_path / "state"
+    state.mkdir()
+    agents = [start(), start()]
+    try:
+        for round_ in range(10):
+            lock = state / "lock.json"
+            lock.unlink(missing_ok=True)
+            lock.write_text(json.dumps({"token": f"stale-{round_}", "pid": 1}))
+            results: list[bool] = []
+            barrier = threading.Barrier(2)
+
+            def take(agent: Agent, barrier: threading.Barrier, token: str, results: list[bool]) -> None:
+                barrier.wait()
+                got = agent.call("lock_acquire", state_dir=str(state), holder={"pid": os.getpid()},
+                                 replace_token=token)
+                results.append(bool(got["acquired"]))
+
+            threads = [threading.Thread(target=take, args=(a, barrier, f"stale-{round_}", results))
+                       for a in agents]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert sorted(results) == [False, True], (round_, results)
+            assert json.loads(lock.read_text())["token"] != f"stale-{round_}"
+            for a in agents:
+                a.call("lock_release", state_dir=str(state))
+            assert not lock.exists()
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_after_a_lost_link_no_request_waits_on_it() -> None:
+    """A dead link is noticed once: later calls (such as the lock's release) fail at once,
+    and closing does not wait for a goodbye nobody can hear."""
+    agent = start()
+    assert agent._proc is not None
+    os.kill(agent.info["pid"], signal.SIGKILL)
+    with pytest.raises(LinkLostError):
+        agent.call("hello")
+    assert agent.dead is not None
+    sent = agent.calls
+    with pytest.raises(LinkLostError):
+        agent.call("lock_release", state_dir="/nonexistent")
+    assert agent.calls == sent  # nothing was sent
+    agent.close()

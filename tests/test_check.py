@@ -208,7 +208,7 @@ files:
         after: "speculative_accept_threshold_acc:"
     validate:
       - python-syntax
-      - "{{ python }} -c 'import sys, pathlib; p = pathlib.Path(sys.argv[1]); (p.parent / \\"leftover.tmp\\").write_text(\\"x\\"); sys.exit(\\"mytool: refused \\" + p.name)' {{ staged }}"
+      - "{{ python }} -c 'import sys, pathlib; p = pathlib.Path(sys.argv[1]); p.with_suffix(\\".tmp\\").write_text(\\"x\\"); sys.exit(\\"mytool: refused \\" + p.name)' {{ staged }}"
 """
 
 
@@ -219,4 +219,4 @@ def test_failing_validator_runs_on_the_staged_copy_and_leaves_nothing(box: Box) 
     error = rep["hosts"]["gpu"]["error"]
     assert "files[0].validate" in error and "mytool: refused .server_args.orch-staged-" in error
     assert sha256(box.target) == before_sha
-    assert box.listing() == before_ls  # the staged copy and the validator's leftover are gone
+    assert box.listing() == before_ls  # the staged copy and what the validator derived from its name are gone

@@ -663,7 +663,7 @@ def test_load_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_find_playbook_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks").mkdir(exist_ok=True)
     (tmp_path / "playbooks" / "mine.yaml").write_text("name: mine\n")
     (tmp_path / "direct.yaml").write_text("name: direct\n")
     assert find_playbook("direct.yaml") == Path("direct.yaml")
@@ -693,7 +693,7 @@ def test_packaged_playbooks_come_last(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def _project(tmp_path: Path) -> Path:
-    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks").mkdir(exist_ok=True)
     (tmp_path / "templates" / "sglang").mkdir(parents=True)
     (tmp_path / "templates" / "sglang" / "f.j2").write_text("x = {{ threshold }}\n")
     (tmp_path / "templates" / "bad.j2").write_text("ok\nok\n{% if %}\n")

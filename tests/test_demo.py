@@ -32,11 +32,9 @@ def standin_processes() -> set[int]:
 
 def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     before = standin_processes()
-    started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=180,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
-    elapsed = time.monotonic() - started
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "demo finished as expected" in out
@@ -44,6 +42,5 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in out
     assert "sha256 equals the original: True" in out
     assert "history of sandbox" in out
-    assert elapsed < 120
     time.sleep(0.5)
     assert standin_processes() - before == set(), "the demo left a server running"

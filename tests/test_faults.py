@@ -1,0 +1,499 @@
+"""The fault suite: "never leaves a box broken", tried over a link with real latency.
+
+Every test reaches the host's real sshd through a TCP proxy that adds 20 ms
+each way (tests/fixtures/proxy.py): on plain loopback a race that a real link
+always loses can look won. Faults are caused from outside orch — the proxy
+severs or stalls the link, ``kill -9``, a small tmpfs, a second writer,
+``chattr +i``, and stand-in servers that crash, hang, trickle, flap or die —
+never through a hook inside orch. No test waits on a race: where a fault
+must land inside a step, the stand-in holds that step open until the test
+says so (``STANDIN_READY_FILE``), or a validator waits for a file.
+
+After each fault the test checks the files by sha256, the server's argv and
+health, the journal and the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fixtures.proxy import TcpProxy
+from tests.fixtures.sandbox import (
+    SHIPPED_SPEC,
+    Sandbox,
+    cmdline,
+    get_json,
+    sha256,
+    wait_healthy,
+)
+
+
+@dataclass
+class Link:
+    box: Sandbox
+    proxy: TcpProxy
+
+
+@pytest.fixture
+def link(sandbox: Sandbox) -> Iterator[Link]:
+    """The sandbox host, reached through a proxy that adds 20 ms each way."""
+    proxy = TcpProxy(sandbox.sshd.port, delay=0.02)
+    known = sandbox.root / "known_hosts_proxy"
+    known.write_text(f"[127.0.0.1]:{proxy.port} {sandbox.sshd.host_key_pub}\n")
+    sandbox.write_inventory(port=proxy.port, known_hosts=str(known))
+    try:
+        yield Link(sandbox, proxy)
+    finally:
+        proxy.close()
+
+
+def story(box: Sandbox, name: str = "story.yaml", *, env: dict[str, str] | None = None, timeout: str = "20s",
+          stable_for: str = "1s", validate: list[str] | None = None, threshold: int = 32) -> Path:
+    """The story's playbook with short timeouts, and switches for the NEW server only."""
+    spec = yaml.safe_load(SHIPPED_SPEC)
+    spec["vars"]["threshold"] = threshold
+    spec["server"].update(stop_timeout="5s", free_timeout="5s", env=env or {})
+    spec["health"].update(timeout=timeout, stable_for=stable_for, confirm_timeout="1s", interval="0.2s")
+    if validate:
+        spec["files"][0]["validate"] = ["python-syntax", *validate]
+    path = box.root / name
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def release_dirs(box: Sandbox) -> list[Path]:
+    return sorted((box.state_dir / "releases").iterdir()) if (box.state_dir / "releases").exists() else []
+
+
+def read(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = proc.communicate(timeout=240)
+    report = json.loads(out)["hosts"]["gpu"] if out.strip() else {}
+    return proc.returncode, report, out + err
+
+
+def assert_as_before(box: Sandbox, original: str) -> None:
+    """Files, server argv and health as before the deploy."""
+    assert sha256(box.server_args) == original
+    wait_healthy(box.port, 60)
+    assert cmdline(box.server_pid()) == box.hand_argv
+
+
+def hold_ready(box: Sandbox) -> Path:
+    """A hand-started server that, when started again by a restore, waits for the test's go."""
+    gate = box.root / "ready"
+    gate.write_text("")
+    box.start_by_hand(env={"STANDIN_READY_FILE": str(gate)})
+    gate.unlink()  # it is up; an instance started later waits until the test creates the file again
+    return gate
+
+
+# ---------------------------------------------------------------- the watchdog and the link
+
+
+def test_watchdog_restores_files_and_server_on_a_slow_link(link: Link) -> None:
+    """Defect 1: the watchdog must restore the server too, from the plan on disk when it acts."""
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    proc = box.start_orch("deploy", "--host", "gpu", str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="10s")))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    proc.send_signal(signal.SIGKILL)  # the controller dies: nobody but the host can restore
+    proc.wait()
+    assert sha256(box.server_args) != original
+    wait_until(lambda: box.journal().get("step") == "restored_by_watchdog", "the watchdog", 240)
+    assert_as_before(box, original)
+    record = read(release_dirs(box)[-1] / "restored.json")
+    assert record["by"] == "watchdog" and record["ok"] is True
+    assert record["server"]["action"] == "restarted"
+    assert box.journal()["finished"] is True
+    rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+    assert rows[-1]["outcome"] == "rolled back (watchdog)"
+
+
+def test_link_severed_after_the_commit_exits_3_and_orch_rollback_finishes_it(link: Link) -> None:
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="5m")))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    link.proxy.sever()
+    code, rep, text = finish(proc)
+    assert code == 3, text
+    assert rep["outcome"] == "unreachable"
+    assert "after the commit" in rep["error"] and "watchdog restores it by itself at" in rep["error"]
+    assert "orch rollback --host gpu" in rep["error"]
+    # the person takes the message's advice; the link works again for new connections
+    back = box.orch("rollback", "--host", "gpu", "--json")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert_as_before(box, original)
+    assert box.journal()["finished"] is True and box.journal()["step"] == "rolled_back"
+
+
+def test_link_severed_during_the_controllers_rollback_the_host_finishes_it(link: Link) -> None:
+    """Defect 2: once the controller has claimed the release, a dropped link must not stop the restore."""
+    box = link.box
+    gate = hold_ready(box)
+    original = sha256(box.server_args)
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
+    release = wait_until(lambda: next((d for d in release_dirs(box) if (d / "claim.json").exists()), None),
+                         "the controller's claim")
+    assert read(release / "claim.json")["by"] == "controller"
+    link.proxy.sever()  # the restore is under way on the host: the old server waits for `gate`
+    code, rep, text = finish(proc)
+    assert code == 3, text
+    assert rep["outcome"] == "unreachable"
+    assert "under way on the host" in rep["error"] and "watchdog backs it up" in rep["error"]
+    gate.write_text("")  # let the restored server come up
+    wait_until(lambda: box.journal().get("finished"), "the restore to finish on the host")
+    assert box.journal()["step"] == "rolled_back"
+    assert read(release / "restored.json")["by"] == "controller"
+    assert_as_before(box, original)
+
+
+def test_a_restorer_that_dies_is_backed_up_by_the_watchdog(link: Link) -> None:
+    """Defect 2, the other half: the claim no longer kills the watchdog; it waits as a back-up."""
+    box = link.box
+    gate = hold_ready(box)
+    original = sha256(box.server_args)
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
+    release = wait_until(lambda: next((d for d in release_dirs(box) if (d / "claim.json").exists()), None),
+                         "the controller's claim")
+    helper = int(read(box.state_dir / "lock.json")["agent_pid"])
+    os.kill(helper, signal.SIGKILL)  # the host-side restorer dies mid-restore
+    code, rep, text = finish(proc)
+    assert code == 3, text
+    gate.write_text("")
+    wait_until(lambda: box.journal().get("finished"), "the watchdog to back the restore up", 240)
+    assert box.journal()["step"] == "restored_by_watchdog"
+    assert read(release / "restored.json")["by"] == "watchdog"
+    assert_as_before(box, original)
+
+
+def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
+    """Defect 6: a silent link is noticed once; no later request (the lock's release) waits on it."""
+    box = link.box
+    box.start_by_hand()
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="5m")))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    link.proxy.stall()
+    code, rep, text = finish(proc)
+    assert code == 3, text
+    assert rep["outcome"] == "unreachable" and "no data from" in rep["error"]
+    # hello, open_state, plan, stage+validate, backup+arm, commit+read-back, restart: and not one more
+    assert rep["round_trips"] == 7, rep
+    # on the host, the helper notices the dead session (sshd's keepalives) and gives the lock back itself
+    wait_until(lambda: not (box.state_dir / "lock.json").exists(), "the helper to release the lock", 120)
+
+
+def test_a_link_lost_before_anything_changed_is_exit_2(link: Link) -> None:
+    """Defect 6: before the commit, a lost link is an unreachable host (2), not an unsafe one (3)."""
+    box = link.box
+    pid = box.start_by_hand()
+    original = sha256(box.server_args)
+    go = box.root / "go"
+    wait = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, validate=[wait])))
+    staged = wait_until(lambda: list(box.server_args.parent.glob(".server_args.orch-staged-*.py")), "the staged copy")
+    link.proxy.sever()
+    go.write_text("")
+    code, rep, text = finish(proc)
+    assert code == 2, text
+    assert rep["outcome"] == "unreachable" and "nothing on the host was changed" in rep["error"]
+    wait_until(lambda: not (box.state_dir / "lock.json").exists(), "the helper to release the lock", 60)
+    assert not staged[0].exists()  # the helper removed what it had staged
+    assert sha256(box.server_args) == original and box.server_pid() == pid
+    assert release_dirs(box) == [] and box.journal() == {}
+
+
+def test_a_full_state_dir_after_the_commit_still_restores_and_says_what_was_recorded(link: Link) -> None:
+    """Defect 3: a full disk must neither disarm the restore nor yield a report of one that did not happen."""
+    box = link.box
+    box.state_dir.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(box.state_dir)], check=True)
+    try:
+        box.start_by_hand()
+        original = sha256(box.server_args)
+        gate = box.root / "go"
+        proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(
+            box, env={"STANDIN_READY_FILE": str(gate), "STANDIN_EXIT_AFTER_READY": "0.1"})))
+        wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+        subprocess.run(["dd", "if=/dev/zero", f"of={box.state_dir}/fill", "bs=64k"], capture_output=True)
+        gate.write_text("")  # the new server comes up, then dies: the restore runs on a full disk
+        code, rep, text = finish(proc)
+        assert code == 1, text
+        assert rep["outcome"] == "rolled_back" and "files restored" in rep["restore"]
+        assert "could not record the restore" in text and "No space left" in text
+        assert_as_before(box, original)
+        assert box.journal()["step"] == "restarting"  # the truth on disk: it could not be written
+        running = box.server_pid()
+        (box.state_dir / "fill").unlink()
+        back = box.orch("rollback", "--host", "gpu", "--json")
+        assert back.returncode == 0, back.stdout + back.stderr
+        assert box.server_pid() == running  # already as planned: no second restart
+        assert box.journal()["finished"] is True
+        assert_as_before(box, original)
+    finally:
+        box.stop_all()
+        (box.state_dir / "fill").unlink(missing_ok=True)
+        subprocess.run(["umount", "-l", str(box.state_dir)], check=False)
+
+
+# ---------------------------------------------------------------- servers that fail
+
+
+@pytest.mark.parametrize(("env", "why"), [
+    ({"STANDIN_CRASH_AT_START": "1"}, "server exited during start (code 1)"),
+    ({"STANDIN_EXIT_AFTER_READY": "0.3"}, "after it became healthy"),
+    ({"STANDIN_FLAP": "0.4"}, "became unhealthy"),
+    ({"STANDIN_HANG": "1"}, "not healthy after"),
+], ids=["crashes", "dies-after-healthy", "flaps", "hangs"])
+def test_a_failing_server_is_rolled_back(link: Link, env: dict[str, str], why: str) -> None:
+    """Defect 5 among them: a server that dies right after its first healthy answer is not made current."""
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    timeout = "4s" if "STANDIN_HANG" in env else "20s"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, env=env, timeout=timeout,
+                                                                         stable_for="3s")))
+    code, rep, text = finish(proc)
+    assert code == 1, text
+    assert rep["outcome"] == "rolled_back" and why in rep["error"], rep
+    assert_as_before(box, original)
+    assert box.journal()["finished"] is True and box.journal()["step"] == "rolled_back"
+    assert read(release_dirs(box)[-1] / "restored.json")["by"] == "controller"
+
+
+def test_a_trickling_health_answer_is_bounded_by_the_health_timeout(link: Link) -> None:
+    """Defect 4: each request is bounded by the overall deadline, so the controller (not the
+    watchdog, whose deadline comes after) is the one that restores."""
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_TRICKLE": "0.5"}, timeout="3s")))
+    code, rep, text = finish(proc)
+    assert code == 1, text
+    assert rep["outcome"] == "rolled_back" and "no complete answer" in rep["error"], rep
+    assert_as_before(box, original)
+    release = release_dirs(box)[-1]
+    assert read(release / "restored.json")["by"] == "controller"
+    assert read(release / "manifest.json")["restored_by"] == "controller"
+
+
+def test_the_previous_server_killed_during_the_restore_is_exit_3_then_orch_rollback_finishes(link: Link) -> None:
+    box = link.box
+    gate = hold_ready(box)
+    original = sha256(box.server_args)
+    hand_pid = box.hand.pid if box.hand else 0
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
+    pidfile = box.state_dir / "server.pid"
+
+    def restored_server() -> int | None:
+        try:
+            pid = int(pidfile.read_text())
+            return pid if pid != hand_pid and cmdline(pid) == box.hand_argv else None
+        except (OSError, ValueError):
+            return None
+
+    os.kill(wait_until(restored_server, "the restore to start the previous server"), signal.SIGKILL)
+    code, rep, text = finish(proc)
+    assert code == 3, text
+    assert rep["outcome"] == "rollback_failed"
+    assert "files restored" in rep["error"] and "ROLLBACK FAILED" in rep["error"]
+    assert "server exited during start" in rep["error"]
+    assert sha256(box.server_args) == original
+    assert box.journal()["finished"] is False and box.journal()["step"] == "restore_failed"
+    gate.write_text("")
+    back = box.orch("rollback", "--host", "gpu", "--json")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert_as_before(box, original)
+    assert box.journal()["finished"] is True
+
+
+def test_a_damaged_backup_is_named_and_the_file_left_as_it_is(link: Link) -> None:
+    box = link.box
+    box.start_by_hand()
+    gate = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_READY_FILE": str(gate), "STANDIN_EXIT_AFTER_READY": "0.1"})))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    patched = sha256(box.server_args)
+    backup = release_dirs(box)[-1] / "files" / "0.before"
+    backup.write_text("garbage\n")
+    gate.write_text("")  # the new server comes up, then dies: the restore meets the damaged backup
+    code, rep, text = finish(proc)
+    assert code == 3, text
+    assert rep["outcome"] == "rollback_failed"
+    assert f"backup {backup} is damaged" in rep["error"] and "left as it is" in rep["error"]
+    assert sha256(box.server_args) == patched
+    assert box.journal()["finished"] is False
+
+
+# ---------------------------------------------------------------- the target
+
+
+def test_an_immutable_target_is_refused_with_nothing_changed(link: Link) -> None:
+    """Defect 7: the commit fails, the untouched file is never rewritten, and nothing blocks the next deploy."""
+    box = link.box
+    pid = box.start_by_hand()
+    original = sha256(box.server_args)
+    subprocess.run(["chattr", "+i", str(box.server_args)], check=True)
+    try:
+        proc = box.orch("deploy", "--host", "gpu", "--json", str(story(box)))
+    finally:
+        subprocess.run(["chattr", "-i", str(box.server_args)], check=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    rep = json.loads(proc.stdout)["hosts"]["gpu"]
+    assert rep["outcome"] == "failed" and "Operation not permitted" in rep["error"]
+    assert sha256(box.server_args) == original and box.server_pid() == pid
+    assert list(box.server_args.parent.glob(".*orch-staged*")) == []
+    assert box.journal()["finished"] is True
+    assert box.orch("deploy", "--host", "gpu", str(story(box))).returncode == 0
+
+
+def test_a_target_directory_that_is_not_writable_is_refused(link: Link) -> None:
+    box = link.box
+    pid = box.start_by_hand()
+    original = sha256(box.server_args)
+    subprocess.run(["chattr", "+i", str(box.server_args.parent)], check=True)
+    try:
+        proc = box.orch("deploy", "--host", "gpu", "--json", str(story(box)))
+    finally:
+        subprocess.run(["chattr", "-i", str(box.server_args.parent)], check=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    rep = json.loads(proc.stdout)["hosts"]["gpu"]
+    assert rep["outcome"] == "failed" and "cannot stage" in rep["error"]
+    assert sha256(box.server_args) == original and box.server_pid() == pid
+    assert release_dirs(box) == []
+
+
+def test_a_hand_edit_during_validation_is_never_overwritten(link: Link) -> None:
+    """Defect 8: the commit is a compare-and-swap on the content that was planned."""
+    box = link.box
+    pid = box.start_by_hand()
+    go = box.root / "go"
+    wait = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, validate=[wait])))
+    wait_until(lambda: list(box.server_args.parent.glob(".server_args.orch-staged-*.py")), "the staged copy")
+    with box.server_args.open("a") as f:
+        f.write("# a colleague's note\n")
+    edited = sha256(box.server_args)
+    go.write_text("")
+    code, rep, text = finish(proc)
+    assert code == 2, text
+    assert rep["outcome"] == "failed" and "changed on the host since it was planned" in rep["error"]
+    assert sha256(box.server_args) == edited and box.server_pid() == pid
+    assert box.journal()["finished"] is True
+    assert read(release_dirs(box)[-1] / "manifest.json")["outcome"] == "failed"
+
+
+def test_a_hand_edit_during_the_health_wait_is_kept_as_drift(link: Link) -> None:
+    """Defect 8: the automatic rollback saves what a person wrote before it restores."""
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    gate = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_READY_FILE": str(gate), "STANDIN_EXIT_AFTER_READY": "0.1"})))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    with box.server_args.open("a") as f:
+        f.write("# hot fix typed on the box\n")
+    edited = box.server_args.read_bytes()
+    gate.write_text("")  # now let the new server come up and die
+    code, rep, text = finish(proc)
+    assert code == 1, text
+    assert rep["outcome"] == "rolled_back" and rep["drift"] == [str(box.server_args)]
+    drift = release_dirs(box)[-1] / "files" / "0.drift"
+    assert drift.read_bytes() == edited
+    assert f"kept in {drift}" in text
+    assert_as_before(box, original)
+    assert box.journal()["drift"] == [str(box.server_args)]
+
+
+def test_check_never_removes_what_a_colleague_makes_beside_the_target(link: Link) -> None:
+    """Defect 9: clean-up removes the staged copy and what derives from its exact name, nothing else."""
+    box = link.box
+    go = box.root / "go"
+    wait = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'"
+    proc = box.start_orch("deploy", "--check", "--host", "gpu", "--json", str(story(box, validate=[wait])))
+    wait_until(lambda: list(box.server_args.parent.glob(".server_args.orch-staged-*.py")), "the staged copy")
+    srt = box.server_args.parent
+    (srt / "NOTES.md").write_text("mine\n")
+    (srt / "checkpoints").mkdir()
+    (srt / "checkpoints" / "step-100.pt").write_bytes(b"\0" * 1024)
+    go.write_text("")
+    code, rep, text = finish(proc)
+    assert code == 0 and rep["outcome"] == "planned", text
+    assert (srt / "NOTES.md").read_text() == "mine\n"
+    assert (srt / "checkpoints" / "step-100.pt").stat().st_size == 1024
+    assert list(srt.glob(".*orch-staged*")) == []
+
+
+def test_a_symlinked_target_is_patched_through_the_link_and_stays_a_link(link: Link) -> None:
+    """Defect 10."""
+    box = link.box
+    real = box.root / "shared" / "server_args.py"
+    real.parent.mkdir()
+    real.write_bytes(box.server_args.read_bytes())
+    box.server_args.unlink()
+    box.server_args.symlink_to(real)
+    box.start_by_hand()
+    original = sha256(real)
+    assert box.orch("deploy", "--host", "gpu", str(story(box))).returncode == 0
+    assert box.server_args.is_symlink() and os.readlink(box.server_args) == str(real)
+    assert sha256(real) != original
+    assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
+    assert box.orch("rollback", "--host", "gpu").returncode == 0
+    assert box.server_args.is_symlink() and os.readlink(box.server_args) == str(real)
+    assert sha256(real) == original
+
+
+def test_retention_never_prunes_a_release_that_rollback_needs(link: Link) -> None:
+    """Defect 11: keep_releases is a soft cap; every release in effect is kept."""
+    box = link.box
+    box.start_by_hand()
+    box.write_inventory(port=link.proxy.port, known_hosts=str(box.root / "known_hosts_proxy"), keep_releases=2)
+    original = sha256(box.server_args)
+    failing = story(box, "fail.yaml", env={"STANDIN_CRASH_AT_START": "1"}, threshold=9)
+    assert box.orch("deploy", "--host", "gpu", str(failing)).returncode == 1  # a release never in effect
+    for t in (1, 2, 3):
+        proc = box.orch("deploy", "--host", "gpu", str(story(box, f"t{t}.yaml", threshold=t)))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "none of them is pruned" in proc.stdout + proc.stderr
+    kinds = [read(d / "manifest.json")["outcome"] for d in release_dirs(box)]
+    assert kinds == ["deployed"] * 3  # the failed one was pruned; the three in effect were not
+    for t in (2, 1):
+        assert box.orch("rollback", "--host", "gpu").returncode == 0
+        assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == t
+    last = box.orch("rollback", "--host", "gpu")
+    assert last.returncode == 0 and "the state before any release" in last.stdout + last.stderr
+    assert_as_before(box, original)

@@ -1,0 +1,64 @@
+"""The one policy that maps a cause and the step reached (and a restore's record) to an outcome."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.budget import deploy_budget, restore_budget, total
+from orchestrator.core.models import parse_playbook
+from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.restore import RestoreRecord
+from orchestrator.errors import (
+    ConfigError,
+    ContentChangedError,
+    LinkLostError,
+    RemoteError,
+    UnreachableError,
+    ValidationError,
+)
+
+
+def record(ok: bool) -> RestoreRecord:
+    return RestoreRecord.from_wire({"by": "controller", "ok": ok, "completed": True,
+                                    "files": [{"path": "/x", "action": "restored" if ok else "unchanged"}]})
+
+
+@pytest.mark.parametrize(("cause", "reached", "restore", "outcome", "code"), [
+    (UnreachableError("no route"), Step.CONNECTING, None, "unreachable", 2),
+    (LinkLostError("closed"), Step.PLANNING, None, "unreachable", 2),
+    (LinkLostError("closed"), Step.ARMED, None, "unreachable", 2),
+    (LinkLostError("closed"), Step.COMMITTING, None, "unreachable", 3),
+    (LinkLostError("closed"), Step.RESTARTING, None, "unreachable", 3),
+    (ConfigError("bad"), Step.PLANNING, None, "failed", 2),
+    (ValidationError("syntax"), Step.PLANNING, None, "failed", 2),
+    (ContentChangedError("edited"), Step.ARMED, record(True), "failed", 2),
+    (KeyboardInterrupt(), Step.PLANNING, None, "failed", 1),
+    (KeyboardInterrupt(), Step.ARMED, record(True), "failed", 1),
+    (KeyboardInterrupt(), Step.RESTARTING, record(True), "rolled_back", 1),
+    (RemoteError("unhealthy"), Step.RESTARTING, record(True), "rolled_back", 1),
+    (RemoteError("unhealthy"), Step.RESTARTING, record(False), "rollback_failed", 3),
+    (RemoteError("unhealthy"), Step.RESTARTING, None, "rollback_failed", 3),
+])
+def test_verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None, outcome: str,
+                 code: int) -> None:
+    v = verdict(cause, reached, restore)
+    assert (v.outcome, v.exit_code) == (outcome, code)
+
+
+def test_a_lost_link_is_not_shadowed_by_another_branch() -> None:
+    # The defect this policy replaced: LinkLostError was a HostUnsafeError, so an
+    # earlier `except HostUnsafeError` gave exit 3 before anything had changed.
+    assert verdict(LinkLostError("x"), Step.PLANNING).exit_code == 2
+
+
+def test_the_watchdog_deadline_covers_every_step_after_the_commit() -> None:
+    pb = parse_playbook(
+        "name: t\nserver: {stop_timeout: 20s, free_timeout: 40s}\n"
+        "health: {base_url: 'http://h:1', timeout: 10m, stable_for: 7s, confirm_timeout: 30s, checks: [{get: /h}]}\n",
+        "t.yaml")
+    items = {i.name: i.seconds for i in deploy_budget(pb.server, pb.health)}
+    assert items["health"] == 600 and items["stable"] == 7 and items["confirm"] == 30
+    assert items["stop"] >= 20 and items["port and GPUs free"] == 40
+    assert total(deploy_budget(pb.server, pb.health)) == sum(items.values())
+    # the controller's own rollback is backed up after the restart it needs, without the confirm slack
+    assert total(restore_budget(pb.server, pb.health)) < total(deploy_budget(pb.server, pb.health))
