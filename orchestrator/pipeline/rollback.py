@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.releases import new_release_id, rollback_target
+from orchestrator.core.releases import new_release_id, rollback_target, rollback_to
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import HostUnsafeError, OrchError, RefusedError, RemoteError
 from orchestrator.pipeline.deploy import open_state, release_lock
@@ -32,9 +32,15 @@ def rollback_host(
         with HostSession(target, options) as session:
             state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
             try:
+                applied = list(state["state"].get("applied", []))
+                # an unknown or undone --to is refused (exit 2) whatever the host's state
+                rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
                 journal = state["journal"]
                 if journal and not journal.get("finished"):
                     return finish_unfinished(session, state_dir, state, reporter)
+                if rid is not None and rid == applied[-1]:
+                    reporter.step(label, f"release {rid} is already current: nothing to do")
+                    return HostReport(label, "unchanged", 0, release=rid)
                 return undo_releases(session, state_dir, state, to, reporter)
             finally:
                 release_lock(session, state_dir)
