@@ -559,7 +559,9 @@ class Deployment:
                 f"server may not be running. Backups are in {self.release_dir}; run "
                 f"`orch rollback --host {label}` once the cause is fixed"
             ) from None
-        self.reporter.step(label, f"rolled back: files restored{' and the previous server is healthy' if self.restart_begun else ''}")
+        restored = f"{len(files)} file(s) restored" if files and self.committed else "no file to restore"
+        healthy = "; the previous server is healthy" if self.restart_begun else ""
+        self.reporter.step(label, f"rolled back: {restored}{healthy}")
         return HostReport(label, "rolled_back", 1, release=self.release_id, files=files, error=reason)
 
     def _cleanup_staged(self) -> None:
@@ -649,14 +651,19 @@ def _check(
 ) -> HostReport:
     label = session.target.name
     state = session.call("state_read", state_dir=session.target.state_dir)  # reads, creates nothing
+    refuse_unfinished(label, state["journal"])  # --check exits 2 where a deploy would refuse
     plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)
     for note in plan.notes:
         reporter.warn(label, note)
-    if not plan.changed:
+    if not plan.changed and plan.refusal is None:
         reporter.step(label, "unchanged: nothing to do")
         return HostReport(label, "unchanged", 0)
     stage_and_validate(session, plan, keep=False)
+    if plan.refusal is not None:
+        reporter.step(label, "validated on the host; nothing was changed (--check), but a deploy would refuse")
+        return HostReport(label, "failed", 2, files=[f.path for f in plan.changed_files],
+                          error=plan.refusal)
     reporter.step(label, "validated on the host; nothing was changed (--check)")
     change = plan.server
     return HostReport(
