@@ -1,6 +1,7 @@
 """``orch history`` and ``orch status`` for a person, fitted to the medium.
 
-- A wide terminal (``WIDE`` columns or more) gets a Rich table.
+- A terminal wide enough for a Rich table in which every word fits gets
+  that table (words are never cut or ellipsized).
 - A narrower terminal gets one block per release: a title line, then
   labelled lines whose values wrap at word boundaries under their column,
   so nothing is broken mid-word at 80 columns.
@@ -21,10 +22,6 @@ from rich.text import Text
 from orchestrator.cli.output import Output
 from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus
-
-WIDE = 120
-"""Terminal width from which history is a table."""
-
 
 def fmt_time(ts: float, *, full: bool = False) -> str:
     if not ts:
@@ -56,28 +53,35 @@ def draw_history(out: Output, history: HostHistory) -> None:
         return
     if not out.terminal:
         _history_lines(out, history.host, rows)
-    elif out.console.width >= WIDE:
-        out.console.print(history_table(history.host, rows))
+        return
+    table = history_table(history.host, rows)
+    # a column is never narrower than its longest word: the table only when they all fit
+    needed = sum(c.min_width or 0 for c in table.columns) + 3 * len(table.columns) + 1
+    if needed <= out.console.width:
+        out.console.print(table)
     else:
         _history_blocks(out, history.host, rows)
 
 
 def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
+    cells = [
+        (r.id, fmt_time(r.when), r.playbook,
+         "\n".join(short_path(f) for f in r.files) or "-",
+         "\n".join(r.flag_changes) or "-",
+         r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
+         fmt_duration(r.duration))
+        for r in rows
+    ]
     table = Table(title=f"history of {host}")
-    table.add_column("id", no_wrap=True)
-    table.add_column("when", no_wrap=True)
-    for col in ("playbook", "files", "flag changes", "outcome"):
-        table.add_column(col, ratio=1)
-    table.add_column("duration", justify="right", no_wrap=True)
-    for r in rows:
-        table.add_row(
-            r.id, fmt_time(r.when), r.playbook,
-            "\n".join(short_path(f) for f in r.files) or "-",
-            "\n".join(r.flag_changes) or "-",
-            r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
-            fmt_duration(r.duration),
-            style=row_style(r),
-        )
+    for i, col in enumerate(("id", "when", "playbook", "files", "flag changes", "outcome",
+                             "duration")):
+        whole = i in (0, 1, 6)  # never wrapped at all
+        longest = max((len(part) for c in cells
+                       for part in (c[i].splitlines() if whole else c[i].split())), default=1)
+        table.add_column(col, min_width=max(longest, len(col)), no_wrap=whole, overflow="fold",
+                         justify="right" if col == "duration" else "left")
+    for r, row in zip(rows, cells, strict=True):
+        table.add_row(*row, style=row_style(r))
     return table
 
 
