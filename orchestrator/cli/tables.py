@@ -23,6 +23,7 @@ from orchestrator.cli.output import Output
 from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus
 
+
 def fmt_time(ts: float, *, full: bool = False) -> str:
     if not ts:
         return "?"
