@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from orchestrator.core.secrets import MASK, SECRET_NAME, redact_argv, redact_env, redact_text
 
@@ -55,8 +55,8 @@ class Output:
         return self.verbosity <= QUIET
 
     def line(self, text: str, style: str | None = None) -> None:
-        """One line of plain text (escaped: never read as markup)."""
-        self.console.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
+        """One line of text as it is (never read as markup)."""
+        self.console.print(Text(text, style=style or ""))
 
     def emit_json(self, data: dict[str, Any]) -> None:
         """The ``--json`` report: always on stdout, whatever the console uses."""
