@@ -103,6 +103,10 @@ COMMAND_KEYS = ("argv", "argvs", "start", "stop", "start_cmd", "stop_cmd", "rest
                 "pid_cmd")
 """Request arguments that hold a command the helper runs on the host."""
 
+RECORDING_OPS = frozenset({"put_json", "watchdog_arm", "release_create", "release_update",
+                           "release_log"})
+"""Ops that only write records: the command lines inside them are kept for a restore, not run."""
+
 LONG = 160
 """Strings longer than this are elided in protocol lines (file contents travel as base64)."""
 
@@ -143,7 +147,8 @@ class ProtocolEcho(logging.Handler):
             return [f"{kind} {json.dumps(masked(msg), separators=(',', ':'))}"]
         if kind == ">":
             return describe_request(msg)
-        if isinstance(msg, dict) and not msg.get("done") and msg.get("event") not in (None, "tick"):
+        if (isinstance(msg, dict) and not msg.get("done") and not msg.get("msg")
+                and msg.get("event") not in (None, "tick")):  # events with a msg are shown anyway
             return [f"  event {json.dumps(masked(msg), separators=(',', ':'))}"]
         return []
 
@@ -152,11 +157,14 @@ def describe_request(msg: dict[str, Any]) -> list[str]:
     """``-v``: one line per request (op names; a batch lists its steps), then its commands."""
     args = msg.get("args") or {}
     steps = args.get("steps") if msg.get("op") in ("batch", "claim_then") else None
-    ops = [msg.get("op", "?")]
+    title = str(msg.get("op", "?"))
+    run: list[Any] = [] if title in RECORDING_OPS else [args]
     if isinstance(steps, list):
-        ops[0] += ": " + ", ".join(str(s.get("op")) for s in steps if isinstance(s, dict))
-    out = [f"-> {ops[0]}"]
-    out += [f"     $ {shlex.join(redact_argv(argv))}" for argv in commands_in(args)]
+        steps = [s for s in steps if isinstance(s, dict)]
+        title += ": " + ", ".join(str(s.get("op")) for s in steps)
+        run = [s.get("args") for s in steps if s.get("op") not in RECORDING_OPS]
+    out = [f"-> {title}"]
+    out += [f"     $ {shlex.join(redact_argv(argv))}" for argv in commands_in(run)]
     return out
 
 
