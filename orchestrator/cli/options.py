@@ -87,6 +87,8 @@ class HostFlags:
         from orchestrator.shell.config_files import load_inventory, ssh_host_aliases
 
         inv, filename = load_inventory(self.inventory)
+        if self.inventory is None and not Path(filename).is_file():
+            filename = f"no ./{filename} here; -i PATH names one"
         return resolve_hosts(inv, list(self.hosts), filename=filename,
                              ssh_aliases=lambda: ssh_host_aliases(self.ssh_config))
 

@@ -19,6 +19,7 @@ a terminal view is drawn.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -217,4 +218,9 @@ def summary_line(out: Output, name: str, r: HostReport) -> None:
         line += f" [dim]release {escape(r.release)}[/]"
     out.console.print(line)
     if r.error:
-        out.console.print(f"[{style}]  {escape(r.error)}[/]")
+        out.line("  " + one_line(r.error), style)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (an error is printed as exactly one)."""
+    return re.sub(r"\s*\n\s*", " ", text.strip())
