@@ -136,3 +136,37 @@ def test_on_a_terminal_long_lines_fold_and_every_word_is_kept() -> None:
     assert len(rows) > 5 and all(len(r) <= 80 for r in rows)  # folded, not cut
     words = " ".join(r.replace("❱", " ").split(" ", 3)[-1] for r in rows[1:]).split()
     assert " ".join(words).count("a very long help text that goes on") == 6
+
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("tty", "no_color_env", "flag", "coloured"),
+    [
+        (False, False, None, False),  # a pipe: no colour
+        (False, False, True, True),   # --color through a pipe
+        (True, False, None, True),    # a terminal: colour
+        (True, True, None, False),    # NO_COLOR
+        (True, True, True, True),     # --color wins over NO_COLOR
+        (True, False, False, False),  # --no-color
+    ],
+)
+def test_colour_follows_the_medium_no_color_and_the_flags(
+    monkeypatch: pytest.MonkeyPatch, tty: bool, no_color_env: bool, flag: bool | None, coloured: bool
+) -> None:
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    if no_color_env:
+        monkeypatch.setenv("NO_COLOR", "1")
+    else:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    stream = FakeTty() if tty else io.StringIO()
+    out = make_output(stream=stream, color=flag)
+    assert out.terminal is tty  # the layout follows the medium, whatever the colour
+    out.line("gpu: rolled_back", "yellow")
+    assert ("\x1b[" in stream.getvalue()) is coloured
+    assert "gpu: rolled_back" in stream.getvalue()
