@@ -4,7 +4,9 @@ A sandbox in a temp dir: a local-connection host, a miniature SGLang-like
 tree, and the stand-in server started "by hand" (as a user's would be).
 Then: deploy the speculation playbook; deploy a flag the server rejects
 at start and watch the automatic rollback; ``orch rollback``; the history.
-Everything it started is stopped at the end, Ctrl-C included.
+Everything it started is stopped at the end, Ctrl-C included. With
+``--keep`` the sandbox stays, with ``start-server.sh`` / ``stop-server.sh``
+and a README.txt, so a person can go on with ``orch`` there.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -20,14 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.rule import Rule
-
-from orchestrator.cli.views import RichReporter, history_table, print_summary
+from orchestrator.cli.output import Output
+from orchestrator.cli.tables import draw_history
+from orchestrator.cli.views import ConsoleReporter, print_summary
 from orchestrator.core.inventory import resolve_hosts
 from orchestrator.core.models import parse_inventory
 from orchestrator.pipeline.deploy import deploy_host
-from orchestrator.pipeline.inspect import history_rows, read_state
+from orchestrator.pipeline.inspect import host_history
 from orchestrator.pipeline.report import RunReport
 from orchestrator.pipeline.rollback import rollback_host
 from orchestrator.pipeline.session import ConnectOptions
@@ -93,9 +95,65 @@ def kill_port_owner(port: int, state_dir: Path) -> None:
             time.sleep(0.5)
 
 
-def run_demo(*, keep: bool = False) -> int:
-    console = Console(highlight=False)
-    reporter = RichReporter(console)
+def heading(out: Output, title: str) -> None:
+    """A section title: a rule on a terminal, a plain ``== title ==`` line elsewhere."""
+    if out.terminal:
+        from rich.rule import Rule
+
+        out.console.print(Rule(title))
+    else:
+        out.line(f"== {title} ==", "bold")
+
+
+def write_kept_sandbox(tmp: Path, port: int) -> None:
+    """Scripts and a note that let a person go on using the sandbox after the demo."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch_env(tmp / "sglang").items())
+    argv = shlex.join(launch_argv(sys.executable, tmp / "sglang", port=port))
+    start = tmp / "start-server.sh"
+    start.write_text(
+        "#!/bin/sh\n"
+        "# Start the stand-in server by hand, as a user's own server would be started.\n"
+        'cd "$(dirname "$0")" || exit 1\n'
+        f"{env} STANDIN_STARTUP_DELAY=1 setsid {argv} > server-by-hand.log 2>&1 < /dev/null &\n"
+        "echo $! > server-by-hand.pid\n"
+        f'echo "stand-in server started by hand: pid $!, port {port}, log server-by-hand.log"\n'
+    )
+    stop = tmp / "stop-server.sh"
+    stop.write_text(
+        "#!/bin/sh\n"
+        "# Stop the stand-in: the one started by hand, or the one orch restarted (its pidfile).\n"
+        'cd "$(dirname "$0")" || exit 1\n'
+        "for f in server-by-hand.pid state/server.pid; do\n"
+        '  [ -f "$f" ] && kill -TERM "-$(cat "$f")" 2>/dev/null && echo "stopped group $(cat "$f")"\n'
+        "done\n"
+        "exit 0\n"
+    )
+    for script in (start, stop):
+        script.chmod(0o755)
+    (tmp / "README.txt").write_text(KEPT_README.format(dir=tmp, port=port))
+
+
+KEPT_README = """\
+The sandbox of `orch demo --keep`: host `sandbox` (connection: local) in
+inventory.yaml, a miniature SGLang-like tree in sglang/, orch's state in
+state/ (the demo's history). From this directory:
+
+  ./start-server.sh                                  # the stand-in, started by hand, port {port}
+  orch status   --host sandbox                       # exit 0: healthy
+  orch deploy   --host sandbox --check --diff speculative-disable
+  orch deploy   --host sandbox speculative-disable   # threshold 32
+  orch deploy   --host sandbox --var threshold=8 speculative-disable
+  orch deploy   --host sandbox bad-flag.yaml         # rejected at start: rolled back by itself
+  orch rollback --host sandbox                       # back to threshold 32, then again: none
+  orch history  --host sandbox
+  ./stop-server.sh
+
+Remove the directory when done: rm -rf {dir}
+"""
+
+
+def run_demo(out: Output, *, keep: bool = False) -> int:
+    reporter = ConsoleReporter(out, planned_view=False)  # as `orch deploy` shows it
     tmp = Path(tempfile.mkdtemp(prefix="orch-demo-"))
     port = free_port()
     state_dir = tmp / "state"
@@ -122,48 +180,50 @@ def run_demo(*, keep: bool = False) -> int:
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     ok = True
+    report = RunReport()
     try:
-        console.print(Rule("orch demo: a sandbox host with the stand-in server"))
-        console.print(f"sandbox: {tmp}\nstand-in server started by hand: pid {hand.pid}, port {port}")
+        heading(out, "orch demo: a sandbox host with the stand-in server")
+        out.line(f"sandbox: {tmp}")
+        out.line(f"stand-in server started by hand: pid {hand.pid}, port {port}")
         if not wait_healthy(port):
-            console.print("[red]the stand-in server did not come up[/]")
+            out.line("the stand-in server did not come up", "red")
             return 1
 
-        console.print(Rule("1. deploy the speculation playbook"))
+        heading(out, "1. deploy the speculation playbook")
         spec = load_playbook(find_playbook("speculative-disable"))
-        first = deploy_host(target, spec, {}, options, reporter)
+        first = report.hosts["deploy"] = deploy_host(target, spec, {}, options, reporter)
         ok &= first.outcome == "changed"
         import json
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
             info = json.load(r)
-        console.print(f"/get_server_info: speculative_disable_batch_threshold = "
-                      f"[bold]{info.get('speculative_disable_batch_threshold')}[/]")
+        out.line(f"/get_server_info: speculative_disable_batch_threshold = "
+                 f"{info.get('speculative_disable_batch_threshold')}", "bold")
         ok &= info.get("speculative_disable_batch_threshold") == 32
 
-        console.print(Rule("2. deploy a flag the server rejects at start"))
+        heading(out, "2. deploy a flag the server rejects at start")
         bad = load_playbook(tmp / "bad-flag.yaml")
-        second = deploy_host(target, bad, {"port": port}, options, reporter)
+        second = report.hosts["bad deploy"] = deploy_host(target, bad, {"port": port}, options, reporter)
         ok &= second.outcome == "rolled_back"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
             info = json.load(r)
-        console.print(f"after the automatic rollback the server runs again with threshold "
-                      f"{info.get('speculative_disable_batch_threshold')}")
+        out.line(f"after the automatic rollback the server runs again with threshold "
+                 f"{info.get('speculative_disable_batch_threshold')}")
 
-        console.print(Rule("3. orch rollback"))
-        third = rollback_host(target, None, options, reporter)
+        heading(out, "3. orch rollback")
+        third = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
         ok &= third.exit_code == 0 and sha256(target_file) == original_sha
-        console.print(f"server_args.py sha256 equals the original: {sha256(target_file) == original_sha}")
+        out.line(f"server_args.py sha256 equals the original: {sha256(target_file) == original_sha}")
 
-        console.print(Rule("4. orch history"))
-        console.print(history_table(target.name, history_rows(read_state(target, options))))
-        report = RunReport({"deploy": first, "bad deploy": second, "rollback": third})
-        print_summary(console, report)
-        console.print("[bold green]demo finished as expected[/]" if ok else "[bold red]demo went wrong[/]")
+        heading(out, "4. orch history")
+        draw_history(out, host_history(target, options))
+        print_summary(out, report)
+        out.line("demo finished as expected" if ok else "demo went wrong",
+                 "bold green" if ok else "bold red")
         return 0 if ok else 1
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted; stopping everything the demo started[/]")
+        out.line("interrupted; stopping everything the demo started", "yellow")
         return 1
     finally:
         kill_port_owner(port, state_dir)
@@ -171,8 +231,15 @@ def run_demo(*, keep: bool = False) -> int:
             os.killpg(hand.pid, signal.SIGKILL)
         hand.wait()
         if keep:
-            console.print(f"sandbox kept in {tmp}")
+            write_kept_sandbox(tmp, port)
+            out.line(f"sandbox kept in {tmp} (its server is stopped); to go on there:", "bold")
+            out.line(f"  cd {tmp} && ./start-server.sh && orch status --host sandbox")
+            out.line(f"  more in {tmp / 'README.txt'} and docs/CLI.md")
         else:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+        if out.json:
+            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {},
+                           "steps": {k: r.to_json() for k, r in report.hosts.items()},
+                           "sandbox": str(tmp) if keep else None})

@@ -19,6 +19,19 @@ from tests.fixtures.sglang_wheel import sglang_file
 from tests.fixtures.sshd import SshdServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "playbooks" / "speculative-disable.yaml"
+
+
+def files_only(folder: Path) -> str:
+    """The story's playbook without ``server``/``health``: what ``--check`` plans on a box
+    whose server is down, with nothing a deploy would refuse."""
+    import yaml
+
+    data = yaml.safe_load(STORY.read_text())
+    data.pop("server"), data.pop("health")
+    path = folder / "files-only.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
 
 
 class Box:
@@ -67,7 +80,7 @@ def box(tmp_path: Path, sshd: SshdServer) -> Box:
 
 def test_check_plans_the_story_patch_on_real_sglang_and_changes_nothing(box: Box) -> None:
     before_sha, before_ls = sha256(box.target), box.listing()
-    code, err, rep = box.orch(str(REPO / "playbooks" / "speculative-disable.yaml"))
+    code, err, rep = box.orch("--diff", files_only(box.tmp))
     assert code == 0, err
     host = rep["hosts"]["gpu"]
     assert host["outcome"] == "planned"
@@ -102,7 +115,7 @@ def test_check_after_apply_reports_unchanged(box: Box) -> None:
                                make_renderer(loaded))
     text = box.target.read_text()
     box.target.write_text(plan_file(str(box.target), text, rendered.files[0].edits).result)
-    code, err, rep = box.orch(str(REPO / "playbooks" / "speculative-disable.yaml"))
+    code, err, rep = box.orch(files_only(box.tmp))
     assert code == 0, err
     assert rep["hosts"]["gpu"]["outcome"] == "unchanged"
 
@@ -174,7 +187,7 @@ def test_unknown_host_key_is_refused_and_nothing_changes(box: Box) -> None:
     assert "--accept-new-host-key" in rep["hosts"]["gpu"]["error"]
     assert empty.read_text() == ""
     assert sha256(box.target) == before
-    code, err, rep = box.orch("--accept-new-host-key", str(REPO / "playbooks" / "speculative-disable.yaml"))
+    code, err, rep = box.orch("--accept-new-host-key", files_only(box.tmp))
     assert code == 0, err
     assert f"[127.0.0.1]:{box.sshd.port} ssh-ed25519" in empty.read_text()
 
@@ -191,7 +204,7 @@ def test_check_over_the_local_transport(tmp_path: Path) -> None:
         "vars": {"sglang_root": str(root)}}}}))
     before = sha256(target)
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host",
-                           "sandbox", str(REPO / "playbooks" / "speculative-disable.yaml")],
+                           "sandbox", files_only(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["hosts"]["sandbox"]["outcome"] == "planned"

@@ -478,6 +478,15 @@ def test_bad_cli_var(item: str) -> None:
     assert str(info.value) == f"--var: expected k=v (got: {item!r})"
 
 
+@pytest.mark.parametrize("item", ["queue=[1", "m={a: 1", "s='open"])
+def test_cli_var_that_is_not_yaml_names_its_key(item: str) -> None:
+    name = item.partition("=")[0]
+    with pytest.raises(ConfigError) as info:
+        parse_cli_vars([item])
+    assert str(info.value).startswith(f"--var {name}: value ")
+    assert "is not valid YAML" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_yaml_scalar() -> None:
     assert yaml_scalar("32") == 32
     assert yaml_scalar("0.5.13") == "0.5.13"

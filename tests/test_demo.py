@@ -44,3 +44,65 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     assert "history of sandbox" in out
     time.sleep(0.5)
     assert standin_processes() - before == set(), "the demo left a server running"
+
+
+def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
+    """What docs/CLI.md tells a newcomer to do after `orch demo --keep`, done for real."""
+    import json
+    import re
+    import shutil
+    import urllib.request
+
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env["COLUMNS"] = "80"
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "--keep"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # the demo's words agree with themselves: the bad flag's rollback had no file to restore
+    assert "rolled back: no file to restore; the previous server was restarted" in out
+    assert "rolled back: files restored" not in out
+    kept = Path(re.search(r"sandbox kept in (\S+) ", out).group(1))
+    try:
+        assert (kept / "README.txt").is_file() and (kept / "inventory.yaml").is_file()
+        port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))
+
+        def orch(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=kept,
+                                  capture_output=True, text=True, timeout=180, env=env)
+
+        started = subprocess.run(["./start-server.sh"], cwd=kept, capture_output=True, text=True,
+                                 timeout=30)
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 60
+        while orch("status", "--host", "sandbox").returncode != 0:
+            assert time.monotonic() < deadline, "the stand-in started by hand never became healthy"
+            time.sleep(0.2)
+        deploy = orch("deploy", "--host", "sandbox", "speculative-disable")
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
+            assert json.load(r)["speculative_disable_batch_threshold"] == 32
+        assert orch("rollback", "--host", "sandbox").returncode == 0
+        history = orch("history", "--host", "sandbox", "--json")
+        rows = json.loads(history.stdout)["hosts"]["sandbox"]
+        assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own three
+        assert len(rows) == 5
+    finally:
+        subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while servers_of(kept) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(kept, ignore_errors=True)
+    assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
+
+
+def servers_of(sandbox: Path) -> set[int]:
+    """Stand-in servers whose environment points into ``sandbox`` (its PYTHONPATH)."""
+    found = set()
+    for pid in standin_processes():
+        try:
+            if str(sandbox).encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.add(pid)
+        except OSError:
+            continue
+    return found

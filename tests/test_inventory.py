@@ -166,3 +166,85 @@ def test_unknown_group_member_in_the_file() -> None:
     with pytest.raises(ConfigError) as info:
         parse_inventory("hosts: {a: {}}\ngroups:\n  g: [a, ghost]\n", "inventory.yaml")
     assert str(info.value) == "inventory.yaml:3: groups.g[1]: group 'g' lists unknown host 'ghost'"
+
+
+# ------------------------------------------------ host selection never guesses
+
+
+def test_a_typo_is_refused_with_did_you_mean(inv: Inventory) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_hosts(inv, ["blackwel-1"], filename="inventory.yaml")
+    assert str(info.value) == (
+        "--host: 'blackwel-1' is not in the inventory (inventory.yaml); "
+        "did you mean 'blackwell-1' or 'blackwell-2' or 'blackwell'?"
+    )
+
+
+def test_a_name_that_would_resolve_is_still_refused(inv: Inventory) -> None:
+    """``localhost`` resolves everywhere: it must not become an address by accident."""
+    asked: list[bool] = []
+
+    def aliases() -> list[str]:
+        asked.append(True)
+        return ["jump", "gpu-box"]
+
+    with pytest.raises(ConfigError) as info:
+        resolve_hosts(inv, ["localhost"], ssh_aliases=aliases)
+    message = str(info.value)
+    assert "'localhost' is not in the inventory" in message
+    assert "say user@localhost or ssh://localhost" in message
+    assert asked == [True]
+
+
+def test_an_ssh_config_alias_is_a_host(inv: Inventory) -> None:
+    (t,) = resolve_hosts(inv, ["gpu-box"], ssh_aliases=lambda: ["gpu-box", "jump"])
+    assert (t.name, t.address, t.connection) == ("gpu-box", "gpu-box", "ssh")
+    assert t.vars == {"sglang_root": "/root/sglang/python/sglang", "model": "/models/glm", "tp": 1}
+    with pytest.raises(ConfigError) as info:
+        resolve_hosts(inv, ["gpu-bx"], ssh_aliases=lambda: ["gpu-box"])
+    assert "did you mean 'gpu-box'?" in str(info.value)
+
+
+def test_the_ssh_config_is_read_only_when_a_selector_needs_it(inv: Inventory) -> None:
+    def boom() -> list[str]:
+        raise AssertionError("the ssh config was read")
+
+    selected = resolve_hosts(
+        inv, ["blackwell", "sandbox", "10.9.9.9", "u@gpu7.example", "ssh://gpu8.example:2200"],
+        ssh_aliases=boom,
+    )
+    assert names(selected) == ["blackwell-1", "blackwell-2", "sandbox", "10.9.9.9",
+                               "gpu7.example", "gpu8.example"]
+    assert selected[-1].port == 2200
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("ssh://gpu9", ("gpu9", None, None)),
+        ("ssh://admin@gpu9:2022/", ("gpu9", "admin", 2022)),
+        ("ssh://[fe80::2]:22", ("fe80::2", None, 22)),
+        ("admin@gpu9", ("gpu9", "admin", None)),
+    ],
+)
+def test_explicit_addresses(selector: str, expected: tuple[object, ...]) -> None:
+    (t,) = resolve_hosts(Inventory(), [selector])
+    assert (t.address, t.user, t.port) == expected
+
+
+def test_user_at_an_inventory_name_is_that_host(inv: Inventory) -> None:
+    (t,) = resolve_hosts(inv, ["admin@blackwell-1"])
+    assert (t.name, t.address, t.user) == ("blackwell-1", "10.1.230.174", "admin")
+    assert t.vars["tp"] == 8
+
+
+def test_other_schemes_are_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_hosts(Inventory(), ["http://gpu9"])
+    assert "only ssh:// addresses" in str(info.value)
+
+
+def test_a_bare_name_with_a_port_is_not_an_address(inv: Inventory) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_hosts(inv, ["gpu7.example:2022"])
+    assert "say user@gpu7.example or ssh://gpu7.example" in str(info.value)

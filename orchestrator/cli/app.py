@@ -1,195 +1,86 @@
-"""The ``orch`` command line.
+"""The ``orch`` command line: the group, its commands, and the one error path.
 
+Each command lives in its own module under ``cli/commands/`` and is
+registered below; a new command is a new module plus one line here.
 Heavy modules (Fabric, Paramiko, Rich, Jinja2) are imported inside the
-commands, so ``orch --help`` and ``orch --version`` start fast. Errors are
-mapped to exit codes in one place, ``main``: an ``OrchError`` carries its
-own ``exit_code`` and prints as one line, never a traceback.
+commands, so ``orch --help``, ``orch --version`` and shell completion
+start fast.
+
+``main`` is the one place where errors become output and exit codes: an
+``OrchError`` carries its own ``exit_code``; a usage mistake is exit 2;
+Ctrl-C is exit 1. Every error is printed as exactly one line on stderr,
+``orch: error: …``, never a traceback — and when ``--json`` was asked for,
+the JSON report ``{"exit_code": …, "error": "…", "hosts": {}}`` is printed
+on stdout too, so a script always gets a report to read.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import click
 
 from orchestrator import __version__
-from orchestrator.errors import NotImplementedYetError, OrchError
-
-COMMON_HELP = {
-    "inventory": "Inventory file (default: ./inventory.yaml if present).",
-    "var": "Set a variable, k=v (value read as YAML); repeatable; wins over every other source.",
-    "json": "Print a machine-readable report on stdout (human output goes to stderr).",
-    "accept": "Add an unknown SSH host key to known_hosts (never a changed one).",
-}
-
-
-def common(fn: Any) -> Any:
-    """Options every host command takes."""
-    fn = click.option("--ssh-config", "ssh_config", default=None, metavar="PATH",
-                      help="ssh_config file to read instead of ~/.ssh/config.")(fn)
-    fn = click.option("--accept-new-host-key", is_flag=True, help=COMMON_HELP["accept"])(fn)
-    fn = click.option("--json", "as_json", is_flag=True, help=COMMON_HELP["json"])(fn)
-    fn = click.option("--var", "cli_vars", multiple=True, metavar="K=V", help=COMMON_HELP["var"])(fn)
-    fn = click.option("-i", "--inventory", default=None, metavar="PATH", help=COMMON_HELP["inventory"])(fn)
-    fn = click.option("--host", "hosts", multiple=True, required=True, metavar="H",
-                      help="A host name, a group, `all`, or [user@]address[:port]; repeatable.")(fn)
-    return fn
+from orchestrator.cli.commands.demo import demo
+from orchestrator.cli.commands.deploy import deploy
+from orchestrator.cli.commands.history import history
+from orchestrator.cli.commands.lint import lint
+from orchestrator.cli.commands.rollback import rollback
+from orchestrator.cli.commands.status import status
+from orchestrator.errors import OrchError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orch")
 def cli() -> None:
-    """Change code and flags on remote inference servers, and never leave a box broken."""
+    """Change code and flags on remote inference servers, and never leave a box broken.
+
+    Exit codes: 0 success or nothing to do; 1 a deploy failed and the host
+    is back as it was; 2 refused before anything changed (bad input, an
+    unknown --host, unreachable, locked …); 3 a host is not known to be
+    healthy. See docs/CLI.md.
+    """
 
 
-def _console(as_json: bool) -> Any:
-    from rich.console import Console
-
-    return Console(stderr=as_json, highlight=False)
-
-
-def _targets(hosts: Sequence[str], inventory: str | None) -> list[Any]:
-    from orchestrator.core.inventory import resolve_hosts
-    from orchestrator.shell.config_files import load_inventory
-
-    inv, filename = load_inventory(inventory)
-    return resolve_hosts(inv, list(hosts), filename=filename)
-
-
-def _options(accept_new_host_key: bool, ssh_config: str | None, break_lock: bool = False) -> Any:
-    from orchestrator.pipeline.session import ConnectOptions
-
-    return ConnectOptions(accept_new_host_key=accept_new_host_key, ssh_config_path=ssh_config,
-                          break_lock=break_lock)
-
-
-def _finish(report: Any, as_json: bool, console: Any) -> None:
-    from orchestrator.cli.views import print_summary
-
-    print_summary(console, report)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
-    sys.exit(report.exit_code)
-
-
-@cli.command()
-@common
-@click.option("--check", is_flag=True, help="Plan, render, stage and validate; change nothing.")
-@click.option("--break-lock", is_flag=True, help="Take a stale lock whose holder cannot be checked.")
-@click.argument("playbook", required=False)
-def deploy(hosts: tuple[str, ...], inventory: str | None, cli_vars: tuple[str, ...], as_json: bool,
-           accept_new_host_key: bool, ssh_config: str | None, check: bool, break_lock: bool,
-           playbook: str | None) -> None:
-    """Deploy PLAYBOOK (default playbooks/site.yaml) on the hosts; roll back on failure."""
-    from orchestrator.cli.views import RichReporter
-    from orchestrator.core.rendering import parse_cli_vars
-    from orchestrator.pipeline.deploy import deploy_host
-    from orchestrator.pipeline.report import RunReport
-    from orchestrator.shell.config_files import find_playbook, load_playbook
-
-    console = _console(as_json)
-    variables = parse_cli_vars(list(cli_vars))
-    loaded = load_playbook(find_playbook(playbook))
-    targets = _targets(hosts, inventory)
-    options = _options(accept_new_host_key, ssh_config, break_lock)
-    reporter = RichReporter(console)
-    report = RunReport()
-    for target in targets:
-        report.hosts[target.name] = deploy_host(target, loaded, variables, options, reporter, check=check)
-    _finish(report, as_json, console)
-
-
-@cli.command()
-@common
-@click.option("--to", "to", default=None, metavar="RELEASE", help="Put the host in the state right after RELEASE.")
-@click.option("--break-lock", is_flag=True, help="Take a stale lock whose holder cannot be checked.")
-def rollback(hosts: tuple[str, ...], inventory: str | None, cli_vars: tuple[str, ...], as_json: bool,
-             accept_new_host_key: bool, ssh_config: str | None, to: str | None, break_lock: bool) -> None:
-    """Undo the current release (again: one further back), restart, health-check."""
-    from orchestrator.cli.views import RichReporter
-    from orchestrator.pipeline.report import RunReport
-    from orchestrator.pipeline.rollback import rollback_host
-
-    console = _console(as_json)
-    options = _options(accept_new_host_key, ssh_config, break_lock)
-    report = RunReport()
-    for target in _targets(hosts, inventory):
-        report.hosts[target.name] = rollback_host(target, to, options, RichReporter(console))
-    _finish(report, as_json, console)
-
-
-@cli.command()
-@common
-def history(hosts: tuple[str, ...], inventory: str | None, cli_vars: tuple[str, ...], as_json: bool,
-            accept_new_host_key: bool, ssh_config: str | None) -> None:
-    """Releases and rollbacks on the hosts: id, time, playbook, files, flags, outcome."""
-    from orchestrator.cli.views import history_table
-    from orchestrator.pipeline.inspect import history_rows, read_state
-
-    console = _console(as_json)
-    options = _options(accept_new_host_key, ssh_config)
-    out: dict[str, Any] = {}
-    for target in _targets(hosts, inventory):
-        rows = history_rows(read_state(target, options))
-        out[target.name] = [r.to_json() for r in rows]
-        console.print(history_table(target.name, rows))
-    if as_json:
-        click.echo(json.dumps({"exit_code": 0, "hosts": out}, indent=2, sort_keys=True))
-
-
-@cli.command()
-@common
-def status(hosts: tuple[str, ...], inventory: str | None, cli_vars: tuple[str, ...], as_json: bool,
-           accept_new_host_key: bool, ssh_config: str | None) -> None:
-    """Current release, server process, health now, and drift since the release."""
-    from orchestrator.cli.views import status_panel
-    from orchestrator.pipeline.inspect import host_status
-
-    console = _console(as_json)
-    options = _options(accept_new_host_key, ssh_config)
-    out: dict[str, Any] = {}
-    for target in _targets(hosts, inventory):
-        st = host_status(target, options)
-        out[target.name] = st.to_json()
-        console.print(status_panel(st))
-    if as_json:
-        click.echo(json.dumps({"exit_code": 0, "hosts": out}, indent=2, sort_keys=True, default=str))
-
-
-@cli.command()
-@click.argument("spec", required=False)
-@click.option("--host", "hosts", multiple=True, metavar="H")
-def nightly(spec: str | None, hosts: tuple[str, ...]) -> None:
-    """Reproducible rebuild from a pinned spec (not built yet)."""
-    raise NotImplementedYetError("orch nightly is not built yet (its issue has not landed)")
-
-
-@cli.command()
-@click.option("--keep", is_flag=True, help="Leave the sandbox directory (and stop the server) for a look.")
-def demo(keep: bool) -> None:
-    """The embedded default: a local sandbox with the stand-in server, end to end."""
-    from orchestrator.demo import run_demo
-
-    sys.exit(run_demo(keep=keep))
+for command in (deploy, rollback, history, status, lint, demo):
+    cli.add_command(command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point: the one place where errors become exit codes."""
+    """Entry point: run the command, turn whatever it raised into one line and a code."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    as_json = "--json" in (args[: args.index("--")] if "--" in args else args)
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="orch", standalone_mode=False)
+        code = cli.main(args=args, prog_name="orch", standalone_mode=False)
     except OrchError as e:
-        click.echo(f"orch: error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("orch: interrupted", err=True)
-        sys.exit(1)
+        fail(str(e), e.exit_code, as_json)
+    except click.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:  # plain `orch`
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        where = e.ctx.command_path if e.ctx else "orch"
+        fail(f"{where}: {e.format_message()} (see '{where} --help')", 2, as_json)
     except click.ClickException as e:
-        e.show()
-        sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo("orch: interrupted", err=True)
+        fail(e.format_message(), 2, as_json)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        fail("interrupted", 1, as_json)
+    except BrokenPipeError:  # `orch history | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def fail(message: str, exit_code: int, as_json: bool) -> None:
+    """The one error path: a line on stderr, the JSON report on stdout with ``--json``, the code."""
+    line = re.sub(r"\s*\n\s*", " ", message.strip())  # exactly one line, whatever it held
+    click.echo(f"orch: error: {line}", err=True)
+    if as_json:
+        import json
+
+        from orchestrator.pipeline.report import error_report
+
+        click.echo(json.dumps(error_report(line, exit_code), indent=2, sort_keys=True))
+    sys.exit(exit_code)

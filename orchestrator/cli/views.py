@@ -1,70 +1,98 @@
-"""Everything orch draws for a person: diffs, the ``sed -n`` view, tables.
+"""What a deploy or a rollback draws for a person: steps, the diff, the ``sed -n`` view.
 
-Rich does the drawing: ``Syntax`` with ``line_numbers``, ``line_range`` and
-``highlight_lines`` is exactly the verification view an engineer gets from
-``sed -n A,Bp`` plus a careful eye.
+Two media (see ``cli.output``):
+
+- on a terminal, Rich at the terminal's width: ``Syntax`` highlighting with
+  long lines *folded* at word boundaries, never cut;
+- anywhere else, plain lines exactly as they are in the file, whatever
+  their length, so a CI log or ``grep`` sees the inserted line verbatim.
+
+The verification view is what an engineer gets from ``sed -n A,Bp`` plus
+a careful eye: line numbers, the changed lines marked ``❱``, three lines
+of context. Only the lines a view shows are ever highlighted (the window
+is passed to ``Syntax``, not the file: on an 8,000-line ``server_args.py``
+that is the difference between milliseconds and seconds of controller CPU),
+and nothing is drawn, or even computed, for output that is not shown
+(``-q``). Rich's ``Syntax`` (and Pygments behind it) is imported only when
+a terminal view is drawn.
 """
 
 from __future__ import annotations
 
-import difflib
+import re
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.markup import escape
-from rich.panel import Panel
-from rich.syntax import Syntax
-from rich.table import Table
 from rich.text import Text
 
-from orchestrator.core.regions import ViewRange
-from orchestrator.core.secrets import redact_argv
-from orchestrator.pipeline.inspect import HistoryRow, HostStatus
-from orchestrator.pipeline.plan import HostPlan
+from orchestrator.cli.diffs import unified_diff
+from orchestrator.cli.output import Output
+from orchestrator.core.regions import ViewRange, view_ranges
 from orchestrator.pipeline.report import HostReport, RunReport
+
+if TYPE_CHECKING:
+    from orchestrator.pipeline.plan import HostPlan, PlannedFile
+
+LEXERS = {"py": "python", "yaml": "yaml", "yml": "yaml", "sh": "bash", "json": "json",
+          "toml": "toml"}
+THEME = "ansi_dark"
+MARK = "❱"
 
 
 def lexer_for(path: str) -> str:
     ext = path.rsplit(".", 1)[-1] if "." in path else ""
-    return {"py": "python", "yaml": "yaml", "yml": "yaml", "sh": "bash", "json": "json",
-            "toml": "toml"}.get(ext, "text")
+    return LEXERS.get(ext, "text")
 
 
-class RichReporter:
-    """The pipeline's Reporter, drawn on a Rich console."""
+class ConsoleReporter:
+    """The pipeline's ``Reporter``, drawn on an ``Output``.
 
-    def __init__(self, console: Console, *, verbose: bool = True) -> None:
-        self.console = console
-        self.verbose = verbose
+    ``diff``: show the unified diff of each changed file before it is
+    staged (``--diff``). ``planned_view``: show the ``sed -n`` view of the
+    plan (``--check``, where there is no read-back to show). A deploy
+    always shows the view read back from the host after the commit.
+    """
+
+    def __init__(self, out: Output, *, diff: bool = False, planned_view: bool = True) -> None:
+        self.out = out
+        self.diff = diff
+        self.planned_view = planned_view
         self._status: Any = None  # a live spinner while the host waits, on a terminal
+
+    @property
+    def console(self) -> Any:
+        return self.out.console
 
     def _settle(self) -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None
 
-    def step(self, host: str, text: str) -> None:
+    def _host_line(self, host: str, text: str, label: str = "", style: str = "") -> None:
         self._settle()
-        self.console.print(f"[bold cyan]{escape(host)}[/] {escape(text)}")
+        prefix = f"[bold cyan]{escape(host)}[/] " + (f"[{style}]{label}[/] " if label else "")
+        self.console.print(prefix + escape(text))
+
+    def step(self, host: str, text: str) -> None:
+        if not self.out.quiet:
+            self._host_line(host, text)
 
     def note(self, host: str, text: str) -> None:
-        self._settle()
-        self.console.print(f"[bold cyan]{escape(host)}[/] [dim]note:[/] {escape(text)}")
+        if not self.out.quiet:
+            self._host_line(host, text, "note:", "dim")
 
     def warn(self, host: str, text: str) -> None:
-        self._settle()
-        self.console.print(f"[bold cyan]{escape(host)}[/] [bold yellow]warning:[/] {escape(text)}")
+        self._host_line(host, text, "warning:", "bold yellow")
 
     def progress(self, host: str, event: dict[str, Any]) -> None:
         msg = event.get("msg")
-        if not msg:
+        if not msg or self.out.quiet:
             return
         elapsed = event.get("elapsed")
         prefix = f"{elapsed:6.1f}s " if isinstance(elapsed, (int, float)) else ""
         line = f"{escape(host)} {prefix}{escape(str(msg))}"
-        if self.console.is_terminal and event.get("event") == "health":
+        if self.out.terminal and event.get("event") == "health" and self.out.verbosity < 1:
             # one live line that updates, instead of a line per change
             if self._status is None:
                 self._status = self.console.status(line)
@@ -75,26 +103,19 @@ class RichReporter:
         self.console.print(f"[dim]{line}[/]")
 
     def plan(self, host: str, plan: HostPlan) -> None:
-        self._settle()
+        if self.out.quiet:
+            return  # nothing shown: nothing computed
         for f in plan.files:
             if not f.changed:
                 note = "; ".join(f.plan.notes) or "already as planned"
                 self.step(host, f"{f.path}: unchanged ({note})")
                 continue
-            self.console.print(Panel.fit(f"[bold]{escape(f.path)}[/] on {escape(host)}", style="blue"))
-            diff = "".join(
-                difflib.unified_diff(
-                    f.plan.original.splitlines(keepends=True),
-                    f.plan.result.splitlines(keepends=True),
-                    fromfile=f"{f.path} (now)",
-                    tofile=f"{f.path} (planned)",
-                )
-            )
-            self.console.print(Syntax(diff, "diff", theme="ansi_dark", word_wrap=False))
-            from orchestrator.core.regions import view_ranges
-
-            ranges = view_ranges(f.plan.changes, len(f.plan.result.splitlines()), context=3)
-            self.verification(f.path, f.plan.result, ranges, title="planned")
+            self.step(host, f"{f.path}: {change_summary(f)}")
+            if self.diff:
+                draw_diff(self.out, f)
+            if self.planned_view:
+                ranges = view_ranges(f.plan.changes, len(f.plan.result.splitlines()), context=3)
+                self.verification(f.path, f.plan.result, ranges, title="planned")
         change = plan.server
         if change is not None and change.restart:
             for c in change.flag_changes:
@@ -103,93 +124,103 @@ class RichReporter:
                 self.step(host, "server restarts (code changed)")
 
     def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None:
-        self._settle()
-        self.verification(path, text, ranges, title=f"read back from {host}")
+        if not self.out.quiet:
+            self.verification(path, text, ranges, title=f"read back from {host}")
 
     def verification(self, path: str, text: str, ranges: Sequence[ViewRange], *, title: str) -> None:
-        for r in ranges:
-            header = Text.assemble(("sed -n ", "dim"), (f"{r.start},{r.end}p", "bold"), (f" {path}", ""),
-                                   (f"  ({title})", "dim"))
-            self.console.print(header)
-            self.console.print(
-                Syntax(
-                    text,
-                    lexer_for(path),
-                    theme="ansi_dark",
-                    line_numbers=True,
-                    line_range=(r.start, r.end),
-                    highlight_lines=set(r.highlight),
-                    word_wrap=False,
-                )
-            )
+        self._settle()
+        draw_view(self.out, path, text, ranges, title=title)
 
     def server_log(self, host: str, title: str, lines: Sequence[str]) -> None:
         self._settle()
+        draw_log(self.out, f"{host}: {title}", lines)
+
+
+RichReporter = ConsoleReporter
+"""The name this class had; kept for callers written before the media split."""
+
+
+def change_summary(f: PlannedFile) -> str:
+    """``2 changes, +11 -0 lines (82-84, 353-360)``: the plan of one file in a line."""
+    changes = f.plan.changes
+    added = sum(c.new_end - c.new_start + 1 for c in changes)
+    removed = sum(c.old_end - c.old_start + 1 for c in changes)
+    where = ", ".join(f"{c.new_start}-{c.new_end}" if c.new_end > c.new_start else str(c.new_start)
+                      for c in changes)
+    count = f"{len(changes)} change{'s' if len(changes) != 1 else ''}"
+    return f"{count}, +{added} -{removed} lines" + (f" (at {where})" if where else "")
+
+
+# ------------------------------------------------------------------- drawing
+
+
+def draw_diff(out: Output, f: PlannedFile) -> None:
+    """The unified diff of one planned file (hunks follow the planned edits)."""
+    diff = unified_diff(f.plan.original, f.plan.result, f.plan.changes,
+                        fromfile=f"{f.path} (now)", tofile=f"{f.path} (planned)")
+    if out.terminal:
+        from rich.syntax import Syntax
+
+        out.console.print(Syntax(diff.rstrip("\n"), "diff", theme=THEME, word_wrap=True))
+        return
+    styles = {"+": "green", "-": "red", "@": "cyan"}
+    for row in diff.splitlines():
+        style = None if row.startswith(("+++", "---")) else styles.get(row[:1])
+        out.line(row, style)
+
+
+def draw_view(out: Output, path: str, text: str, ranges: Sequence[ViewRange], *, title: str) -> None:
+    """``sed -n A,Bp`` of each range: line numbers, changed lines marked, nothing cut."""
+    lines = text.splitlines()
+    for r in ranges:
+        header = Text.assemble(("sed -n ", "dim"), (r.sed, "bold"), (f" {path}", ""),
+                               (f"  ({title})", "dim"))
+        out.console.print(header)
+        window = lines[r.start - 1 : r.end]
+        if out.terminal:
+            from rich.syntax import Syntax
+
+            out.console.print(Syntax(
+                "\n".join(window), lexer_for(path), theme=THEME, line_numbers=True,
+                start_line=r.start, highlight_lines=set(r.highlight), word_wrap=True,
+            ))
+            continue
+        width = len(str(r.end))
+        marked = set(r.highlight)
+        for n, row in enumerate(window, start=r.start):
+            mark = MARK if n in marked else " "
+            out.line(f"{mark} {n:>{width}} {row}", "bold" if n in marked else None)
+
+
+def draw_log(out: Output, title: str, lines: Sequence[str]) -> None:
+    """A server's log tail: a red panel on a terminal, ``| ``-prefixed lines elsewhere."""
+    if out.terminal:
+        from rich.panel import Panel
+
         body = "\n".join(lines) if lines else "(empty)"
-        self.console.print(Panel(Text(body), title=f"{host}: {title}", border_style="red"))
+        out.console.print(Panel(Text(body), title=escape(title), border_style="red"))
+        return
+    out.line(f"{title}:", "red")
+    for row in lines or ["(empty)"]:
+        out.line(f"  | {row}")
 
 
-def print_summary(console: Console, report: RunReport) -> None:
-    """The last word per host: outcome, release, and the error in one line."""
+def print_summary(out: Output, report: RunReport) -> None:
+    """The last word per host: ``name: outcome``, the release, then the error in one line."""
     for name, r in report.hosts.items():
-        style = {0: "green", 1: "yellow", 2: "red", 3: "bold red"}[r.exit_code]
-        line = f"[{style}]{escape(name)}: {r.outcome}[/]"
-        if r.release:
-            line += f" [dim]release {escape(r.release)}[/]"
-        console.print(line)
-        if r.error:
-            console.print(f"[{style}]  {escape(r.error)}[/]")
+        summary_line(out, name, r)
 
 
-def fmt_time(ts: float) -> str:
-    return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S") if ts else "?"
+def summary_line(out: Output, name: str, r: HostReport) -> None:
+    style = {0: "green", 1: "yellow", 2: "red", 3: "bold red"}.get(r.exit_code, "red")
+    line = f"[{style}]{escape(name)}: {r.outcome}[/]"
+    if r.release:
+        line += f" [dim]release {escape(r.release)}[/]"
+    out.console.print(line)
+    if r.error:
+        out.line("  " + one_line(r.error), style)
 
 
-def short_path(path: str, keep: int = 3) -> str:
-    """``…/sglang/srt/server_args.py``: enough to recognise, short enough for a table."""
-    parts = path.split("/")
-    return path if len(parts) <= keep + 1 else "…/" + "/".join(parts[-keep:])
-
-
-def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
-    table = Table(title=f"history of {host}", show_lines=False)
-    table.add_column("id", no_wrap=True)
-    table.add_column("when", no_wrap=True)
-    for col in ("playbook", "files", "flag changes", "outcome"):
-        table.add_column(col, overflow="fold")
-    table.add_column("duration", justify="right", no_wrap=True)
-    for r in rows:
-        style = "bold green" if r.current else ("yellow" if "rolled back" in r.outcome else "")
-        table.add_row(
-            r.id,
-            fmt_time(r.when),
-            r.playbook,
-            "\n".join(short_path(f) for f in r.files) or "-",
-            "\n".join(r.flag_changes) or "-",
-            r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
-            f"{r.duration:.1f}s" if r.duration is not None else "-",
-            style=style,
-        )
-    return table
-
-
-def status_panel(s: HostStatus) -> Panel:
-    lines = [f"current release: {s.current or 'none'}" + (f" ({s.playbook})" if s.playbook else "")]
-    if s.server:
-        lines.append(f"server: pid {s.server.get('pid')} (found by {s.server.get('found_by')})")
-        lines.append("  argv: " + " ".join(redact_argv(s.server.get("argv") or [])))
-    else:
-        lines.append("server: not running (or not known to orch)")
-    lines.append(f"health: {s.health}")
-    lines.append("drift: " + (", ".join(s.drift) + " changed since the release" if s.drift else "none"))
-    if s.journal:
-        lines.append(f"UNFINISHED deploy {s.journal.get('release')} at step {s.journal.get('step')}: "
-                     f"run `orch rollback --host {s.host}`")
-    if s.lock:
-        lines.append(f"lock: held by {s.lock.get('user')}@{s.lock.get('controller')} pid {s.lock.get('pid')}")
-    style = "green" if s.healthy and not s.drift and not s.journal else "yellow"
-    return Panel(Text("\n".join(lines)), title=s.host, border_style=style)
-
-
-def report_line(r: HostReport) -> str:
-    return f"{r.host}: {r.outcome}" + (f" — {r.error}" if r.error else "")
+def one_line(text: str) -> str:
+    """``text`` on one line (an error is printed as exactly one)."""
+    return re.sub(r"\s*\n\s*", " ", text.strip())

@@ -1,16 +1,30 @@
-"""From ``--host`` values to the hosts orch will contact.
+"""From ``--host`` values to the hosts orch will contact, never by guessing.
 
-A selector is an inventory host name, a group name, ``all``, or a bare
-``[user@]address[:port]``. A bare address that equals an inventory host's
-address *is* that host (its vars, its history), so ``--host 10.1.230.174``
-and ``--host blackwell-1`` never become two histories of one box.
+A selector is one of:
+
+- an inventory host name, a group name, or ``all``;
+- an IP address (``10.1.230.174``, ``[::1]:2222``);
+- a ``Host`` alias of the ssh_config in use (``HostName`` and the rest come
+  from there);
+- an explicit address: ``user@name[:port]`` or ``ssh://[user@]name[:port]``.
+
+Anything else, a bare word in no inventory, is refused with "did you mean"
+*before* any name is resolved: a typo (``bxo`` for ``box``) must never reach
+DNS or another machine. An address that equals an inventory host's address
+*is* that host (its vars, its history), so ``--host 10.1.230.174`` and
+``--host blackwell-1`` never become two histories of one box.
+
+Pure: the ssh_config's aliases are passed in (as a function, so the file is
+only read when a selector needs it).
 """
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +48,30 @@ BUILTIN: dict[str, Any] = {
 _SSH_FIELDS = ("user", "port", "identity_file")
 
 
+SshAliases = Callable[[], Collection[str]]
+"""Returns the literal ``Host`` names of the ssh_config in use."""
+
+
 @dataclass(frozen=True)
 class Bare:
-    """A ``[user@]address[:port]`` selector, taken apart."""
+    """A ``[user@]address[:port]`` selector, taken apart.
+
+    ``explicit`` is true when the selector says by its form that it is an
+    address to use as written (``user@…`` or ``ssh://…``).
+    """
 
     address: str
     user: str | None = None
     port: int | None = None
+    explicit: bool = False
+
+    @property
+    def is_ip(self) -> bool:
+        try:
+            ipaddress.ip_address(self.address)
+        except ValueError:
+            return False
+        return True
 
 
 _BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\](?::(?P<port>[^:]*))?")
@@ -49,10 +80,15 @@ _BRACKETED = re.compile(r"\[(?P<addr>[^\]]+)\](?::(?P<port>[^:]*))?")
 def parse_bare(selector: str) -> Bare:
     """Split ``[user@]address[:port]``; IPv6 with a port as ``[::1]:22``.
 
+    ``ssh://`` in front is accepted (and makes the selector explicit).
     ``ConfigError`` (key ``--host``) when it cannot be an address.
     """
     user: str | None = None
-    rest = selector
+    scheme, has_scheme, after = selector.partition("://")
+    if has_scheme and scheme != "ssh":
+        raise _bad(selector, f"only ssh:// addresses are understood, not {scheme}://")
+    rest = after if has_scheme else selector
+    rest = rest.rstrip("/") if has_scheme else rest
     if "@" in rest:
         user, _, rest = rest.rpartition("@")
         if not user:
@@ -73,7 +109,8 @@ def parse_bare(selector: str) -> Bare:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
             raise _bad(selector, f"bad port '{port_text}'")
         port = int(port_text)
-    return Bare(address=address, user=user or None, port=port)
+    return Bare(address=address, user=user or None, port=port,
+                explicit=bool(has_scheme or user))
 
 
 def _bad(selector: str, why: str) -> ConfigError:
@@ -81,17 +118,22 @@ def _bad(selector: str, why: str) -> ConfigError:
 
 
 def resolve_hosts(
-    inv: Inventory, selectors: Sequence[str], *, filename: str = "inventory.yaml"
+    inv: Inventory,
+    selectors: Sequence[str],
+    *,
+    filename: str = "inventory.yaml",
+    ssh_aliases: SshAliases | None = None,
 ) -> list[HostTarget]:
     """Resolve every selector, in order, without duplicates.
 
     Precedence for each field: host entry > ``defaults`` > built-in. A user or
-    port in a bare selector overrides both.
+    port in a bare selector overrides both. ``ssh_aliases`` is only called
+    when a selector is none of the inventory's names and not an address.
     """
     targets: list[HostTarget] = []
     seen: set[tuple[Any, ...]] = set()
     for selector in selectors:
-        for target in _resolve_one(inv, selector.strip(), filename):
+        for target in _resolve_one(inv, selector.strip(), filename, ssh_aliases):
             identity = (target.name, target.connection, target.address, target.user, target.port)
             if identity not in seen:
                 seen.add(identity)
@@ -102,7 +144,9 @@ def resolve_hosts(
     return targets
 
 
-def _resolve_one(inv: Inventory, selector: str, filename: str) -> list[HostTarget]:
+def _resolve_one(
+    inv: Inventory, selector: str, filename: str, ssh_aliases: SshAliases | None
+) -> list[HostTarget]:
     if not selector:
         raise ConfigError("empty host selector", key="--host")
     if selector in inv.hosts:
@@ -123,9 +167,33 @@ def _resolve_one(inv: Inventory, selector: str, filename: str) -> list[HostTarge
         return [host_target(inv, name) for name in inv.hosts]
     bare = parse_bare(selector)
     for name, entry in inv.hosts.items():
-        if _address_of(name, entry) == bare.address and _connection(inv, entry) == "ssh":
+        if _connection(inv, entry) != "ssh":
+            continue
+        # ``root@box`` is inventory host ``box`` with another user
+        if _address_of(name, entry) == bare.address or (bare.explicit and name == bare.address):
             return [host_target(inv, name, user=bare.user, port=bare.port)]
-    return [_bare_target(inv, bare)]
+    if bare.explicit or bare.is_ip:
+        return [_bare_target(inv, bare)]
+    aliases = set(ssh_aliases()) if ssh_aliases is not None else set()
+    if bare.address in aliases:
+        return [_bare_target(inv, bare)]
+    raise not_in_inventory(inv, selector, bare.address, filename, aliases)
+
+
+def not_in_inventory(
+    inv: Inventory, selector: str, word: str, filename: str, aliases: Collection[str]
+) -> ConfigError:
+    """The refusal of a bare word, with the nearest names it may have meant."""
+    known = [*inv.hosts, *inv.groups, "all", *aliases]
+    known += [e.address for e in inv.hosts.values() if e.address]
+    close = difflib.get_close_matches(word, list(dict.fromkeys(known)), n=3, cutoff=0.6)
+    message = f"'{selector}' is not in the inventory ({filename})"
+    if close:
+        message += "; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    else:
+        message += (f" nor a Host of the ssh config; to use it as an address as written, "
+                    f"say user@{word} or ssh://{word}")
+    return ConfigError(message, key="--host")
 
 
 def _address_of(name: str, entry: HostEntry) -> str:

@@ -84,15 +84,60 @@ def file_state(release_root: str, entry: dict[str, Any], side: str) -> FileState
 
 
 def resolve_release(ref: str, applied: list[str], releases: dict[str, dict[str, Any]]) -> str:
-    """A full id or a unique prefix of one; ``ConfigError`` otherwise."""
+    """A full id or a unique prefix of one; ``ConfigError`` (exit 2) otherwise."""
     if ref in releases:
         return ref
     hits = sorted(r for r in releases if r.startswith(ref))
     if len(hits) == 1:
         return hits[0]
     if not hits:
-        raise ConfigError(f"no release {ref!r} on this host", key="--to")
+        latest = sorted(releases)[-3:]
+        known = (f"the latest: {', '.join(reversed(latest))}; `orch history` lists them all"
+                 if latest else "no release was ever recorded here")
+        raise ConfigError(f"no release {ref!r} on this host ({known})", key="--to")
     raise ConfigError(f"{ref!r} names several releases: {', '.join(hits)}", key="--to")
+
+
+def describe_release(manifest: dict[str, Any], applied: list[str]) -> str:
+    """What became of a release, in the words ``orch history`` prints.
+
+    ``current``, ``deployed`` (in effect, under the current one), ``undone by
+    R``, ``rolled back`` (by the deploy itself), ``rolled back (watchdog)``;
+    for a rollback record, ``undid R…``. Never "deployed" for a release that
+    is no longer in effect.
+    """
+    outcome = manifest.get("outcome", "?")
+    if manifest.get("kind") == "rollback":
+        if outcome == "done":
+            return "undid " + ", ".join(manifest.get("undid", []))
+        return outcome.replace("_", " ")
+    if outcome == "deployed":
+        if applied and manifest["id"] == applied[-1]:
+            return "current"
+        if manifest.get("undone_by"):
+            return f"undone by {manifest['undone_by']}"
+        if manifest["id"] not in applied:
+            return "not in effect"
+        return "deployed"
+    if outcome == "rolled_back":
+        return "rolled back (watchdog)" if manifest.get("restored_by") == "watchdog" else "rolled back"
+    return outcome.replace("_", " ")
+
+
+def rollback_to(ref: str, applied: list[str], releases: dict[str, dict[str, Any]]) -> str:
+    """The release ``--to ref`` names, checked to be in effect; exit 2 otherwise, in every state.
+
+    Checked before anything else a rollback does, so an unknown or undone
+    release is refused the same way whether or not a release is current.
+    """
+    rid = resolve_release(ref, applied, releases)
+    if rid not in applied:
+        state = describe_release(releases[rid], applied)
+        raise RefusedError(
+            f"--to: release {rid} is not in effect on this host ({state}); "
+            "--to takes the current release or one before it (see `orch history`)"
+        )
+    return rid
 
 
 def rollback_target(
@@ -108,21 +153,15 @@ def rollback_target(
     before that oldest release — i.e. the state right after ``R`` (or
     right before the current release when no ``--to``).
     """
-    if not applied:
-        raise RefusedError("nothing to roll back: no release is current on this host")
-    if to is None:
-        undo = [applied[-1]]
-    else:
-        rid = resolve_release(to, applied, releases)
-        if rid not in applied:
-            outcome = releases[rid].get("outcome", "?")
-            raise RefusedError(
-                f"release {rid} is not in effect on this host (outcome: {outcome}); "
-                "--to takes a release that is current or before it"
-            )
+    if to is not None:
+        rid = rollback_to(to, applied, releases)
         undo = applied[applied.index(rid) + 1 :][::-1]
         if not undo:
             raise RefusedError(f"release {rid} is already current: nothing to do")
+    elif not applied:
+        raise RefusedError("nothing to roll back: no release is current on this host")
+    else:
+        undo = [applied[-1]]
     missing = [r for r in undo if r not in releases]
     if missing:
         raise RefusedError(f"release {missing[0]} has been pruned from the host; cannot undo it")

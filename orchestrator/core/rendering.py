@@ -49,6 +49,15 @@ def parse_cli_vars(items: Sequence[str]) -> dict[str, Any]:
         name = name.strip()
         if not sep or not name or any(c.isspace() for c in name):
             raise ConfigError(f"expected k=v (got: {item!r})", key="--var")
+        try:  # the help says YAML: a value YAML cannot read is a mistake, not a string
+            yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise ConfigError(
+                f"value {text!r} is not valid YAML ({problem}); quote it to pass a string: "
+                f"--var '{name}=\"...\"'",
+                key=f"--var {name}",
+            ) from None
         out[name] = yaml_scalar(text)
     return out
 

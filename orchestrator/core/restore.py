@@ -224,6 +224,8 @@ class RestoreRecord:
             parts.append("untouched (never written): " + ", ".join(by_action["unchanged"]))
         if by_action.get("left"):
             parts.append("changed by someone else, left as is: " + ", ".join(by_action["left"]))
+        if not self.files and not planned:
+            parts.append("no file to restore")
         reached = {f.path for f in self.files}
         missed = [p for p in planned if p not in reached]
         if missed:

@@ -6,6 +6,14 @@ record the line of every mapping key and sequence item by its path, refuse
 duplicate keys (``safe_load`` silently keeps the last one, which hides typos
 like two ``after:`` in one edit), and then construct plain Python values with
 SafeLoader semantics. Pure: text in, values out.
+
+Anchors and aliases are budgeted while the document is composed, from the
+parser's events, before anything walks or constructs it: a composed node
+tree shares each anchored node, but every later pass (the line walk, the
+constructor, the schema) visits an alias as a full copy, so a few hundred
+bytes of nested aliases (an "alias bomb") would otherwise cost minutes and
+gigabytes. A document is refused once its aliases would add more than
+``MAX_ALIAS_NODES`` nodes, or number more than ``MAX_ALIASES``.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator.errors import ConfigError
@@ -22,6 +31,12 @@ from orchestrator.errors import ConfigError
 Loc = tuple[str | int, ...]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+MAX_ALIASES = 100
+"""More ``*alias`` uses than any hand-written config needs."""
+
+MAX_ALIAS_NODES = 10_000
+"""Nodes the aliases of one document may add once expanded (a playbook has a few hundred)."""
 
 
 def key_path(loc: Sequence[str | int]) -> str:
@@ -66,9 +81,69 @@ class SourceDoc:
         return self.content_lines.get(tuple(loc)) or self.line_of(loc)
 
 
+class _AliasBudget(yaml.SafeLoader):
+    """A SafeLoader whose composer counts what each alias would expand to.
+
+    Every composed node gets its expanded size (itself plus its children,
+    an alias counting as the full size of its anchored node); an alias adds
+    that size to the document's budget. Counting is linear in the text: no
+    node is ever copied or revisited.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+        self.alias_nodes = 0
+        self._sizes: dict[int, int] = {}
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()
+            anchored = self.anchors.get(event.anchor)
+            if anchored is not None:  # an undefined alias: PyYAML's own error follows
+                self._spend(event, anchored)
+            return super().compose_node(parent, index)
+        node = super().compose_node(parent, index)
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in _children(node))
+        return node
+
+    def _spend(self, event: AliasEvent, anchored: Node) -> None:
+        line = event.start_mark.line + 1
+        size = self._sizes.get(id(anchored))
+        if size is None:  # the anchored node is still open: it would contain itself
+            raise _BudgetError(f"alias *{event.anchor} refers to a node that contains it", line)
+        self.aliases += 1
+        self.alias_nodes += size
+        if self.aliases > MAX_ALIASES:
+            raise _BudgetError(
+                f"more than {MAX_ALIASES} YAML aliases; write the values out", line
+            )
+        if self.alias_nodes > MAX_ALIAS_NODES:
+            raise _BudgetError(
+                f"YAML aliases expand to more than {MAX_ALIAS_NODES} nodes by *{event.anchor} "
+                "(an alias bomb?); write the values out or use fewer, smaller aliases",
+                line,
+            )
+
+
+class _BudgetError(Exception):
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 def load_yaml(text: str, filename: str) -> SourceDoc:
     """Parse ``text``; raise ``ConfigError`` naming the file and line on any problem."""
-    loader = yaml.SafeLoader(text)
+    loader = _AliasBudget(text)
     try:
         try:
             node = loader.get_single_node()
@@ -78,6 +153,8 @@ def load_yaml(text: str, filename: str) -> SourceDoc:
             content: dict[Loc, int] = {}
             _walk(loader, node, (), lines, content, filename)
             data = loader.construct_document(node)
+        except _BudgetError as exc:
+            raise ConfigError(exc.message, file=filename, line=exc.line) from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             problem = exc.problem or exc.context or "unreadable"

@@ -544,14 +544,18 @@ def _check(
 ) -> HostReport:
     label = session.target.name
     state = session.run(ops.state_read(session.target.state_dir))  # reads, creates nothing
+    refuse_unfinished(label, state["journal"])  # --check exits 2 where a deploy would refuse
     plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)
     for note in plan.notes:
         reporter.warn(label, note)
-    if not plan.changed:
+    if not plan.changed and plan.refusal is None:
         reporter.step(label, "unchanged: nothing to do")
         return HostReport(label, "unchanged", 0)
     stage_and_validate(session, plan, keep=False)
+    if plan.refusal is not None:
+        reporter.step(label, "validated on the host; nothing was changed (--check), but a deploy would refuse")
+        return HostReport(label, "failed", 2, files=[f.path for f in plan.changed_files], error=plan.refusal)
     reporter.step(label, "validated on the host; nothing was changed (--check)")
     change = plan.server
     return HostReport(

@@ -1,10 +1,18 @@
-"""``orch history`` and ``orch status``: read the host's records, change nothing."""
+"""``orch history`` and ``orch status``: read the host's records, change nothing.
+
+Both read the state dir with one ``state_read`` request, which creates
+nothing: on a host orch never deployed to, they say so and leave no trace.
+``status`` also says what its exit code means: 0 when nothing is wrong
+that it can see (drift is reported, not an error), 3 when the server is
+not healthy (or not running) or a deploy never finished.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.releases import describe_release
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
 from orchestrator.pipeline.session import ConnectOptions, HostSession
@@ -28,24 +36,6 @@ class HistoryRow:
         return dict(self.__dict__)
 
 
-def describe_outcome(manifest: dict[str, Any], applied: list[str]) -> str:
-    """One word or two for a person: what became of this release."""
-    outcome = manifest.get("outcome", "?")
-    if manifest.get("kind") == "rollback":
-        if outcome == "done":
-            return "undid " + ", ".join(manifest.get("undid", []))
-        return outcome.replace("_", " ")
-    if outcome == "deployed":
-        if applied and manifest["id"] == applied[-1]:
-            return "current"
-        if manifest.get("undone_by"):
-            return f"undone by {manifest['undone_by']}"
-        return "deployed"
-    if outcome == "rolled_back":
-        return "rolled back (watchdog)" if manifest.get("restored_by") == "watchdog" else "rolled back"
-    return outcome.replace("_", " ")
-
-
 def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
     applied = list(state["state"].get("applied", []))
     rows = []
@@ -58,7 +48,7 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
                 playbook=(m.get("playbook") or {}).get("name", "?"),
                 files=[f["path"] for f in m.get("files", [])],
                 flag_changes=list(m.get("flag_changes", [])),
-                outcome=describe_outcome(m, applied),
+                outcome=describe_release(m, applied),
                 duration=m.get("duration"),
                 current=bool(applied and m["id"] == applied[-1]),
                 error=m.get("error"),
@@ -68,8 +58,32 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
 
 
 def read_state(target: HostTarget, options: ConnectOptions) -> dict[str, Any]:
+    """The host's records (``state_read``: reads only, never creates the state dir)."""
     with HostSession(target, options) as session:
         return dict(session.call("state_read", state_dir=target.state_dir))
+
+
+@dataclass
+class HostHistory:
+    """One host's history, and whether orch ever kept a state dir there."""
+
+    host: str
+    state_dir: str
+    exists: bool
+    rows: list[HistoryRow]
+
+    @property
+    def empty_reason(self) -> str:
+        """What an empty history means, in a sentence."""
+        if not self.exists:
+            return f"no releases: orch has never deployed to {self.host} (no {self.state_dir})"
+        return f"no releases recorded in {self.state_dir} on {self.host}"
+
+
+def host_history(target: HostTarget, options: ConnectOptions) -> HostHistory:
+    state = read_state(target, options)
+    return HostHistory(target.name, str(state.get("root") or target.state_dir),
+                       bool(state.get("exists", True)), history_rows(state))
 
 
 @dataclass
@@ -83,12 +97,32 @@ class HostStatus:
     drift: list[str] = field(default_factory=list)
     journal: dict[str, Any] | None = None
     lock: dict[str, Any] | None = None
+    server_expected: bool = False  # a release recorded a process server to look for
+    state_dir_exists: bool = True
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes this status exit 3, in words (empty: exit 0)."""
+        found = []
+        if self.journal:
+            found.append(f"deploy {self.journal.get('release')} unfinished")
+        if self.healthy is False:
+            found.append("server not healthy")
+        elif self.server is None and self.server_expected:
+            found.append("server not running")
+        return found
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.problems else 0
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         if self.server:
             data["server"] = {k: v for k, v in self.server.items() if k != "env"}
             data["server"]["argv"] = redact_argv(self.server.get("argv") or [])
+        data["problems"] = self.problems
+        data["exit_code"] = self.exit_code
         return data
 
 
@@ -135,4 +169,6 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
             drift=drift,
             journal=state["journal"] if state["journal"] and not state["journal"].get("finished") else None,
             lock=state["lock"],
+            server_expected=bool(spec and spec.get("manager", "process") == "process"),
+            state_dir_exists=bool(state.get("exists", True)),
         )

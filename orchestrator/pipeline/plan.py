@@ -117,6 +117,7 @@ class HostPlan:
     server: ServerChange | None
     vars: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    refusal: str | None = None  # --check only: why a deploy would refuse (exit 2)
 
     @property
     def changed_files(self) -> list[PlannedFile]:
@@ -247,12 +248,14 @@ def make_plan(
         planned.append(PlannedFile(rfile, remote, fplan, i))
     files_changed = any(p.changed for p in planned)
     notes: list[str] = []
+    refusal: str | None = None
     try:
         server = plan_server(rendered.server, running, files_changed, port, last_started)
     except ConfigError as e:
         if not check:
             raise e.located(file=loaded.display) from None
         server = None
+        refusal = str(e.located(file=loaded.display))
         notes.append(f"server: {e.message}; a deploy would refuse")
     if server is not None:
         # shown to people and kept in the history: secrets masked
@@ -263,7 +266,7 @@ def make_plan(
         )
     if server is not None and server.manager == "commands":
         render_commands(server, loaded, renderer, variables)
-    return HostPlan(target, rendered, loaded, planned, server, variables, notes)
+    return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal)
 
 
 def render_commands(

@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core.outcomes import Step, verdict
-from orchestrator.core.releases import FileState, new_release_id, rollback_target
+from orchestrator.core.releases import FileState, new_release_id, rollback_target, rollback_to
 from orchestrator.core.restore import RestorePlan, RestoreRecord, ServerTarget, restore_spec
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import OrchError
@@ -39,9 +39,15 @@ def rollback_host(
             reached = Step.PLANNING
             state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
             try:
+                applied = list(state["state"].get("applied", []))
+                # an unknown or undone --to is refused (exit 2) whatever the host's state
+                rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
                 journal = state["journal"]
                 if journal and not journal.get("finished"):
                     return finish_unfinished(session, state_dir, journal, reporter)
+                if rid is not None and rid == applied[-1]:
+                    reporter.step(label, f"release {rid} is already current: nothing to do")
+                    return HostReport(label, "unchanged", 0, release=rid)
                 return undo_releases(session, state_dir, state, to, reporter)
             finally:
                 release_lock(session, state_dir)

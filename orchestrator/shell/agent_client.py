@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,17 @@ LINK_TIMEOUT = 30.0
 START_TIMEOUT = 60.0
 
 EventHandler = Callable[[dict[str, Any]], None]
+
+PROTOCOL_LOG = logging.getLogger("orchestrator.protocol")
+"""Every line on the helper's channel, at DEBUG (``orch -v``/``-vv`` show them; off by default)."""
+
+
+def _trace(label: str, direction: str, line: Any) -> None:
+    if PROTOCOL_LOG.isEnabledFor(logging.DEBUG):
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", "replace").rstrip("\n")
+        PROTOCOL_LOG.debug("%s %s %s", label, direction, line,
+                           extra={"orch_host": label, "orch_dir": direction, "orch_line": line})
 
 
 class RemoteStepError(RemoteError):
@@ -60,7 +72,9 @@ class Agent:
     def start(self) -> Agent:
         """Start the helper; raises ``UnreachableError`` when it cannot run there."""
         label = self.transport.target.label
-        proc = self.transport.spawn([self.python, "-u", "-c", BOOTSTRAP])
+        argv = [self.python, "-u", "-c", BOOTSTRAP]
+        _trace(self.transport.target.name, "$", argv)
+        proc = self.transport.spawn(argv)
         payload = base64.b64encode(zlib.compress(AGENT_SOURCE.encode("utf-8"), 9)) + b"\n"
         proc.write(payload)
         # A login shell may print banners (conda, motd) before the helper runs:
@@ -102,6 +116,7 @@ class Agent:
         rid = self._next_id
         self.calls += 1
         request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"))
+        _trace(self.transport.target.name, ">", request)
         self._proc.write(request.encode("utf-8") + b"\n")
         try:
             return self._await(rid, op, on_event)
@@ -132,6 +147,7 @@ class Agent:
         label = self.transport.target.label
         while True:
             line = self._proc.readline(self.link_timeout)
+            _trace(self.transport.target.name, "<", line)
             if not line:
                 err = self._proc.stderr_text().strip().splitlines()
                 raise LinkLostError(

@@ -68,15 +68,39 @@ def load_inventory(path: str | None) -> tuple[Inventory, str]:
     return parse_inventory(_read(target, shown), shown), shown
 
 
+def ssh_host_aliases(ssh_config_path: str | None) -> list[str]:
+    """The literal ``Host`` names of the ssh_config the SSH transport will read.
+
+    That is ``ssh_config_path`` when given, else ``~/.ssh/config`` and
+    ``/etc/ssh/ssh_config``, read by Fabric exactly as a connection reads
+    them. Patterns (``*``, ``gpu-?``, ``!name``) are not aliases: a typo
+    would match them too. Fabric is imported here, only when a ``--host``
+    needs this.
+    """
+    import fabric
+
+    try:
+        config = fabric.Config(runtime_ssh_path=ssh_config_path) if ssh_config_path else fabric.Config()
+    except Exception as exc:  # unreadable or unparsable: the transport would refuse it too
+        raise ConfigError(f"cannot read the ssh config: {' '.join(str(exc).split())}",
+                          file=ssh_config_path) from exc
+    names = config.base_ssh_config.get_hostnames()
+    return sorted(n for n in names if not any(c in n for c in "*?!"))
+
+
 def _with_suffix(name: str) -> str:
     return name if name.endswith((".yaml", ".yml")) else name + ".yaml"
 
 
 def find_playbook(arg: str | None) -> Path:
-    """Where playbook ``arg`` is: a path, else ``./playbooks/``, else the shipped ones."""
+    """Where playbook ``arg`` is: a path, else ``./playbooks/``, else the shipped ones.
+
+    Without ``arg`` the default is ``playbooks/site.yaml`` of the working
+    directory, and only then the shipped one (``is_shipped`` tells which).
+    """
     name = arg or DEFAULT_PLAYBOOK
     candidates = [
-        Path(name).expanduser(),
+        *([Path(name).expanduser()] if arg else []),
         Path("playbooks") / _with_suffix(name),
         packaged_dir("playbooks") / _with_suffix(name),
     ]
@@ -85,6 +109,16 @@ def find_playbook(arg: str | None) -> Path:
             return candidate
     looked = ", ".join(dict.fromkeys(display_path(c) for c in candidates))
     raise ConfigError(f"playbook '{name}' not found (looked for: {looked})")
+
+
+def is_shipped(path: Path) -> bool:
+    """True when ``path`` is one of the playbooks installed with orch (not the user's)."""
+    try:
+        return path.resolve().is_relative_to(packaged_dir("playbooks").resolve()) and not (
+            path.resolve().is_relative_to(Path.cwd().resolve())
+        )
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""``orch lint``: check playbooks and the inventory without contacting any host."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli.options import OutputFlags, complete_playbooks, output_options
+
+
+@click.command(short_help="Check playbooks and the inventory without contacting hosts.")
+@click.option("-i", "--inventory", default=None, metavar="PATH", type=click.Path(dir_okay=False),
+              help="Inventory file (default: ./inventory.yaml if present).")
+@click.option("--var", "cli_vars", multiple=True, metavar="K=V",
+              help="Set a variable, k=v (value read as YAML), as a deploy would.")
+@click.argument("playbooks", nargs=-1, shell_complete=complete_playbooks)
+@output_options
+def lint(out: OutputFlags, inventory: str | None, cli_vars: tuple[str, ...],
+         playbooks: tuple[str, ...]) -> int:
+    """Check PLAYBOOKS (default: the one deploy would use) and the inventory.
+
+    Parse, schema, template syntax, and undefined variables, rendering each
+    playbook for every inventory host with its vars. No host is contacted.
+    Exit codes: 0 no problem; 2 problems (one line each, file:line: key).
+    """
+    from orchestrator.core.rendering import parse_cli_vars
+    from orchestrator.pipeline.lint import lint as run_lint
+    from orchestrator.shell.config_files import find_playbook
+
+    variables = parse_cli_vars(list(cli_vars))
+    paths = [find_playbook(p) for p in playbooks] if playbooks else [find_playbook(None)]
+    output = out.output()
+    report = run_lint(paths, inventory, variables)
+    for problem in report.problems:
+        output.line(str(problem), "red")
+    for skipped in report.skipped:
+        if not output.quiet:
+            output.line(f"skipped {skipped}", "dim")
+    if not output.quiet or report.problems:
+        where = f" with {report.inventory} ({len(report.hosts)} host"
+        where = (where + f"{'s' if len(report.hosts) != 1 else ''})") if report.inventory else ""
+        found = len(report.problems)
+        verdict = f"{found} problem{'s' if found != 1 else ''}" if found else "ok"
+        output.line(f"lint: {len(report.playbooks)} playbook{'s' if len(report.playbooks) != 1 else ''}"
+                    f"{where}: {verdict}", "red" if found else "green")
+    if out.as_json:
+        output.emit_json(report.to_json())
+    return report.exit_code

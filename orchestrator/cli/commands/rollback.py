@@ -1,0 +1,38 @@
+"""``orch rollback``: undo the current release (again: one further back), or ``--to R``."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
+
+
+@click.command(short_help="Undo the current release (again: one further back).")
+@host_options
+@click.option("--to", "to", default=None, metavar="RELEASE",
+              help="Put the host in the state right after RELEASE (an id or a unique prefix).")
+@click.option("--break-lock", is_flag=True, help="Take a stale lock whose holder cannot be checked.")
+@output_options
+def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: bool) -> int:
+    """Undo the current release: files and server command line as they were; restart; check.
+
+    Run again, it goes one release further back (it never toggles). It also
+    finishes a deploy that never did. Exit codes: 0 rolled back or nothing
+    to do; 2 refused (an unknown or undone --to, in every state); 3 the
+    rollback failed and the host is not known to be healthy.
+    """
+    from orchestrator.cli.views import ConsoleReporter, print_summary
+    from orchestrator.pipeline.report import RunReport
+    from orchestrator.pipeline.rollback import rollback_host
+
+    targets = where.targets()
+    output = out.output()
+    options = where.connect(break_lock=break_lock)
+    reporter = ConsoleReporter(output)
+    report = RunReport()
+    for target in targets:
+        report.hosts[target.name] = rollback_host(target, to, options, reporter)
+    print_summary(output, report)
+    if out.as_json:
+        output.emit_json(report.to_json())
+    return report.exit_code

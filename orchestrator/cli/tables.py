@@ -1,0 +1,164 @@
+"""``orch history`` and ``orch status`` for a person, fitted to the medium.
+
+- A terminal wide enough for a Rich table in which every word fits gets
+  that table (words are never cut or ellipsized).
+- A narrower terminal gets one block per release: a title line, then
+  labelled lines whose values wrap at word boundaries under their column,
+  so nothing is broken mid-word at 80 columns.
+- Off a terminal: no box-drawing at all. ``history`` is one line per
+  release (aligned columns first, then files, flags and the error in full,
+  never cut); ``status`` is ``host label: value`` lines, like a deploy's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.output import Output
+from orchestrator.core.secrets import redact_argv
+from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus
+
+
+def fmt_time(ts: float, *, full: bool = False) -> str:
+    if not ts:
+        return "?"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S" if full else "%m-%d %H:%M:%S")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    return f"{seconds:.1f}s" if seconds is not None else "-"
+
+
+def short_path(path: str, keep: int = 3) -> str:
+    """``…/sglang/srt/server_args.py``: enough to recognise, short enough for a table."""
+    parts = path.split("/")
+    return path if len(parts) <= keep + 1 else "…/" + "/".join(parts[-keep:])
+
+
+def row_style(r: HistoryRow) -> str:
+    return "bold green" if r.current else ("yellow" if "rolled back" in r.outcome else "")
+
+
+# ------------------------------------------------------------------- history
+
+
+def draw_history(out: Output, history: HostHistory) -> None:
+    rows = history.rows
+    if not rows:
+        out.line(f"{history.host}: {history.empty_reason}")
+        return
+    if not out.terminal:
+        _history_lines(out, history.host, rows)
+        return
+    table = history_table(history.host, rows)
+    # a column is never narrower than its longest word: the table only when they all fit
+    needed = sum(c.min_width or 0 for c in table.columns) + 3 * len(table.columns) + 1
+    if needed <= out.console.width:
+        out.console.print(table)
+    else:
+        _history_blocks(out, history.host, rows)
+
+
+def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
+    cells = [
+        (r.id, fmt_time(r.when), r.playbook,
+         "\n".join(short_path(f) for f in r.files) or "-",
+         "\n".join(r.flag_changes) or "-",
+         r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
+         fmt_duration(r.duration))
+        for r in rows
+    ]
+    table = Table(title=f"history of {host}")
+    for i, col in enumerate(("id", "when", "playbook", "files", "flag changes", "outcome",
+                             "duration")):
+        whole = i in (0, 1, 6)  # never wrapped at all
+        longest = max((len(part) for c in cells
+                       for part in (c[i].splitlines() if whole else c[i].split())), default=1)
+        table.add_column(col, min_width=max(longest, len(col)), no_wrap=whole, overflow="fold",
+                         justify="right" if col == "duration" else "left")
+    for r, row in zip(rows, cells, strict=True):
+        table.add_row(*row, style=row_style(r))
+    return table
+
+
+def _history_blocks(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
+    out.console.print(Text(f"history of {host}", style="bold"))
+    for r in rows:
+        title = Text.assemble((r.id, "bold"), "  ", fmt_time(r.when), "  ", r.playbook,
+                              "  ", fmt_duration(r.duration))
+        out.console.print(title)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column()
+        grid.add_row("  outcome", Text(r.outcome, style=row_style(r)))
+        if r.files:
+            grid.add_row("  files", Text("\n".join(short_path(f) for f in r.files)))
+        if r.flag_changes:
+            grid.add_row("  flags", Text("\n".join(r.flag_changes)))
+        if r.error:
+            grid.add_row("  error", Text(r.error))
+        out.console.print(grid)
+
+
+def _history_lines(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
+    out.line(f"history of {host} ({len(rows)} release{'s' if len(rows) != 1 else ''})")
+    cells = [(r.id, fmt_time(r.when, full=True), fmt_duration(r.duration), r.outcome, r.playbook)
+             for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    for r, row in zip(rows, cells, strict=True):
+        text = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        text = text if (r.files or r.flag_changes or r.error) else text.rstrip()
+        if r.files:
+            text += "  files: " + ", ".join(r.files)
+        if r.flag_changes:
+            text += "  flags: " + "; ".join(r.flag_changes)
+        if r.error:
+            text += "  error: " + r.error
+        out.line(text, row_style(r) or None)
+
+
+# -------------------------------------------------------------------- status
+
+
+def status_lines(s: HostStatus) -> list[tuple[str, str]]:
+    """``(label, value)`` pairs, in the order a person reads them."""
+    current = s.current or ("none (orch never deployed here)" if not s.state_dir_exists else "none")
+    rows = [("current release", current + (f" ({s.playbook})" if s.playbook else ""))]
+    if s.server:
+        rows.append(("server", f"pid {s.server.get('pid')} (found by {s.server.get('found_by')})"))
+        rows.append(("argv", " ".join(redact_argv(s.server.get("argv") or []))))
+    else:
+        rows.append(("server", "not running" if s.server_expected else "not known to orch"))
+    rows.append(("health", s.health))
+    rows.append(("drift", ", ".join(s.drift) + " changed since the release" if s.drift else "none"))
+    if s.journal:
+        rows.append(("unfinished", f"deploy {s.journal.get('release')} stopped at step "
+                                   f"{s.journal.get('step')}: run `orch rollback --host {s.host}`"))
+    if s.lock:
+        rows.append(("lock", f"held by {s.lock.get('user')}@{s.lock.get('controller')} "
+                             f"pid {s.lock.get('pid')}"))
+    rows.append(("status", "; ".join(s.problems) if s.problems else "ok"))
+    return rows
+
+
+def draw_status(out: Output, s: HostStatus) -> None:
+    style = "green" if s.exit_code == 0 and not s.drift else ("yellow" if s.exit_code == 0 else "red")
+    rows = status_lines(s)
+    if not out.terminal:
+        for label, value in rows:
+            out.console.print(f"[bold cyan]{escape(s.host)}[/] {escape(label)}: "
+                              + (f"[{style}]{escape(value)}[/]" if label == "status" else escape(value)))
+        return
+    from rich.panel import Panel
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column()
+    for label, value in rows:
+        grid.add_row(label, Text(value, style=style if label == "status" else ""))
+    out.console.print(Panel(grid, title=escape(s.host), border_style=style))

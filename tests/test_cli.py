@@ -1,0 +1,466 @@
+"""The interface as a user and a script meet it: the real ``orch`` in a subprocess, over
+real sshd, against the stand-in server.
+
+- through a pipe at 80 columns nothing is cut or boxed, and every error is one line;
+- under a pseudo-terminal at 80 columns the history stays readable (no word broken);
+- every exit code a script branches on, and ``--json`` on every run, bad input included;
+- a mistyped host is refused before any name is resolved or any connection made;
+- ``-v``/``-vv``/``-q``, shell completion, ``orch lint``, the default playbook lookup.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.sandbox import Sandbox, health_status
+from tests.fixtures.sshd import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+BOX_CHARS = set("─│┃━┏┓┗┛┡┩╇╈┳┻╭╮╰╯└┘┌┐├┤┬┴┼═║")
+INSERTED = '            help="Disable speculation when decode batch size exceeds this threshold.",'
+HOST_COMMANDS = ("deploy", "rollback", "history", "status")
+
+BAD_FLAG = """\
+name: bad-flag
+vars: {port: 30000}
+files: []
+server:
+  manager: process
+  flags: {"--speculative-disable-batch-treshold": 8}
+health:
+  base_url: "http://127.0.0.1:{{ port }}"
+  timeout: 5m
+  interval: 0.2s
+  checks: [{get: /health}]
+"""
+
+
+def run(box: Sandbox | Path, *args: str, columns: int = 80, env: dict[str, str] | None = None,
+        timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
+    """``orch ARGS`` from the sandbox dir, stdout and stderr through pipes (not a terminal)."""
+    cwd = box.root if isinstance(box, Sandbox) else box
+    full = [sys.executable, "-m", "orchestrator", *args]
+    if isinstance(box, Sandbox) and args and args[0] in HOST_COMMANDS:
+        full += ["--ssh-config", str(box.sshd.ssh_config)]
+    environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    environ.update(COLUMNS=str(columns), **(env or {}))
+    return subprocess.run(full, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    return json.loads(proc.stdout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("orch: error: "), proc.stderr
+    return lines[0]
+
+
+def no_boxes(text: str) -> None:
+    found = BOX_CHARS & set(text)
+    assert not found, f"box-drawing characters {found} in:\n{text}"
+
+
+# ------------------------------------------------------------ off a terminal
+
+
+def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    deploy = run(sandbox, "deploy", "--host", "gpu", "--diff", "speculative-disable")
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    lines = deploy.stdout.splitlines()
+    assert "+" + INSERTED in lines  # the diff line, whole
+    assert any(line.startswith("❱") and line.endswith(" " + INSERTED) for line in lines)  # the view
+    assert max(len(line) for line in lines) > 80  # long lines were kept long, not folded
+    assert "\x1b[" not in deploy.stdout  # no colour off a terminal
+    no_boxes(deploy.stdout + deploy.stderr)
+
+    (sandbox.root / "bad-flag.yaml").write_text(BAD_FLAG)
+    bad = run(sandbox, "deploy", "--host", "gpu", "bad-flag.yaml")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    out = bad.stdout.splitlines()
+    assert "  | sglang serve: error: unrecognized arguments: --speculative-disable-batch-treshold 8" in out
+    assert "gpu: rolled_back" in " ".join(out)
+    assert "  server exited during start (code 2)" in out  # the error, on one line
+    no_boxes(bad.stdout + bad.stderr)
+
+    history = run(sandbox, "history", "--host", "gpu")
+    assert history.returncode == 0, history.stderr
+    rows = history.stdout.splitlines()
+    assert rows[0] == "history of gpu (2 releases)"
+    assert len(rows) == 3  # one line per release
+    assert rows[1].split()[4] == "current" and f"files: {sandbox.server_args}" in rows[1]
+    assert rows[2].endswith("error: server exited during start (code 2)")
+    no_boxes(history.stdout)
+
+    status = run(sandbox, "status", "--host", "gpu")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "gpu status: ok" in status.stdout.splitlines()
+    no_boxes(status.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "needle"),
+    [
+        (["deploy", "--host", "gpu", "bad.yaml"], {"bad.yaml": "name: t\nfiles:\n  - path: [x\n"},
+         "bad.yaml:4: malformed YAML"),
+        (["deploy", "--host", "gpu", "--var", "queue=[1", "speculative-disable"], {},
+         "--var queue: value '[1' is not valid YAML"),
+        (["deploy", "--host", "gpu", "--no-such-option"], {}, "orch deploy: No such option '--no-such-option'"),
+        (["status"], {}, "orch status: Missing option '--host'"),
+        (["history", "--host", "gpx"], {}, "--host: 'gpx' is not in the inventory (inventory.yaml); "
+                                           "did you mean 'gpu'?"),
+        (["deploy", "--host", "gpu", "no-such-playbook"], {}, "playbook 'no-such-playbook' not found"),
+        (["rollback", "--host", "gpu", "-q", "-v"], {}, "-q and -v cannot be used together"),
+        (["deploy", "--host", "gpu", "bomb.yaml"],
+         {"bomb.yaml": "a0: &a0 [x]\n" + "".join(
+             f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]\n" for n in range(1, 10))},
+         "bomb.yaml:5: YAML aliases expand to more than 10000 nodes"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_json_report(sandbox: Sandbox, args: list[str],
+                                                 files: dict[str, str], needle: str) -> None:
+    for name, text in files.items():
+        (sandbox.root / name).write_text(text)
+    proc = run(sandbox, *args, "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert needle in line, line
+    assert as_json(proc) == {"exit_code": 2, "error": line.removeprefix("orch: error: "), "hosts": {}}
+    assert not sandbox.state_dir.exists()  # nothing touched on the host
+
+
+def test_a_mistyped_host_is_refused_before_any_name_is_resolved(sandbox: Sandbox, tmp_path: Path) -> None:
+    """``localhost`` resolves, and with these defaults it would reach the test's sshd: it is
+    still refused, and the process makes no DNS lookup and no connection (an audit hook sees
+    every ``socket.getaddrinfo`` and ``socket.connect``)."""
+    sshd = sandbox.sshd
+    (sandbox.root / "inventory.yaml").write_text(json.dumps({
+        "defaults": {"port": sshd.port, "user": sshd.user, "identity_file": str(sshd.client_key),
+                     "known_hosts": str(sshd.known_hosts), "state_dir": str(sandbox.state_dir),
+                     "python": sys.executable},
+        "hosts": {"gpu": {"address": sshd.host}},
+    }))
+    harness = tmp_path / "audited.py"
+    harness.write_text(textwrap.dedent("""\
+        import atexit, json, sys
+        seen = []
+        WATCH = ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex",
+                 "socket.connect")
+        def hook(event, args):
+            if event in WATCH:
+                seen.append([event, repr(args)[:200]])
+        sys.addaudithook(hook)
+        atexit.register(lambda: open(sys.argv[1], "w").write(json.dumps(seen)))
+        from orchestrator.cli.app import main
+        main(sys.argv[2:])
+    """))
+
+    def audited(host: str) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+        log = tmp_path / "events.json"
+        proc = subprocess.run(
+            [sys.executable, str(harness), str(log), "status", "--host", host, "--json",
+             "--ssh-config", str(sshd.ssh_config)],
+            cwd=sandbox.root, capture_output=True, text=True, timeout=120)
+        return proc, json.loads(log.read_text())
+
+    proc, events = audited("localhost")
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert "'localhost' is not in the inventory" in line and "ssh://localhost" in line
+    assert as_json(proc)["hosts"] == {}
+    assert events == []
+
+    proc, events = audited("gpuu")
+    assert "did you mean 'gpu'?" in one_error_line(proc)
+    assert events == []
+
+    # the control: the same harness does see a lookup and a connection for an explicit name
+    proc, events = audited("ssh://localhost")
+    assert proc.returncode == 2  # its host key is not known under that name
+    assert "unknown host key" in as_json(proc)["hosts"]["localhost"]["error"]
+    assert any(e == "socket.getaddrinfo" and "localhost" in a for e, a in events), events
+    assert any(e == "socket.connect" for e, _ in events), events
+
+
+# ------------------------------------------------------------------ exit codes
+
+
+def test_status_and_check_exit_codes(sandbox: Sandbox) -> None:
+    # a host orch never deployed to: nothing to check, and nothing created by looking
+    st = run(sandbox, "status", "--host", "gpu", "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert as_json(st)["hosts"]["gpu"]["current"] is None
+    hist = run(sandbox, "history", "--host", "gpu")
+    assert hist.returncode == 0
+    assert f"gpu: no releases: orch has never deployed to gpu (no {sandbox.state_dir})" in hist.stdout
+    assert as_json(run(sandbox, "history", "--host", "gpu", "--json"))["hosts"] == {"gpu": []}
+    assert not sandbox.state_dir.exists()
+
+    # --check exits 2 where a deploy would refuse: no server runs and no server.command
+    check = run(sandbox, "deploy", "--check", "--json", "--host", "gpu", "speculative-disable")
+    assert check.returncode == 2, check.stdout + check.stderr
+    rep = as_json(check)["hosts"]["gpu"]
+    assert rep["outcome"] == "failed" and "server.command" in rep["error"]
+    assert rep["files"] == [str(sandbox.server_args)]  # the plan is still shown and reported
+    assert "a deploy would refuse" in check.stderr
+
+    sandbox.start_by_hand()
+    assert run(sandbox, "deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    st = run(sandbox, "status", "--host", "gpu", "--json")
+    assert st.returncode == 0 and as_json(st)["hosts"]["gpu"]["healthy"] is True
+
+    with sandbox.server_args.open("a") as f:  # drift is reported, not an error
+        f.write("# a hand edit\n")
+    st = run(sandbox, "status", "--host", "gpu", "--json")
+    assert st.returncode == 0 and as_json(st)["hosts"]["gpu"]["drift"] == [str(sandbox.server_args)]
+
+    pid = sandbox.server_pid()
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while sandbox.server_pid() is not None and time.time() < deadline:
+        time.sleep(0.05)
+    st = run(sandbox, "status", "--host", "gpu", "--json")
+    assert st.returncode == 3, st.stdout + st.stderr
+    assert "server not healthy" in as_json(st)["hosts"]["gpu"]["problems"]
+    assert "gpu status: server not healthy" in run(sandbox, "status", "--host", "gpu").stdout
+
+    journal = sandbox.state_dir / "journal.json"
+    journal.write_text(json.dumps({"release": "20260101T000000000-dead", "step": "committed",
+                                   "finished": False}))
+    st = run(sandbox, "status", "--host", "gpu", "--json")
+    assert st.returncode == 3
+    assert "deploy 20260101T000000000-dead unfinished" in as_json(st)["hosts"]["gpu"]["problems"]
+    check = run(sandbox, "deploy", "--check", "--json", "--host", "gpu", "speculative-disable")
+    assert check.returncode == 2
+    assert "never finished" in as_json(check)["hosts"]["gpu"]["error"]
+
+    sandbox.write_inventory(port=free_port())  # nobody listens there
+    st = run(sandbox, "status", "--host", "gpu", "--json")
+    assert st.returncode == 2, st.stdout + st.stderr
+    assert as_json(st)["hosts"]["gpu"]["outcome"] == "unreachable"
+    hist = run(sandbox, "history", "--host", "gpu", "--json")
+    assert hist.returncode == 2
+    assert as_json(hist)["failed"]["gpu"]["outcome"] == "unreachable"
+    assert "gpu: unreachable" in run(sandbox, "history", "--host", "gpu").stdout
+
+
+def test_rollback_to_an_unknown_release_is_exit_2_in_every_state(sandbox: Sandbox) -> None:
+    fresh = run(sandbox, "rollback", "--host", "gpu", "--to", "nope", "--json")
+    assert fresh.returncode == 2, fresh.stdout + fresh.stderr
+    assert "no release 'nope' on this host" in as_json(fresh)["hosts"]["gpu"]["error"]
+
+    sandbox.start_by_hand()
+    assert run(sandbox, "deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    first = as_json(run(sandbox, "history", "--host", "gpu", "--json"))["hosts"]["gpu"][0]["id"]
+    current = run(sandbox, "rollback", "--host", "gpu", "--to", "nope", "--json")
+    assert current.returncode == 2
+    assert as_json(current)["hosts"]["gpu"]["outcome"] == "failed"
+
+    same = run(sandbox, "rollback", "--host", "gpu", "--to", first, "--json")
+    assert same.returncode == 0 and as_json(same)["hosts"]["gpu"]["outcome"] == "unchanged"
+
+    assert run(sandbox, "rollback", "--host", "gpu").returncode == 0
+    undone = run(sandbox, "rollback", "--host", "gpu", "--to", first, "--json")
+    assert undone.returncode == 2, undone.stdout + undone.stderr
+    error = as_json(undone)["hosts"]["gpu"]["error"]
+    assert f"release {first} is not in effect" in error and "undone by" in error
+    assert "deployed" not in error
+    assert run(sandbox, "rollback", "--host", "gpu", "--to", "nope").returncode == 2
+    assert health_status(sandbox.port) == 200
+
+
+# ---------------------------------------------------------------- verbosity
+
+
+SECRET_VALIDATOR = """\
+name: secret-check
+files:
+  - path: "{{ sglang_root }}/srt/server_args.py"
+    edits:
+      - content: "x_orch_marker = 1"
+        after: "speculative_accept_threshold_acc:"
+    validate:
+      - "{{ python }} -c 'import sys' {{ staged }} {{ api_token }}"
+"""
+
+
+def test_quiet_verbose_and_protocol_levels(sandbox: Sandbox) -> None:
+    (sandbox.root / "secret.yaml").write_text(SECRET_VALIDATOR)
+    secret = "sk-test-0123456789"
+    base = ("deploy", "--check", "--host", "gpu", "--var", f"api_token={secret}", "secret.yaml")
+
+    quiet = run(sandbox, *base, "-q")
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert quiet.stdout.splitlines() == ["gpu: planned"]
+
+    normal = run(sandbox, *base)
+    assert "sed -n" in normal.stdout and "-> batch" not in normal.stdout
+
+    verbose = run(sandbox, *base, "-v")
+    out = verbose.stdout
+    assert "'<orch helper bootstrap>'" in out  # the one command that starts the helper
+    assert "gpu -> batch: read" in out
+    assert "gpu -> batch: stage, validate, remove" in out
+    assert re.search(r"\$ \S+ -c 'import sys' \S+orch-staged-\S+ \*\*\*", out), out
+    assert '> {"id"' not in out
+
+    protocol = run(sandbox, *base, "-vv")
+    assert '> {"id":' in protocol.stdout and '< {"id":' in protocol.stdout
+    assert "chars>" in protocol.stdout  # file contents elided, not dumped
+    for proc in (quiet, normal, verbose, protocol):
+        assert secret not in proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------- pseudo-terminal
+
+
+def run_in_pty(box: Sandbox, *args: str, columns: int = 80) -> tuple[int, str]:
+    """``orch ARGS`` with a pseudo-terminal of ``columns`` as its stdin, stdout and stderr."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    env["TERM"] = "xterm-256color"
+    cmd = [sys.executable, "-m", "orchestrator", *args, "--ssh-config", str(box.sshd.ssh_config)]
+    proc = subprocess.Popen(cmd, cwd=box.root, env=env, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    code = proc.wait(120)
+    text = b"".join(chunks).decode("utf-8", "replace").replace("\r", "")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+
+
+def test_history_under_a_terminal_at_80_columns_breaks_no_word(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    assert run(sandbox, "deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    (sandbox.root / "bad-flag.yaml").write_text(BAD_FLAG)
+    assert run(sandbox, "deploy", "--host", "gpu", "bad-flag.yaml").returncode == 1
+    assert run(sandbox, "rollback", "--host", "gpu").returncode == 0
+    rows = as_json(run(sandbox, "history", "--host", "gpu", "--json"))["hosts"]["gpu"]
+    assert len(rows) == 3
+
+    code, text = run_in_pty(sandbox, "history", "--host", "gpu")
+    assert code == 0, text
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    whole = [r["id"] for r in rows] + [
+        "speculative-disable", "bad-flag", "(rollback)", "…/sglang/srt/server_args.py",
+        "--speculative-disable-batch-threshold: (absent) -> 32",
+        "--speculative-disable-batch-treshold: (absent) -> 8",
+        "server exited during start (code 2)", f"undone by {rows[2]['id']}", f"undid {rows[0]['id']}",
+    ]
+    for words in whole:
+        assert any(words in line for line in lines), f"{words!r} is broken or missing in:\n{text}"
+
+    code, text = run_in_pty(sandbox, "status", "--host", "gpu")
+    assert code == 0, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "status" in text and "ok" in text
+
+
+# ------------------------------------------------------- completion and lint
+
+
+def write_inventory(folder: Path, **hosts: dict[str, Any]) -> None:
+    (folder / "inventory.yaml").write_text(json.dumps({
+        "defaults": {"vars": {"model": "/models/m"}},
+        "hosts": hosts or {"box": {"address": "127.0.0.1", "vars": {"sglang_root": "/srv/sglang"}}},
+        "groups": {"fleet": list(hosts or ["box"])},
+    }))
+
+
+def test_shell_completion_offers_inventory_hosts_and_groups(tmp_path: Path) -> None:
+    write_inventory(tmp_path)
+    proc = run(tmp_path, env={"_ORCH_COMPLETE": "bash_complete", "COMP_WORDS": "orch status --host ",
+                              "COMP_CWORD": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.split()) == {"plain,box", "plain,fleet", "plain,all"}
+    source = run(tmp_path, env={"_ORCH_COMPLETE": "bash_source"})
+    assert "_orch_completion" in source.stdout
+
+
+GOOD = """\
+name: good
+vars: {threshold: 32}
+files:
+  - path: "{{ sglang_root }}/srt/server_args.py"
+    edits:
+      - insert: sglang/server_args_field.py.j2
+        after: "speculative_accept_threshold_acc:"
+    validate: ["{{ python }} -m py_compile {{ staged }}"]
+server:
+  manager: process
+  flags: {"--speculative-disable-batch-threshold": "{{ threshold }}"}
+"""
+
+
+def test_lint_renders_every_playbook_for_every_host_without_contacting_any(tmp_path: Path) -> None:
+    write_inventory(tmp_path, a={"address": "10.255.0.1", "vars": {"sglang_root": "/srv/a"}},
+                    b={"address": "10.255.0.2"})
+    (tmp_path / "good.yaml").write_text(GOOD)
+    (tmp_path / "typo.yaml").write_text(GOOD.replace("{{ threshold }}", "{{ threshhold }}"))
+    (tmp_path / "syntax.yaml").write_text(GOOD.replace("{{ staged }}", "{{ staged }"))
+
+    proc = run(tmp_path, "lint", "good.yaml", "--json")
+    assert proc.returncode == 2  # host b has no sglang_root
+    report = as_json(proc)
+    assert report["problems"] == [{"error": "good.yaml:4: files[0].path: 'sglang_root' is undefined",
+                                   "hosts": ["b"]}]
+    assert report["rendered_for"] == ["a", "b"]
+
+    proc = run(tmp_path, "lint", "good.yaml", "--var", "sglang_root=/srv/x")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["lint: 1 playbook with inventory.yaml (2 hosts): ok"]
+
+    proc = run(tmp_path, "lint", "typo.yaml", "syntax.yaml", "--var", "sglang_root=/srv/x")
+    assert proc.returncode == 2
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "typo.yaml:11: server.flags.--speculative-disable-batch-threshold: " \
+                       "'threshhold' is undefined (for hosts a, b)"
+    assert lines[1].startswith("syntax.yaml:8: files[0].validate[0]: ")
+    assert lines[-1] == "lint: 2 playbooks with inventory.yaml (2 hosts): 2 problems"
+
+
+def test_the_default_playbook_is_the_working_directorys_then_the_shipped_one(tmp_path: Path) -> None:
+    write_inventory(tmp_path)
+    proc = run(tmp_path, "lint", "--json")
+    shipped = as_json(proc)["playbooks"]
+    assert shipped == [str((REPO / "playbooks" / "site.yaml").resolve())] or \
+        shipped[0].endswith("orchestrator/_data/playbooks/site.yaml")
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "site.yaml").write_text(GOOD.replace("name: good", "name: mine"))
+    proc = run(tmp_path, "lint", "--json")
+    assert as_json(proc)["playbooks"] == ["playbooks/site.yaml"]
+    assert proc.returncode == 0, proc.stdout
+    (tmp_path / "playbooks" / "nightly.yaml").write_text("name: n\nsource: {git: {}}\nstack: []\n")
+    proc = run(tmp_path, "lint", "playbooks/site.yaml", "playbooks/nightly.yaml")
+    assert proc.returncode == 0, proc.stdout
+    assert "skipped playbooks/nightly.yaml: a nightly spec, not a playbook" in proc.stdout
