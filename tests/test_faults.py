@@ -209,9 +209,16 @@ def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
     assert code == 3, text
     assert rep["outcome"] == "unreachable" and "no data from" in rep["error"]
     # hello, open_state, plan, stage+validate, backup+arm, commit+read-back, restart: and not one more
-    assert rep["round_trips"] == 7, rep
+    assert rep["round_trips"] == 7, (rep, text)
     # on the host, the helper notices the dead session (sshd's keepalives) and gives the lock back itself
-    wait_until(lambda: not (box.state_dir / "lock.json").exists(), "the helper to release the lock", 120)
+    lock = box.state_dir / "lock.json"
+    try:
+        wait_until(lambda: not lock.exists(), "the helper to release the lock", 180)
+    except AssertionError:
+        holder = read(lock) if lock.exists() else {}
+        alive = Path(f"/proc/{holder.get('agent_pid')}").exists()
+        raise AssertionError(f"lock still held by {holder} (helper alive: {alive}); sshd log tail: "
+                             f"{box.sshd.log_text()[-1500:]}") from None
 
 
 def test_a_link_lost_before_anything_changed_is_exit_2(link: Link) -> None:
@@ -442,6 +449,7 @@ def test_a_hand_edit_during_the_health_wait_is_kept_as_drift(link: Link) -> None
 def test_check_never_removes_what_a_colleague_makes_beside_the_target(link: Link) -> None:
     """Defect 9: clean-up removes the staged copy and what derives from its exact name, nothing else."""
     box = link.box
+    box.start_by_hand()
     go = box.root / "go"
     wait = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'"
     proc = box.start_orch("deploy", "--check", "--host", "gpu", "--json", str(story(box, validate=[wait])))
