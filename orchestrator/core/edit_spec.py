@@ -9,7 +9,7 @@ All frozen dataclasses: they are values, compared and hashed freely.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 EditKind = Literal["insert", "replace", "delete", "patch"]
 
@@ -84,6 +84,9 @@ class FilePlan:
     result: str
     changes: tuple[Change, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The planner's index of ``original`` (a ``core.pyindex.PySource``), so the
+    # structural check reads the file once, not again; not part of the value.
+    index: Any = field(default=None, compare=False, repr=False)
 
     @property
     def changed(self) -> bool:

@@ -17,6 +17,7 @@ located at the playbook key that caused them.
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import textwrap
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from orchestrator.core.anchors import (
 )
 from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
 from orchestrator.core.patches import PatchError, apply_patch
+from orchestrator.core.pyindex import split_bom
 from orchestrator.errors import AnchorError, EditError
 
 # ``Change.note`` values: how an edit changed its lines (``core.structure`` reads them).
@@ -67,12 +69,21 @@ def indent_block(text: str, indent: str) -> list[str]:
 # --------------------------------------------------------------------------- buffer
 
 
-@dataclass
-class _Entry:
-    text: str  # with its line ending
-    origin: int | None  # line number in the original, None for a line an edit wrote
-    edit: int | None  # the edit that wrote it (alive) or removed it (dead)
+@dataclass(eq=False)
+class _Piece:
+    """A run of lines of the text being edited, all of one provenance.
+
+    ``origin`` is the original row of ``lines[0]`` (``None``: an edit wrote
+    them); ``edit`` is the edit that wrote them (alive) or removed them
+    (dead); ``tag`` says which anchor an inserted block was placed at, so a
+    later insert at the same anchor lands after it (playbook order).
+    """
+
+    lines: list[str]  # with their line endings
+    origin: int | None
+    edit: int | None
     alive: bool = True
+    tag: tuple[object, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,56 +91,123 @@ class _Splice:
     start: int  # 1-based lines of the current text; end == start - 1 inserts before start
     end: int
     lines: tuple[str, ...]  # without endings
+    tag: tuple[object, ...] | None = None
 
 
 class _Buffer:
-    """The text being edited, line by line, with each line's provenance."""
+    """The text being edited, as a piece table: untouched runs of the original stay one piece.
+
+    Applying an edit and listing the changes cost time in the number of
+    pieces (the edits), not the number of lines.
+    """
 
     def __init__(self, original: str) -> None:
         self.newline = newline_of(original)
-        self.entries = [_Entry(t, n, None) for n, t in enumerate(split_lines(original), 1)]
+        lines = split_lines(original)
+        self.pieces = [_Piece(lines, 1, None)] if lines else []
+        self._text: str | None = original
 
     def text(self) -> str:
-        return "".join(e.text for e in self.entries if e.alive)
+        if self._text is None:
+            self._text = "".join(
+                itertools.chain.from_iterable(p.lines for p in self.pieces if p.alive)
+            )
+        return self._text
+
+    def _split(self, row: int) -> int:
+        """Index of the piece that starts at alive row ``row`` (splitting one if needed).
+
+        ``len(pieces)`` when ``row`` is past the last alive row. Dead pieces
+        right before that row stay before it.
+        """
+        seen = 0
+        for index, piece in enumerate(self.pieces):
+            if not piece.alive:
+                continue
+            size = len(piece.lines)
+            if seen + size >= row:
+                offset = row - seen - 1
+                if offset == 0:
+                    return index
+                head = _Piece(piece.lines[:offset], piece.origin, piece.edit, True, piece.tag)
+                piece.lines = piece.lines[offset:]
+                if piece.origin is not None:
+                    piece.origin += offset
+                self.pieces.insert(index, head)
+                return index + 1
+            seen += size
+        return len(self.pieces)
 
     def apply(self, splices: Sequence[_Splice], edit: int) -> None:
         for splice in sorted(splices, key=lambda s: s.start, reverse=True):
-            alive = [i for i, e in enumerate(self.entries) if e.alive]
-            new = [_Entry(line + self.newline, None, edit) for line in splice.lines]
+            lines = [line + self.newline for line in splice.lines]
+            new = _Piece(lines, None, edit, True, splice.tag)
             if splice.end >= splice.start:
-                for row in range(splice.start, splice.end + 1):
-                    entry = self.entries[alive[row - 1]]
-                    entry.alive, entry.edit = False, edit
-                at = alive[splice.end - 1] + 1
+                first = self._split(splice.start)
+                after = self._split(splice.end + 1)
+                at = after
+                for index in range(first, after):
+                    piece = self.pieces[index]
+                    if piece.alive:
+                        piece.alive, piece.edit = False, edit
+                        at = index + 1  # right after the last line it replaces
             else:
-                at = alive[splice.start - 1] if splice.start <= len(alive) else len(self.entries)
-            self.entries[at:at] = new
-        live = [e for e in self.entries if e.alive]
-        for entry in live[:-1]:  # a line that was last and gained a successor needs an end
-            if not entry.text.endswith("\n"):
-                entry.text += self.newline
+                at = self._split(splice.start)
+            if lines:
+                self.pieces.insert(at, new)
+        alive = [p for p in self.pieces if p.alive and p.lines]
+        for piece in alive[:-1]:  # a line that was last and gained a successor needs an end
+            if not piece.lines[-1].endswith("\n"):
+                piece.lines = [*piece.lines[:-1], piece.lines[-1] + self.newline]
+        self._text = None
+
+    def lines(self) -> list[str]:
+        """The current text's lines (the same string objects: no copy of the text)."""
+        return list(itertools.chain.from_iterable(p.lines for p in self.pieces if p.alive))
+
+    def line_origin(self, row: int) -> int | None:
+        """The original row of alive row ``row``, ``None`` for a line an edit wrote."""
+        seen = 0
+        for piece in self.pieces:
+            if not piece.alive:
+                continue
+            if seen + len(piece.lines) >= row:
+                return None if piece.origin is None else piece.origin + row - seen - 1
+            seen += len(piece.lines)
+        return None
+
+    def tags_after(self, row: int) -> list[tuple[tuple[object, ...] | None, int]]:
+        """``(tag, size)`` of the blocks this plan wrote right after alive row ``row``."""
+        out: list[tuple[tuple[object, ...] | None, int]] = []
+        for piece in self.pieces[self._split(row + 1) :]:
+            if not piece.alive:
+                continue
+            if piece.origin is not None:
+                break
+            out.append((piece.tag, len(piece.lines)))
+        return out
 
     def changes(self, kinds: Sequence[str], notes: dict[int, str]) -> list[Change]:
         """Maximal runs of lines one edit wrote or removed, in both coordinates."""
         out: list[Change] = []
         new_line = 0  # result lines passed so far
         old_line = 0  # original lines passed so far
-        run: list[_Entry] = []
+        run: list[_Piece] = []
         run_edit: int | None = None
         run_new0 = run_old0 = 0
 
         def flush() -> None:
             if run_edit is None or not run:
                 return
-            olds = [e.origin for e in run if not e.alive and e.origin is not None]
-            news = sum(1 for e in run if e.alive)
-            old_start = olds[0] if olds else run_old0 + 1
-            old_end = olds[-1] if olds else old_start - 1
+            dead = [p for p in run if not p.alive and p.origin is not None]
+            news = sum(len(p.lines) for p in run if p.alive)
+            old_start = dead[0].origin if dead else run_old0 + 1
+            old_end = (dead[-1].origin + len(dead[-1].lines) - 1) if dead else old_start - 1  # type: ignore[operator]
             out.append(
                 Change(
                     edit_index=run_edit,
                     kind=kinds[run_edit],  # type: ignore[arg-type]
-                    old_start=old_start,
+                    old_start=old_start,  # type: ignore[arg-type]
                     old_end=old_end,
                     new_start=run_new0 + 1,
                     new_end=run_new0 + news,
@@ -137,19 +215,19 @@ class _Buffer:
                 )
             )
 
-        for entry in self.entries:
-            if not entry.alive and entry.origin is None:
+        for piece in self.pieces:
+            if not piece.lines or (not piece.alive and piece.origin is None):
                 continue  # written by one edit, removed by a later one: in neither text
-            touched = entry.edit if (entry.origin is None or not entry.alive) else None
+            touched = piece.edit if (piece.origin is None or not piece.alive) else None
             if touched != run_edit or touched is None:
                 flush()
                 run, run_edit, run_new0, run_old0 = [], touched, new_line, old_line
             if touched is not None:
-                run.append(entry)
-            if entry.alive:
-                new_line += 1
-            if entry.origin is not None:
-                old_line = entry.origin
+                run.append(piece)
+            if piece.alive:
+                new_line += len(piece.lines)
+            if piece.origin is not None:
+                old_line = piece.origin + len(piece.lines) - 1
         flush()
         return out
 
@@ -171,24 +249,34 @@ class _Planner:
         self.comment = comment_prefix(path, comment)
         self.python = is_python(path)
         self._src: PySource | None = None
-        self._src_text: str | None = None
+        self.original_src: PySource | None = None
+        self.lines: list[str] = []  # the current text's lines, set before each step
 
-    def source(self, text: str, spec: EditSpec, after_edit: int | None) -> PySource | None:
-        """The Python index of ``text`` (``None`` for other files); parsed once per text."""
+    def source(self, text: str) -> PySource | None:
+        """The Python index of the current text (``None`` for other files).
+
+        The original is indexed once (one tokenize pass); each later text is
+        indexed from the previous one by ``spliced`` (``applied``), so only the
+        rows an edit touched are ever read again.
+        """
         if not self.python:
             return None
-        if self._src_text != text or self._src is None:
-            try:
-                self._src = PySource(self.path, text)
-            except SyntaxError as exc:
-                where = f" (after edit {after_edit})" if after_edit else ""
-                raise edit_error(spec, f"{exc.msg}{where}") from None
-            self._src_text = text
+        if self._src is None:
+            self._src = PySource(self.path, text, _raw=self.lines)
+            self.original_src = self._src
         return self._src
+
+    def applied(self, text: str, lines: list[str], splices: Sequence[_Splice]) -> None:
+        """The buffer now holds ``text``, made by ``splices``: keep the index in step."""
+        self.lines = lines
+        if self._src is not None:
+            self._src = self._src.spliced(
+                self.path, text, [(s.start, s.end, len(s.lines)) for s in splices], lines
+            )
 
     # -- insert
 
-    def insert(self, text: str, spec: EditSpec, index: int, after_edit: int | None) -> _Step:
+    def insert(self, text: str, spec: EditSpec, index: int) -> _Step:
         if not spec.text.strip():
             raise edit_error(spec, "insert text is empty")
         if spec.anchor is None:
@@ -198,10 +286,10 @@ class _Planner:
                 line=spec.line,
                 key=spec.key,
             )
-        lines = split_lines(text)
+        lines = self.lines
         if spec.markers:
             marker_id = spec.marker_id or f"edit-{index + 1}"
-            block = self._find_block(lines, marker_id, spec)
+            block = self._find_block(text, lines, marker_id, spec)
             if block is not None:
                 first, last = block
                 indent = leading_ws(lines[first - 1])
@@ -213,12 +301,12 @@ class _Planner:
                     f"block orch:{marker_id} replaced in place (lines {first}-{last})",
                     IN_PLACE,
                 )
-            src = self.source(text, spec, after_edit)
+            src = self.source(text)
             place = locate(self.path, text, spec, src)
             assert place is not None
             new = self._wrapped(spec, marker_id, place.indent)
         else:
-            src = self.source(text, spec, after_edit)
+            src = self.source(text)
             place = self._unmarked_place(text, lines, spec, src)
             if place is None:
                 return _Step([], "already applied", "")
@@ -239,9 +327,11 @@ class _Planner:
         return [begin, *indent_block(spec.text, indent), end]
 
     def _find_block(
-        self, lines: Sequence[str], marker_id: str, spec: EditSpec
+        self, text: str, lines: Sequence[str], marker_id: str, spec: EditSpec
     ) -> tuple[int, int] | None:
         """Rows of the begin and end marker of block ``marker_id``, if it exists."""
+        if f"orch {marker_id}" not in text:
+            return None
         prefix = re.escape(self.comment)
         name = re.escape(marker_id)
         begin_rx = re.compile(rf"^[ \t]*{prefix} >>> orch {name}[ \t]*$")
@@ -394,8 +484,8 @@ class _Planner:
 
     # -- delete
 
-    def delete(self, text: str, spec: EditSpec, after_edit: int | None) -> _Step:
-        src = self.source(text, spec, after_edit)
+    def delete(self, text: str, spec: EditSpec) -> _Step:
+        src = self.source(text)
         place = locate(self.path, text, spec, src, allow_missing=True)
         if place is None:
             return _Step([], "already absent", "")
@@ -582,38 +672,51 @@ def plan_file(
 
     ``comment`` is the marker comment leader (default ``#``, ``//`` for C-like
     files). A marked insert without ``marker_id`` uses ``edit-N`` (its 1-based
-    position). Raises ``AnchorError`` / ``EditError`` naming the playbook key.
+    position). A UTF-8 byte order mark stays where it is, before line 1, and
+    line numbers do not count it. Raises ``AnchorError`` / ``EditError``
+    naming the playbook key.
     """
     _check_marker_ids(edits)
+    bom, body = split_bom(original)
     planner = _Planner(path, comment, edits)
-    buffer = _Buffer(original)
+    buffer = _Buffer(body)
+    planner.lines = buffer.lines()
     notes: list[str] = []
     modes: dict[int, str] = {}
     last_changed: int | None = None
     for index, spec in enumerate(edits):
         text = buffer.text()
-        if spec.kind == "insert":
-            step = planner.insert(text, spec, index, last_changed)
-        elif spec.kind == "replace":
-            step = planner.replace(text, spec)
-        elif spec.kind == "delete":
-            step = planner.delete(text, spec, last_changed)
-        elif spec.kind == "patch":
-            step = planner.patch(text, spec)
-        else:
-            raise edit_error(spec, f"unknown edit kind {spec.kind!r}")
+        try:
+            step = _step(planner, text, spec, index)
+        except SyntaxError as exc:
+            where = f" (after edit {last_changed})" if last_changed else ""
+            raise edit_error(spec, f"{exc.msg}{where}") from None
         if step.splices:
             buffer.apply(step.splices, index)
+            planner.applied(buffer.text(), buffer.lines(), step.splices)
             modes[index] = step.mode
             last_changed = index + 1
         notes.append(f"edit {index + 1}: {step.note}")
     kinds = [spec.kind for spec in edits]
     result = buffer.text()
-    changes = buffer.changes(kinds, modes) if result != original else []
+    changes = buffer.changes(kinds, modes) if result != body else []
     return FilePlan(
         path=path,
         original=original,
-        result=result,
+        result=bom + result,
         changes=tuple(changes),
         notes=tuple(notes),
+        index=planner.original_src,
     )
+
+
+def _step(planner: _Planner, text: str, spec: EditSpec, index: int) -> _Step:
+    if spec.kind == "insert":
+        return planner.insert(text, spec, index)
+    if spec.kind == "replace":
+        return planner.replace(text, spec)
+    if spec.kind == "delete":
+        return planner.delete(text, spec)
+    if spec.kind == "patch":
+        return planner.patch(text, spec)
+    raise edit_error(spec, f"unknown edit kind {spec.kind!r}")
