@@ -14,9 +14,10 @@ structural check (``core.structure``) works from.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.edit_spec import Anchor, EditSpec
@@ -63,11 +64,20 @@ def sub_key(spec: EditSpec, sub: str) -> str | None:
     return f"{spec.key}.{sub}"
 
 
+_KIND_SUFFIX = {"text": "", "field": "_field", "call": "_call", "item": "_item"}
+
+
 def anchor_key(spec: EditSpec) -> str | None:
-    """The playbook key that holds ``spec``'s anchor (``after``, ``delete_regex`` …)."""
+    """The playbook key that holds ``spec``'s anchor (``after``, ``delete_regex``, ``after_call`` …)."""
     anchor = spec.anchor
-    base = "delete" if spec.kind == "delete" else (anchor.side if anchor else "after")
-    return sub_key(spec, base + ("_regex" if anchor and anchor.regex else ""))
+    if spec.kind == "delete":
+        return sub_key(spec, "delete" + ("_regex" if anchor and anchor.regex else ""))
+    if anchor is None:
+        return sub_key(spec, "after")
+    if anchor.kind == "item":
+        return sub_key(spec, "into")
+    suffix = "_regex" if anchor.regex else _KIND_SUFFIX[anchor.kind]
+    return sub_key(spec, anchor.side + suffix)
 
 
 def edit_error(spec: EditSpec, message: str, sub: str | None = None) -> EditError:
@@ -83,6 +93,24 @@ def shorten(text: str, width: int = 90) -> str:
 # --------------------------------------------------------------------------- places
 
 
+LineLabel = Callable[[int], str]
+"""How a message names row N of the text being edited (the planner says which line on disk)."""
+
+
+def _line_label(row: int) -> str:
+    return f"line {row}"
+
+
+def span_label(label: LineLabel, first: int, last: int) -> str:
+    """``lines A-B`` (or ``line A``) with each row named by ``label``."""
+    a, b = label(first), label(last)
+    if first == last:
+        return a
+    if a.startswith("line ") and b.startswith("line "):
+        return f"lines {a[5:]}-{b[5:]}"
+    return f"{a} to {b}"
+
+
 @dataclass(frozen=True)
 class Place:
     """Where an edit lands: rows ``start..end`` of the current text, and their indentation.
@@ -96,6 +124,9 @@ class Place:
     indent: str
     statement: bool
     line: int  # the (first) anchor line that named this place
+    element: bool = False  # an element of a list/tuple/set/dict literal (an ``into`` anchor)
+    # why no edit may go here, given how to name a line (the anchor names a place it cannot use)
+    refusal: Callable[[LineLabel], str] | None = None
 
 
 def matching_lines(lines: Sequence[str], anchor: Anchor) -> list[int]:
@@ -193,28 +224,249 @@ def _line_place(src: PySource, row: int) -> Place:
     return Place(row, row, indent, False, row)
 
 
-def places_for(path: str, text: str, anchor: Anchor, src: PySource | None = None) -> list[Place]:
+def places_for(
+    path: str, text: str, anchor: Anchor, src: PySource | None = None
+) -> list[Place]:
     """Every distinct place the anchor names (lines naming the same place count once).
 
-    Raises ``ValueError`` for a bad regex or a comment line with no room.
+    Raises ``ValueError`` for a bad regex, a comment line with no room, or a
+    structural anchor in a file that is not Python.
     """
+    if anchor.kind != "text":
+        if src is None:
+            raise ValueError(f"{anchor.kind} anchors are for .py files ({path} is not one)")
+        return _structural_places(src, anchor)
     lines = src.raw if src is not None else split_lines(text)
     rows = matching_lines(lines, anchor)
     places: dict[tuple[int, int], Place] = {}
     for row in rows:
         if src is not None:
             place = resolve_python_line(src, row)
+            refusal = _inside_literal(src, row, anchor)
+            if refusal:
+                place = Place(place.start, place.end, place.indent, True, row, refusal=refusal)
         else:
             place = Place(row, row, leading_ws(lines[row - 1]), False, row)
         places.setdefault((place.start, place.end), place)
     return sorted(places.values(), key=lambda p: p.start)
 
 
-def describe_candidates(text: str, places: Sequence[Place], limit: int = 10) -> str:
+# --------------------------------------------------------------------------- structural anchors
+
+_LITERALS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
+_LITERAL_NAMES = {ast.List: "list", ast.Tuple: "tuple", ast.Set: "set", ast.Dict: "dict"}
+
+
+def _elements(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.Dict):
+        return [k if k is not None else v for k, v in zip(node.keys, node.values, strict=False)]
+    return list(node.elts)  # type: ignore[attr-defined]
+
+
+def _element_end(node: ast.Dict | ast.expr, element: ast.expr) -> ast.expr:
+    """The last node of an element (a dict entry ends with its value)."""
+    if isinstance(node, ast.Dict):
+        index = next(i for i, k in enumerate(node.keys) if (k if k is not None else node.values[i]) is element)
+        return node.values[index]
+    return element
+
+
+def _target_name(node: ast.stmt) -> str | None:
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    for target in targets:
+        if isinstance(target, ast.Name | ast.Attribute):
+            return ast.unparse(target)
+    return None
+
+
+def _inside_literal(src: PySource, row: int, anchor: Anchor) -> Callable[[LineLabel], str] | None:
+    """Why a line anchor on ``row`` may not be used: it is an element of a multi-line literal.
+
+    ``after:`` places whole statements; on an element it would land after
+    the whole assignment, which is never what naming an element means.
+    """
+    info = src.statement_at(row)
+    if info is None or info.compound:
+        return None
+    for node in ast.walk(info.node):
+        if not isinstance(node, _LITERALS) or node.lineno >= row or (node.end_lineno or 0) < row:
+            continue
+        for element in _elements(node):
+            last = _element_end(node, element)
+            if element.lineno <= row <= (last.end_lineno or element.lineno):
+                owner = _target_name(info.node)
+                name = _LITERAL_NAMES[type(node)]
+                what = f"the {name} {owner}" if owner else f"a {name}"
+                item = element.value if isinstance(element, ast.Constant) else ast.unparse(element)
+                fix = (
+                    f"; to add an element use into: {owner} with {anchor.side}_item: {item!r}"
+                    if owner
+                    else ""
+                )
+                first, end = node.lineno, node.end_lineno or node.lineno
+                start, stop = info.start, info.end
+                return lambda label: (
+                    f"{label(row)} is an element of {what} ({span_label(label, first, end)}): "
+                    f"{anchor.side}: places whole statements and would land {anchor.side} the "
+                    f"whole statement at {span_label(label, start, stop)}{fix}"
+                )
+    return None
+
+
+def _rows_with(src: PySource, needles: Sequence[str]) -> list[int]:
+    return [n for n, line in enumerate(src.raw, 1) if any(needle in line for needle in needles)]
+
+
+def _structural_places(src: PySource, anchor: Anchor) -> list[Place]:
+    if anchor.kind == "field":
+        found = field_statements(src, anchor.pattern)
+        return [_statement_place(src, info, info.start) for info in found]
+    if anchor.kind == "call":
+        found = call_statements(src, anchor.pattern, anchor.arg)
+        return [_statement_place(src, info, info.start) for info in found]
+    return _item_places(src, anchor)
+
+
+def field_statements(src: PySource, name: str) -> list[StmtInfo]:
+    """The class-body annotated assignments declaring ``name`` (``Class.name`` or ``name``)."""
+    owner, _, field_name = name.rpartition(".")
+    rx = re.compile(rf"^\s*{re.escape(field_name)}\s*:")
+    out: dict[int, StmtInfo] = {}
+    for row in [n for n, line in enumerate(src.raw, 1) if rx.match(line)]:
+        info = src.statement_at(row)
+        node = info.node if info else None
+        if (
+            info is None
+            or not isinstance(node, ast.AnnAssign)
+            or not isinstance(node.target, ast.Name)
+            or node.target.id != field_name
+            or info.owner is None
+            or not isinstance(info.owner.node, ast.ClassDef)
+            or (owner and info.owner.node.name != owner.rpartition(".")[2])
+        ):
+            continue
+        out[info.start] = info
+    return [out[k] for k in sorted(out)]
+
+
+def call_matches(func: ast.expr, wanted: str) -> bool:
+    """``func`` is the function ``wanted`` names (a bare name matches any receiver's method)."""
+    text = ast.unparse(func)
+    if "." in wanted:
+        return text == wanted
+    return text == wanted or text.endswith("." + wanted)
+
+
+def first_string_arg(call: ast.Call) -> str | None:
+    if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+        return call.args[0].value
+    return None
+
+
+def call_statements(src: PySource, func: str, arg: str | None) -> list[StmtInfo]:
+    """Statements holding a call of ``func`` whose first argument is the string ``arg``."""
+    needles = [f'"{arg}"', f"'{arg}'"] if arg else [func.rpartition(".")[2] + "("]
+    out: dict[int, StmtInfo] = {}
+    for row in _rows_with(src, needles):
+        info = src.statement_at(row)
+        if info is None or info.start in out:
+            continue
+        for node in ast.walk(info.node):
+            if (
+                isinstance(node, ast.Call)
+                and call_matches(node.func, func)
+                and (arg is None or first_string_arg(node) == arg)
+            ):
+                owner = src.statement_at(node.lineno)
+                if owner is not None and owner.end >= (node.end_lineno or node.lineno):
+                    out[owner.start] = owner
+    return [out[k] for k in sorted(out)]
+
+
+def literal_statements(src: PySource, name: str) -> list[tuple[StmtInfo, ast.expr]]:
+    """Assignments of a list/tuple/set/dict literal to ``name``, with the literal."""
+    rx = re.compile(rf"(^|[^\w.]){re.escape(name)}\s*(:[^=]*)?=")
+    out: dict[int, tuple[StmtInfo, ast.expr]] = {}
+    for row in [n for n, line in enumerate(src.raw, 1) if rx.search(line)]:
+        info = src.statement_at(row)
+        if info is None or not isinstance(info.node, ast.Assign | ast.AnnAssign):
+            continue
+        value = info.node.value
+        if _target_name(info.node) == name and isinstance(value, _LITERALS):
+            out[info.start] = (info, value)
+    return [out[k] for k in sorted(out)]
+
+
+def _item_places(src: PySource, anchor: Anchor) -> list[Place]:
+    places: list[Place] = []
+    for _info, literal in literal_statements(src, anchor.pattern):
+        elements = _elements(literal)
+        for index, element in enumerate(elements):
+            shown = element.value if isinstance(element, ast.Constant) else ast.unparse(element)
+            if str(shown) != anchor.arg and ast.unparse(element) != anchor.arg:
+                continue
+            last = _element_end(literal, element)
+            first_row, last_row = element.lineno, last.end_lineno or element.lineno
+            place = Place(
+                first_row, last_row, leading_ws(src.line(first_row)), False, first_row, element=True
+            )
+            refusal = _element_refusal(src, literal, elements, index, anchor)
+            places.append(
+                Place(place.start, place.end, place.indent, False, place.line, True, refusal)
+            )
+    return places
+
+
+def _element_refusal(
+    src: PySource,
+    literal: ast.expr,
+    elements: list[ast.expr],
+    index: int,
+    anchor: Anchor,
+) -> Callable[[LineLabel], str] | None:
+    """Why an element cannot be placed beside ``elements[index]`` line-wise, if so."""
+    element = elements[index]
+    last = _element_end(literal, element)
+    first_row, last_row = literal.lineno, literal.end_lineno or literal.lineno
+
+    def name(label: LineLabel) -> str:
+        kind = _LITERAL_NAMES[type(literal)]
+        return f"the {kind} {anchor.pattern} ({span_label(label, first_row, last_row)})"
+
+    if first_row == last_row:
+        return lambda label: f"{name(label)} is written on one line; an element goes on a line of its own"
+    previous = _element_end(literal, elements[index - 1]) if index else None
+    following = elements[index + 1] if index + 1 < len(elements) else None
+    if (
+        element.lineno == first_row
+        or (previous is not None and previous.end_lineno == element.lineno)
+        or (following is not None and following.lineno == last.end_lineno)
+    ):
+        return lambda label: (
+            f"{name(label)} has other elements on the line of {anchor.arg!r}; "
+            "an element goes on a line of its own"
+        )
+    if anchor.side == "after":
+        rest = src.line(last.end_lineno or last.lineno)[last.end_col_offset or 0 :].lstrip()
+        if not rest.startswith(","):
+            return lambda label: (
+                f"{anchor.arg!r} is the last element of {name(label)} and has no trailing comma; "
+                "add one, or use before_item"
+            )
+    return None
+
+
+def describe_candidates(
+    text: str,
+    places: Sequence[Place],
+    limit: int = 10,
+    label: LineLabel = _line_label,
+    lines: Sequence[str] | None = None,
+) -> str:
     """``line N: text; …`` for the first ``limit`` places (one line, for an error)."""
-    lines = split_lines(text)
+    lines = lines if lines is not None else split_lines(text)
     shown = "; ".join(
-        f"line {p.line}: {shorten(strip_eol(lines[p.line - 1]))}" for p in places[:limit]
+        f"{label(p.line)}: {shorten(strip_eol(lines[p.line - 1]))}" for p in places[:limit]
     )
     more = len(places) - limit
     return shown + (f"; … and {more} more" if more > 0 else "")
@@ -243,6 +495,10 @@ def did_you_mean(text: str, pattern: str, limit: int = 3) -> list[tuple[int, str
     return [(row, line) for _, row, line in scored[:limit]]
 
 
+ZeroMatchHint = Callable[[Anchor], str]
+"""Builds the "; did you mean: …" part of a zero-match error (the planner ranks by meaning)."""
+
+
 def locate(
     path: str,
     text: str,
@@ -250,10 +506,14 @@ def locate(
     src: PySource | None,
     *,
     allow_missing: bool = False,
+    exclude: tuple[int, int] | None = None,
+    label: LineLabel = _line_label,
+    hint: ZeroMatchHint | None = None,
 ) -> Place | None:
     """The one place ``spec.anchor`` names, or ``AnchorError`` listing the candidates.
 
     With ``allow_missing`` zero matches give ``None`` (a delete already done).
+    Matches on rows ``exclude`` (a block being re-checked) do not count.
     """
     anchor = spec.anchor
     key = anchor_key(spec)
@@ -263,20 +523,35 @@ def locate(
         places = places_for(path, text, anchor, src)
     except ValueError as exc:
         raise AnchorError(str(exc), file=spec.file, line=spec.line, key=key) from None
+    if exclude is not None:
+        places = [p for p in places if not exclude[0] <= p.line <= exclude[1]]
     if len(places) == 1:
+        if places[0].refusal:
+            raise AnchorError(places[0].refusal(label), file=spec.file, line=spec.line, key=key)
         return places[0]
+    what = "" if anchor.kind == "text" else f" ({anchor.describe()})"
     if not places:
         if allow_missing:
             return None
-        hints = did_you_mean(text, anchor.pattern)
-        hint = ""
-        if hints:
-            hint = "; did you mean: " + "; ".join(f"line {r}: {shorten(t)}" for r, t in hints)
+        if hint is not None:
+            extra = hint(anchor)
+        elif anchor.kind == "text":
+            close = did_you_mean(text, anchor.pattern)
+            extra = "; did you mean: " + "; ".join(
+                f"{label(r)}: {shorten(t)}" for r, t in close
+            ) if close else ""
+        else:
+            extra = ""
         raise AnchorError(
-            f"anchor matches 0 places in {path}{hint}", file=spec.file, line=spec.line, key=key
+            f"anchor matches 0 places in {path}{what}{extra}",
+            file=spec.file,
+            line=spec.line,
+            key=key,
         )
+    lines = src.raw if src is not None else None
     raise AnchorError(
-        f"anchor matches {len(places)} places in {path}: {describe_candidates(text, places)}",
+        f"anchor matches {len(places)} places in {path}{what}: "
+        f"{describe_candidates(text, places, label=label, lines=lines)}",
         file=spec.file,
         line=spec.line,
         key=key,

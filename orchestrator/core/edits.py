@@ -20,7 +20,7 @@ import bisect
 import itertools
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.anchors import (
@@ -35,11 +35,12 @@ from orchestrator.core.anchors import (
     newline_of,
     places_for,
     shorten,
+    span_label,
     split_lines,
     strip_eol,
     sub_key,
 )
-from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
+from orchestrator.core.edit_spec import Anchor, Change, EditSpec, FilePlan
 from orchestrator.core.patches import PatchError, apply_patch
 from orchestrator.core.pyindex import split_bom
 from orchestrator.errors import AnchorError, EditError
@@ -47,6 +48,8 @@ from orchestrator.errors import AnchorError, EditError
 # ``Change.note`` values: how an edit changed its lines (``core.structure`` reads them).
 INSERTED = "inserted"
 IN_PLACE = "replaced in place"
+MOVED = "moved"
+ELEMENT = "element"
 REPLACED = "replaced"
 DELETED = "deleted"
 PATCHED = "patched"
@@ -165,16 +168,18 @@ class _Buffer:
         """The current text's lines (the same string objects: no copy of the text)."""
         return list(itertools.chain.from_iterable(p.lines for p in self.pieces if p.alive))
 
-    def line_origin(self, row: int) -> int | None:
-        """The original row of alive row ``row``, ``None`` for a line an edit wrote."""
+    def line_source(self, row: int) -> tuple[int | None, int | None]:
+        """``(original row, None)`` of alive row ``row``, or ``(None, edit)`` for a line an edit wrote."""
         seen = 0
         for piece in self.pieces:
             if not piece.alive:
                 continue
             if seen + len(piece.lines) >= row:
-                return None if piece.origin is None else piece.origin + row - seen - 1
+                if piece.origin is None:
+                    return None, piece.edit
+                return piece.origin + row - seen - 1, None
             seen += len(piece.lines)
-        return None
+        return None, None
 
     def tags_after(self, row: int) -> list[tuple[tuple[object, ...] | None, int]]:
         """``(tag, size)`` of the blocks this plan wrote right after alive row ``row``."""
@@ -242,10 +247,38 @@ class _Step:
     mode: str
 
 
+HintSource = Callable[[str, str, "PySource | None", Anchor, Callable[[int], str]], str]
+"""``(path, text, index, anchor, label) -> "; did you mean: …"`` for an anchor that matches nothing."""
+
+
+class _StrippedRows(Sequence[str]):
+    """The lines of a text without their endings, stripped only when looked at."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self._lines = lines
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            return [strip_eol(line) for line in self._lines[index]]
+        return strip_eol(self._lines[index])
+
+
 class _Planner:
-    def __init__(self, path: str, comment: str | None, edits: Sequence[EditSpec]) -> None:
+    def __init__(
+        self,
+        path: str,
+        comment: str | None,
+        edits: Sequence[EditSpec],
+        buffer: _Buffer,
+        hints: HintSource | None = None,
+    ) -> None:
         self.path = path
         self.edits = edits
+        self.buffer = buffer
+        self.hints = hints
         self.comment = comment_prefix(path, comment)
         self.python = is_python(path)
         self._src: PySource | None = None
@@ -274,6 +307,28 @@ class _Planner:
                 self.path, text, [(s.start, s.end, len(s.lines)) for s in splices], lines
             )
 
+    # -- naming lines in messages
+
+    def label(self, row: int) -> str:
+        """How a message names row ``row`` of the current text: its line on disk, or its origin."""
+        origin, edit = self.buffer.line_source(row)
+        if origin is not None:
+            return f"line {origin}"
+        return f"a line edit {edit + 1} inserts" if edit is not None else f"line {row}"
+
+    def _locate(
+        self, text: str, spec: EditSpec, src: PySource | None, **kw: object
+    ) -> Place | None:
+        return locate(
+            self.path, text, spec, src, label=self.label, hint=self._hint(text, src), **kw  # type: ignore[arg-type]
+        )
+
+    def _hint(self, text: str, src: PySource | None) -> Callable[[Anchor], str] | None:
+        if self.hints is None:
+            return None
+        hints = self.hints
+        return lambda anchor: hints(self.path, text, src, anchor, self.label)
+
     # -- insert
 
     def insert(self, text: str, spec: EditSpec, index: int) -> _Step:
@@ -287,44 +342,123 @@ class _Planner:
                 key=spec.key,
             )
         lines = self.lines
+        src = self.source(text)
+        moved: tuple[int, int] | None = None
         if spec.markers:
             marker_id = spec.marker_id or f"edit-{index + 1}"
             block = self._find_block(text, lines, marker_id, spec)
+            # Applied or not, the anchor must name exactly one place (the
+            # block's own lines do not count): a re-run re-checks it.
+            place = self._locate(text, spec, src, exclude=block)
+            assert place is not None
             if block is not None:
                 first, last = block
-                indent = leading_ws(lines[first - 1])
-                new = self._wrapped(spec, marker_id, indent)
-                if [strip_eol(line) for line in lines[first - 1 : last]] == new:
-                    return _Step([], f"already applied (block orch:{marker_id})", "")
-                return _Step(
-                    [_Splice(first, last, tuple(new))],
-                    f"block orch:{marker_id} replaced in place (lines {first}-{last})",
-                    IN_PLACE,
-                )
-            src = self.source(text)
-            place = locate(self.path, text, spec, src)
-            assert place is not None
-            new = self._wrapped(spec, marker_id, place.indent)
+                if self._marked_block_beside(lines, place, block, spec.anchor.side, src):
+                    indent = place.indent if place.statement else leading_ws(lines[first - 1])
+                    new = self._wrapped(spec, marker_id, indent, place.element)
+                    if [strip_eol(line) for line in lines[first - 1 : last]] == new:
+                        return _Step([], f"already applied (block orch:{marker_id})", "")
+                    return _Step(
+                        [_Splice(first, last, tuple(new))],
+                        f"block orch:{marker_id} replaced in place (lines {first}-{last})",
+                        IN_PLACE,
+                    )
+                moved = block
+            new = self._wrapped(spec, marker_id, place.indent, place.element)
         else:
-            src = self.source(text)
-            place = self._unmarked_place(text, lines, spec, src)
-            if place is None:
+            found = self._unmarked_place(text, lines, spec, src)
+            if found is None:
                 return _Step([], "already applied", "")
-            new = indent_block(spec.text, place.indent)
+            place = found
+            new = self._block_lines(spec.text, place.indent, place.element)
         side = spec.anchor.side
+        tag = self._tag(place, side)
         if side == "after":
-            splice = _Splice(place.end + 1, place.end, tuple(new))
+            # After blocks earlier edits of this plan put at the same anchor: playbook order.
+            at = place.end + 1 + sum(size for t, size in self.buffer.tags_after(place.end) if t == tag)
+            splice = _Splice(at, at - 1, tuple(new), tag)
         else:
-            splice = _Splice(place.start, place.start - 1, tuple(new))
-        what = "statement" if place.statement else "line"
-        span = (
-            f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
-        )
-        return _Step([splice], f"inserted {side} the {what} at {span}", INSERTED)
+            splice = _Splice(place.start, place.start - 1, tuple(new), tag)
+        what = "element" if place.element else ("statement" if place.statement else "line")
+        span = span_label(self.label, place.start, place.end)
+        if moved is not None:
+            was = span_label(self.label, moved[0], moved[1])
+            return _Step(
+                [_Splice(moved[0], moved[1], ()), splice],
+                f"block orch:{spec.marker_id or f'edit-{index + 1}'} moved from {was} to "
+                f"{side} the {what} at {span} (its anchor no longer points at it)",
+                MOVED,
+            )
+        return _Step([splice], f"inserted {side} the {what} at {span}", ELEMENT if place.element else INSERTED)
 
-    def _wrapped(self, spec: EditSpec, marker_id: str, indent: str) -> list[str]:
+    def _tag(self, place: Place, side: str) -> tuple[object, ...]:
+        """What identifies the anchor of an insert, so later inserts there keep playbook order.
+
+        The anchor's first and last lines on disk: a class and its last field
+        end on the same line but are different anchors.
+        """
+        first, _ = self.buffer.line_source(place.start)
+        last, _ = self.buffer.line_source(place.end)
+        if first is None or last is None:
+            return (side, object())  # an anchor on inserted lines: no ordering promise
+        return (side, place.element, first, last)
+
+    def _block_lines(self, text: str, indent: str, element: bool) -> list[str]:
+        """The inserted lines; an element block ends with a comma (it sits among elements)."""
+        rows = indent_block(text, indent)
+        if element:
+            last = max((k for k, row in enumerate(rows) if row.strip() and not row.strip().startswith("#")), default=None)
+            if last is not None and not rows[last].rstrip().endswith(","):
+                rows[last] = rows[last].rstrip() + ","
+        return rows
+
+    def _unmarked_texts(self, but: EditSpec | None = None) -> list[str]:
+        """The texts of this plan's unmarked inserts (blocks that may sit between an anchor and
+        its block), except ``but``'s."""
+        return [
+            other.text
+            for other in self.edits
+            if other is not but and other.kind == "insert" and not other.markers and other.text.strip()
+        ]
+
+    def _marked_block_beside(
+        self,
+        lines: Sequence[str],
+        place: Place,
+        block: tuple[int, int],
+        side: str,
+        src: PySource | None,
+    ) -> bool:
+        """The block sits where its anchor puts it: only comments, blank lines and other
+        orch blocks between them."""
+        rows = _StrippedRows(lines)
+        after = side == "after"
+        at = place.end + 1 if after else place.start - 1
+        target = block[0] if after else block[1]
+        indent = place.indent if place.statement else None
+        while 1 <= at <= len(rows):
+            if at == target:
+                return True
+            skip = self._marker_block_len(rows, at, after)
+            if not skip:
+                skip = next(
+                    (len(indent_block(o, "")) for o in self._unmarked_texts() if _block_at(rows, at, o, indent, after)),
+                    0,
+                )
+            if not skip and not rows[at - 1].strip():
+                skip = 1
+            if not skip and src is not None and src.ll_index(at) is None:
+                skip = 1  # a comment line
+            if not skip:
+                return False
+            at = at + skip if after else at - skip
+        return False
+
+    def _wrapped(
+        self, spec: EditSpec, marker_id: str, indent: str, element: bool = False
+    ) -> list[str]:
         begin, end = marker_lines(self.comment, marker_id, indent)
-        return [begin, *indent_block(spec.text, indent), end]
+        return [begin, *self._block_lines(spec.text, indent, element), end]
 
     def _find_block(
         self, text: str, lines: Sequence[str], marker_id: str, spec: EditSpec
@@ -371,32 +505,26 @@ class _Planner:
 
         Beside means right after (before) the place, or past comments and other
         blocks this plan inserts there (their text, or any marker block): two unmarked
-        inserts at one anchor both stay recognised. A block found beside any
-        of several candidate places counts as applied: inserting it again is
-        never what a re-run means.
+        inserts at one anchor both stay recognised. Applied or not, the anchor
+        must name exactly one place (the block's own lines do not count).
         """
         assert spec.anchor is not None
         try:
             places = places_for(self.path, text, spec.anchor, src)
         except ValueError:
             places = []
-        rows = [strip_eol(line) for line in lines]
+        rows = _StrippedRows(lines)
         after = spec.anchor.side == "after"
-        others = [
-            other.text
-            for other in self.edits
-            if other is not spec
-            and other.kind == "insert"
-            and not other.markers
-            and other.text.strip()
-        ]
+        others = self._unmarked_texts(spec)
         for place in places:
             # A statement fixes the block's indentation; a comment line's may
             # legitimately differ once the block is there, so any is accepted.
             indent = place.indent if place.statement else None
-            if self._beside(rows, place, spec.text, others, indent, after, src):
+            found = self._beside(rows, place, spec.text, others, indent, after, src)
+            if found is not None:
+                self._locate(text, spec, src, exclude=found)  # raises unless one place is left
                 return None
-        return locate(self.path, text, spec, src)
+        return self._locate(text, spec, src)
 
     def _beside(
         self,
@@ -407,11 +535,13 @@ class _Planner:
         indent: str | None,
         after: bool,
         src: PySource | None,
-    ) -> bool:
+    ) -> tuple[int, int] | None:
+        """Rows of ``text``'s block if it sits beside ``place`` (see ``_unmarked_place``)."""
+        size = len(indent_block(text, ""))
         at = place.end + 1 if after else place.start - 1  # first row after / last row before
         while 1 <= at <= len(rows) + 1:
             if _block_at(rows, at, text, indent, after):
-                return True
+                return (at, at + size - 1) if after else (at - size + 1, at)
             skip = self._marker_block_len(rows, at, after)
             if not skip:
                 skip = next(
@@ -425,9 +555,9 @@ class _Planner:
             if not skip and src is not None and 1 <= at <= len(rows) and src.ll_index(at) is None:
                 skip = 1  # a comment or blank line (a later delete may have bared one)
             if not skip:
-                return False
+                return None
             at = at + skip if after else at - skip
-        return False
+        return None
 
     def _marker_block_len(self, rows: Sequence[str], at: int, after: bool) -> int:
         """Length of a marker block starting (ending) at row ``at``, else 0."""
@@ -486,7 +616,7 @@ class _Planner:
 
     def delete(self, text: str, spec: EditSpec) -> _Step:
         src = self.source(text)
-        place = locate(self.path, text, spec, src, allow_missing=True)
+        place = self._locate(text, spec, src, allow_missing=True)
         if place is None:
             return _Step([], "already absent", "")
         span = (
@@ -666,20 +796,27 @@ def _check_marker_ids(edits: Sequence[EditSpec]) -> None:
 
 
 def plan_file(
-    path: str, original: str, edits: Sequence[EditSpec], *, comment: str | None = None
+    path: str,
+    original: str,
+    edits: Sequence[EditSpec],
+    *,
+    comment: str | None = None,
+    hints: HintSource | None = None,
 ) -> FilePlan:
     """Apply ``edits`` in order to ``original`` (the text of ``path``), in memory.
 
     ``comment`` is the marker comment leader (default ``#``, ``//`` for C-like
     files). A marked insert without ``marker_id`` uses ``edit-N`` (its 1-based
     position). A UTF-8 byte order mark stays where it is, before line 1, and
-    line numbers do not count it. Raises ``AnchorError`` / ``EditError``
-    naming the playbook key.
+    line numbers do not count it. ``hints`` ranks "did you mean" candidates
+    for an anchor that matches nothing (default: similar lines). Line
+    numbers in errors are the original file's. Raises ``AnchorError`` /
+    ``EditError`` naming the playbook key.
     """
     _check_marker_ids(edits)
     bom, body = split_bom(original)
-    planner = _Planner(path, comment, edits)
     buffer = _Buffer(body)
+    planner = _Planner(path, comment, edits, buffer, hints)
     planner.lines = buffer.lines()
     notes: list[str] = []
     modes: dict[int, str] = {}

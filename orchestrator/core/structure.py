@@ -36,9 +36,9 @@ import copy
 from collections.abc import Sequence
 from dataclasses import replace
 
-from orchestrator.core.anchors import is_python, places_for
+from orchestrator.core.anchors import is_python, literal_statements, places_for
 from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
-from orchestrator.core.edits import IN_PLACE
+from orchestrator.core.edits import ELEMENT, IN_PLACE
 from orchestrator.core.pyindex import PySource, StmtInfo, Window, split_bom, split_lines
 from orchestrator.errors import StructureError
 
@@ -156,7 +156,7 @@ def _gap_problem(src: PySource, row: int) -> tuple[str, int] | None:
 def _check_original_side(path: str, orig: PySource, changes: Sequence[Change]) -> None:
     shift = _Shift(changes)
     for change in changes:
-        if change.kind not in ("insert", "delete"):
+        if change.kind not in ("insert", "delete") or change.note == ELEMENT:
             continue
         if change.old_end >= change.old_start:
             gaps = [change.old_start - 1, change.old_end]
@@ -296,10 +296,61 @@ def _check_beside_anchor(
     )
 
 
+_LITERALS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
+
+
+def _entries(node: ast.expr) -> list[tuple[ast.expr, ast.expr, ast.expr]]:
+    """``(node to drop, first node, last node)`` per element (a dict entry is key and value)."""
+    if isinstance(node, ast.Dict):
+        return [
+            (v, k if k is not None else v, v) for k, v in zip(node.keys, node.values, strict=False)
+        ]
+    return [(e, e, e) for e in node.elts]  # type: ignore[attr-defined]
+
+
+def _check_element_block(
+    path: str, res: PySource, change: Change, edits: Sequence[EditSpec]
+) -> list[ast.expr]:
+    """An inserted element block is whole elements of the literal its anchor names; returns them."""
+    a, b = change.new_start, change.new_end
+    lines = _are(a, b)
+    info = res.statement_at(a)
+    spec = edits[change.edit_index] if 0 <= change.edit_index < len(edits) else None
+    container = spec.anchor.pattern if spec and spec.anchor and spec.anchor.kind == "item" else None
+    for node in ast.walk(info.node) if info else ():
+        if not isinstance(node, _LITERALS) or not node.lineno < a <= b < (node.end_lineno or 0):
+            continue
+        inside: list[ast.expr] = []
+        for drop, first, last in _entries(node):
+            begin, end = first.lineno, last.end_lineno or last.lineno
+            if a <= begin and end <= b:
+                inside.append(drop)
+            elif begin <= b and end >= a:
+                raise StructureError(
+                    f"{path}: {lines} not whole elements: the element at line {begin} "
+                    f"reaches outside them"
+                )
+        if not inside:
+            continue
+        if container is not None and info is not None:
+            named = [stmt for stmt, _ in literal_statements(res, container) if stmt is info]
+            if not named:
+                raise StructureError(
+                    f"{path}: {lines} not elements of {container}, which their anchor names"
+                )
+        return inside
+    raise StructureError(f"{path}: {lines} not elements of a list, tuple, set or dict literal")
+
+
 def _dumps_without(
-    src: PySource, first: int, last: int, ranges: Sequence[tuple[int, int]]
+    src: PySource,
+    first: int,
+    last: int,
+    ranges: Sequence[tuple[int, int]],
+    elements: Sequence[ast.expr] = (),
 ) -> list[tuple[int, str]]:
-    """``(line, dump)`` of the top-level statements in rows ``first..last``, minus those in ``ranges``.
+    """``(line, dump)`` of the top-level statements in rows ``first..last``, minus those in
+    ``ranges`` and minus the literal ``elements`` (inserted ones).
 
     Works on a copy: the index's own trees stay as they are.
     """
@@ -313,6 +364,7 @@ def _dumps_without(
         for info in chunk.stmts
         if any(lo <= info.start and info.end <= hi for lo, hi in ranges)
     }
+    drop |= {id(element) for element in elements}
     memo: dict[int, object] = {}
     copies = copy.deepcopy(nodes, memo)
     dropped = {id(memo[i]) for i in drop if i in memo}
@@ -322,12 +374,15 @@ def _dumps_without(
 
 
 def _filter(node: ast.AST, drop: set[int]) -> None:
+    if isinstance(node, ast.Dict):
+        kept = [(k, v) for k, v in zip(node.keys, node.values, strict=False) if id(v) not in drop]
+        node.keys, node.values = [k for k, _ in kept], [v for _, v in kept]
     for name, value in ast.iter_fields(node):
         if isinstance(value, list):
-            kept = [v for v in value if id(v) not in drop]
-            if len(kept) != len(value):
-                setattr(node, name, kept)
-            for item in kept:
+            kept_items = [v for v in value if id(v) not in drop]
+            if len(kept_items) != len(value):
+                setattr(node, name, kept_items)
+            for item in kept_items:
                 if isinstance(item, ast.AST):
                     _filter(item, drop)
         elif isinstance(value, ast.AST):
@@ -341,7 +396,10 @@ def _insert_blocks(changes: Sequence[Change]) -> list[Change]:
     has no original lines) splits the insert's run in the change list; the
     block to check is the pieces together.
     """
-    runs = sorted((c for c in changes if c.new_end >= c.new_start), key=lambda c: c.new_start)
+    runs = sorted(
+        (c for c in changes if c.new_end >= c.new_start and c.note != ELEMENT),
+        key=lambda c: c.new_start,
+    )
     blocks: list[Change] = []
     pending: list[Change] = []  # rewrites of new lines, not yet next to an insert
     for run in runs:
@@ -452,12 +510,18 @@ def check_structure(plan: FilePlan, edits: Sequence[EditSpec]) -> None:
     inserted = [(c.new_start, c.new_end) for c in blocks]
     for block in blocks:
         _check_block(path, res, block, edits, inserted)
+    elements = [
+        element
+        for change in changes
+        if change.note == ELEMENT
+        for element in _check_element_block(path, res, change, edits)
+    ]
     if any(c.kind not in ("insert", "delete") for c in changes):
         return
     removed = [(c.old_start, c.old_end) for c in changes if c.old_end >= c.old_start]
     for window in res.windows:
         before = _dumps_without(orig, window.old_first, window.old_last, removed)
-        after = _dumps_without(res, window.new_first, window.new_last, inserted)
+        after = _dumps_without(res, window.new_first, window.new_last, inserted, elements)
         if [dump for _, dump in before] == [dump for _, dump in after]:
             continue
         line = next(
