@@ -49,6 +49,7 @@ from orchestrator.errors import AnchorError, EditError
 INSERTED = "inserted"
 IN_PLACE = "replaced in place"
 MOVED = "moved"
+MOVED_NOTE = " moved from "  # in a step's note: a block its anchor no longer points at, moved
 ELEMENT = "element"
 REPLACED = "replaced"
 DELETED = "deleted"
@@ -385,7 +386,7 @@ class _Planner:
             was = span_label(self.label, moved[0], moved[1])
             return _Step(
                 [_Splice(moved[0], moved[1], ()), splice],
-                f"block orch:{spec.marker_id or f'edit-{index + 1}'} moved from {was} to "
+                f"block orch:{spec.marker_id or f'edit-{index + 1}'}{MOVED_NOTE}{was} to "
                 f"{side} the {what} at {span} (its anchor no longer points at it)",
                 MOVED,
             )
