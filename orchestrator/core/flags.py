@@ -16,7 +16,7 @@ error to the server's start.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +181,26 @@ def plan_flag(
         )
         edits.append((declaration.path, spec))
     return FlagPlan(request, layout, tuple(edits))
+
+
+def expand_edits(
+    path: str,
+    edits: Sequence[EditSpec | FlagRequest],
+    text: str,
+    companions: Mapping[str, str],
+    renderer: Renderer,
+    variables: Mapping[str, Any],
+) -> tuple[dict[str, list[EditSpec]], list[FlagPlan]]:
+    """A file entry's edits as plain inserts per file, in playbook order: each ``add_flag``
+    becomes the inserts of its layout (in ``path`` or in one of ``companions``)."""
+    out: dict[str, list[EditSpec]] = {path: []}
+    plans: list[FlagPlan] = []
+    for edit in edits:
+        if isinstance(edit, EditSpec):
+            out[path].append(edit)
+            continue
+        flag = plan_flag(edit, path, text, companions, renderer, variables)
+        plans.append(flag)
+        for target, spec in flag.edits:
+            out.setdefault(target, []).append(spec)
+    return out, plans

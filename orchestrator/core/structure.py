@@ -32,7 +32,6 @@ checked as one window, the whole file.
 from __future__ import annotations
 
 import ast
-import copy
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -348,16 +347,16 @@ def _dumps_without(
     last: int,
     ranges: Sequence[tuple[int, int]],
     elements: Sequence[ast.expr] = (),
-) -> list[tuple[int, str]]:
-    """``(line, dump)`` of the top-level statements in rows ``first..last``, minus those in
+) -> list[tuple[int, object]]:
+    """``(line, shape)`` of the top-level statements in rows ``first..last``, minus those in
     ``ranges`` and minus the literal ``elements`` (inserted ones).
 
-    Works on a copy: the index's own trees stay as they are.
+    A shape is the AST as nested tuples without positions (what ``ast.dump``
+    compares), built without copying or changing the index's trees.
     """
     if last < first:
         return []
     chunks = src.chunks_overlapping(first, last)
-    nodes = [node for chunk in chunks for node in chunk.nodes]
     drop = {
         id(info.node)
         for chunk in chunks
@@ -365,28 +364,24 @@ def _dumps_without(
         if any(lo <= info.start and info.end <= hi for lo, hi in ranges)
     }
     drop |= {id(element) for element in elements}
-    memo: dict[int, object] = {}
-    copies = copy.deepcopy(nodes, memo)
-    dropped = {id(memo[i]) for i in drop if i in memo}
-    holder = ast.Module(body=copies, type_ignores=[])
-    _filter(holder, dropped)
-    return [(getattr(node, "lineno", 0), ast.dump(node)) for node in holder.body]
+    return [
+        (node.lineno, _shape(node, drop))
+        for chunk in chunks
+        for node in chunk.nodes
+        if id(node) not in drop
+    ]
 
 
-def _filter(node: ast.AST, drop: set[int]) -> None:
+def _shape(node: object, drop: set[int]) -> object:
+    """``node`` as comparable nested tuples, leaving out the nodes in ``drop``."""
     if isinstance(node, ast.Dict):
-        kept = [(k, v) for k, v in zip(node.keys, node.values, strict=False) if id(v) not in drop]
-        node.keys, node.values = [k for k, _ in kept], [v for _, v in kept]
-    for name, value in ast.iter_fields(node):
-        if isinstance(value, list):
-            kept_items = [v for v in value if id(v) not in drop]
-            if len(kept_items) != len(value):
-                setattr(node, name, kept_items)
-            for item in kept_items:
-                if isinstance(item, ast.AST):
-                    _filter(item, drop)
-        elif isinstance(value, ast.AST):
-            _filter(value, drop)
+        pairs = [(k, v) for k, v in zip(node.keys, node.values, strict=False) if id(v) not in drop]
+        return ("Dict", tuple(_shape(k, drop) for k, _ in pairs), tuple(_shape(v, drop) for _, v in pairs))
+    if isinstance(node, ast.AST):
+        return (type(node).__name__, *(_shape(getattr(node, f, None), drop) for f in node._fields))
+    if isinstance(node, list):
+        return tuple(_shape(item, drop) for item in node if id(item) not in drop)
+    return (type(node).__name__, node)  # 1, 1.0 and True are equal values, not equal code
 
 
 def _insert_blocks(changes: Sequence[Change]) -> list[Change]:

@@ -28,7 +28,7 @@ from orchestrator.core.cmdline import apply_flags, flag_changes, render_words
 from orchestrator.core.edit_spec import EditSpec, FilePlan
 from orchestrator.core.edits import MOVED_NOTE, plan_file
 from orchestrator.core.facts import Facts, deferred_facts, deferred_root_vars, packages_named
-from orchestrator.core.flags import FlagRequest, plan_flag
+from orchestrator.core.flags import FlagRequest, expand_edits
 from orchestrator.core.hints import anchor_hints
 from orchestrator.core.layouts import field_name
 from orchestrator.core.preflight import default_preflight, render_preflight
@@ -359,18 +359,14 @@ def _plan_files(
         if remote.path not in sources:
             order.append(remote.path)
             sources[remote.path] = (rfile, remote, rfile.index)
-        for edit in rfile.edits:
-            if isinstance(edit, EditSpec):
-                edits.setdefault(remote.path, []).append(edit)
-                continue
-            flag = plan_flag(edit, remote.path, text, related_text, renderer, variables)
-            notes.append(_flag_note(edit, flag.layout.description, remote.path, flag.layout.paths))
-            for path, spec in flag.edits:
-                if path not in sources:
-                    order.append(path)
-                    sources[path] = (_extra_file(rfile, path), related[path], rfile.index)
-                    hints.setdefault(path, anchor_hints(related_text))
-                edits.setdefault(path, []).append(spec)
+        expanded, flags = expand_edits(remote.path, rfile.edits, text, related_text, renderer, variables)
+        notes.extend(_flag_note(f.request, f.layout.description, remote.path, f.layout.paths) for f in flags)
+        for path, specs in expanded.items():
+            if path not in sources:
+                order.append(path)
+                sources[path] = (_extra_file(rfile, path), related[path], rfile.index)
+                hints.setdefault(path, anchor_hints(related_text))
+            edits.setdefault(path, []).extend(specs)
     planned: list[PlannedFile] = []
     for path in order:
         rfile, remote, source = sources[path]
