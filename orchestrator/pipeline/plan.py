@@ -374,6 +374,8 @@ def _plan_files(
         if index == extra:
             extra += 1
         specs = edits.get(path, [])
+        if not specs and rfile.path == path and any(not isinstance(e, EditSpec) for e in rfile.edits):
+            continue  # its add_flag writes another module (the spec layout): nothing to do here
         text = _text(remote, target, loaded, f"files[{source}].path")
         fplan = plan_file(path, text, specs, comment=rfile.comment, hints=hints.get(path))
         if fplan.changed:
