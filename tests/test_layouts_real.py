@@ -391,3 +391,39 @@ def test_check_with_the_shipped_playbook_plans_the_right_place(
     # the read-back preview: the new declaration right after the neighbour
     assert "❱" in err and FIELD in err
     assert not (tmp_path / "state").exists()  # --check creates nothing on the host
+
+
+# --------------------------------------------------------------------------- an element of a tuple (0.5.23's field order)
+
+
+def test_an_after_on_an_element_of_positional_field_order_is_refused_with_the_fix() -> None:
+    path = sglang_tree("0.5.23") / "sglang" / "srt" / "arg_groups" / "field_order.py"
+    text = path.read_text()
+    row = text.splitlines().index('    "speculative_accept_threshold_acc",') + 1
+    spec = EditSpec(kind="insert", text="x = 1\n", anchor=Anchor("after", '"speculative_accept_threshold_acc",'))
+    with pytest.raises(AnchorError) as error:
+        plan_file(str(path), text, [spec])
+    message = str(error.value)
+    assert f"line {row} is an element of the tuple POSITIONAL_FIELD_ORDER" in message
+    assert "into: POSITIONAL_FIELD_ORDER with after_item: 'speculative_accept_threshold_acc'" in message
+
+
+def test_into_positional_field_order_lands_inside_the_tuple() -> None:
+    path = sglang_tree("0.5.23") / "sglang" / "srt" / "arg_groups" / "field_order.py"
+    text = path.read_text()
+    spec = EditSpec(
+        kind="insert",
+        text=f'"{FIELD}"\n',
+        anchor=Anchor("after", "POSITIONAL_FIELD_ORDER", kind="item", arg="speculative_accept_threshold_acc"),
+        marker_id="order",
+    )
+    plan = plan_file(str(path), text, [spec])
+    check_structure(plan, [spec])
+    before: dict = {}
+    after: dict = {}
+    exec(compile(text, str(path), "exec"), before)  # noqa: S102 - a stdlib-only module of constants
+    exec(compile(plan.result, str(path), "exec"), after)  # noqa: S102
+    old, new = before["POSITIONAL_FIELD_ORDER"], after["POSITIONAL_FIELD_ORDER"]
+    at = old.index("speculative_accept_threshold_acc") + 1
+    assert new == old[:at] + (FIELD,) + old[at:]
+    assert not plan_file(str(path), plan.result, [spec]).changed

@@ -521,7 +521,10 @@ class _Planner:
             # A statement fixes the block's indentation; a comment line's may
             # legitimately differ once the block is there, so any is accepted.
             indent = place.indent if place.statement else None
-            found = self._beside(rows, place, spec.text, others, indent, after, src)
+            text_there = spec.text
+            if place.element:  # an element block got its comma when inserted
+                text_there = "\n".join(self._block_lines(spec.text, "", True)) + "\n"
+            found = self._beside(rows, place, text_there, others, indent, after, src)
             if found is not None:
                 self._locate(text, spec, src, exclude=found)  # raises unless one place is left
                 return None

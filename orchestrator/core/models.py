@@ -198,6 +198,8 @@ ANCHOR_KEYS = (
     "before_item",
 )
 FLAG_TYPES = ("int", "float", "str", "bool")
+FLAG_NAME = re.compile(r"(--)?[A-Za-z_][A-Za-z0-9_-]*")
+"""What ``add_flag``'s ``name`` and ``near`` look like: a field name or a ``--flag``."""
 
 
 def _got(names: Sequence[str]) -> str:
@@ -239,7 +241,7 @@ class FlagEdit(_Model):
     @classmethod
     def _flag_like(cls, value: str) -> str:
         stem = value.strip()
-        if not re.fullmatch(r"(--)?[A-Za-z_][A-Za-z0-9_-]*", stem):
+        if "{" not in stem and not FLAG_NAME.fullmatch(stem):  # a template is checked once rendered
             raise ValueError(f"expected a field name or a --flag (got: {value!r})")
         return stem
 

@@ -21,6 +21,7 @@ from orchestrator.core.edit_spec import Anchor, EditSpec
 from orchestrator.core.flags import FlagRequest
 from orchestrator.core.layouts import field_name
 from orchestrator.core.models import (
+    FLAG_NAME,
     PYTHON_SYNTAX,
     Check,
     Edit,
@@ -355,12 +356,20 @@ def _flag(edit: Edit, loc: Loc, ctx: _Ctx, common: dict[str, Any]) -> FlagReques
         not isinstance(default, expected) or (flag.type != "bool" and isinstance(default, bool))
     ):
         raise ConfigError(f"default {default!r} is not a {flag.type}", **ctx.where((*base, "default")))
+    names = {}
+    for key in ("name", "near"):
+        value = ctx.string(getattr(flag, key), (*base, key)).strip()
+        if not FLAG_NAME.fullmatch(value):
+            raise ConfigError(
+                f"expected a field name or a --flag (got: {value!r})", **ctx.where((*base, key))
+            )
+        names[key] = field_name(value)
     return FlagRequest(
-        name=field_name(ctx.string(flag.name, (*base, "name"))),
+        name=names["name"],
         type=flag.type,
         default=float(default) if flag.type == "float" and default is not None else default,
         help=ctx.string(flag.help, (*base, "help")),
-        near=field_name(ctx.string(flag.near, (*base, "near"))),
+        near=names["near"],
         **common,
         **ctx.where(base),
     )
