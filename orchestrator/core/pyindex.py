@@ -165,27 +165,32 @@ _SKIP = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDE
 
 def _tokens(path: str, lines: Sequence[str], offset: int) -> Iterator[tokenize.TokenInfo]:
     """``tokenize`` over ``lines``; a failure is a one-line ``SyntaxError`` at the file's row."""
-    feed = iter(lines)
     try:
-        yield from tokenize.generate_tokens(lambda: next(feed, ""))
+        yield from tokenize.generate_tokens(iter(lines).__next__)
     except (tokenize.TokenError, SyntaxError) as exc:
-        # Python's own parser says it better ("invalid syntax", at the right
-        # line); on this failure path its cost does not matter.
-        try:
-            ast.parse("".join(lines), filename=path)
-        except SyntaxError as parsed:
-            row = (parsed.lineno or 1) + offset
-            raise SyntaxError(f"{path} does not parse: line {row}: {parsed.msg}") from None
-        except ValueError:
-            pass
-        row = None
-        if isinstance(exc, SyntaxError):
-            row = exc.lineno
-        elif len(exc.args) > 1 and isinstance(exc.args[1], tuple):
-            row = exc.args[1][0]
-        where = f"line {row + offset}: " if row else ""
-        message = exc.msg if isinstance(exc, SyntaxError) else exc.args[0]
-        raise SyntaxError(f"{path} does not tokenize: {where}{message}") from None
+        raise _tokenize_error(path, lines, offset, exc) from None
+
+
+def _tokenize_error(
+    path: str, lines: Sequence[str], offset: int, exc: tokenize.TokenError | SyntaxError
+) -> SyntaxError:
+    # Python's own parser says it better ("invalid syntax", at the right
+    # line); on this failure path its cost does not matter.
+    try:
+        ast.parse("".join(lines), filename=path)
+    except SyntaxError as parsed:
+        row = (parsed.lineno or 1) + offset
+        return SyntaxError(f"{path} does not parse: line {row}: {parsed.msg}")
+    except ValueError:
+        pass
+    row = None
+    if isinstance(exc, SyntaxError):
+        row = exc.lineno
+    elif len(exc.args) > 1 and isinstance(exc.args[1], tuple):
+        row = exc.args[1][0]
+    where = f"line {row + offset}: " if row else ""
+    message = exc.msg if isinstance(exc, SyntaxError) else exc.args[0]
+    return SyntaxError(f"{path} does not tokenize: {where}{message}")
 
 
 def top_level_spans(
@@ -204,36 +209,36 @@ def top_level_spans(
     line_start = True
     decorator = prev_decorator = False
     first = last = 0
-    for tok in _tokens(path, lines, offset):
-        kind = tok.type
-        if kind == tokenize.INDENT:
-            depth += 1
-            continue
-        if kind == tokenize.DEDENT:
-            depth -= 1
-            continue
-        if kind in _SKIP:
-            continue
-        if kind == tokenize.ENDMARKER:
-            break
-        if line_start:
-            line_start = False
-            if depth == 0:
-                decorator = kind == tokenize.OP and tok.string == "@"
-                continues = first and (
-                    prev_decorator or (kind == tokenize.NAME and tok.string in _CLAUSES)
-                )
-                if not continues:
-                    if first:
-                        spans.append((first + offset, last + offset))
-                    first = tok.start[0]
-                    if stop_after is not None and first + offset > stop_after:
-                        return spans, first + offset
-        last = max(last, tok.end[0] if kind != tokenize.NEWLINE else tok.start[0])
-        if kind == tokenize.NEWLINE:
-            line_start = True
-            if depth == 0:
-                prev_decorator = decorator
+    indent, dedent, newline, endmarker = tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.ENDMARKER
+    op, name, skip, clauses = tokenize.OP, tokenize.NAME, _SKIP, _CLAUSES
+    try:
+        # (the hot loop of a big target: one pass, local names, nothing per token but the needed)
+        for kind, string, start, _, _ in tokenize.generate_tokens(iter(lines).__next__):
+            if kind == indent:
+                depth += 1
+            elif kind == dedent:
+                depth -= 1
+            elif kind == newline:
+                line_start = True
+                last = start[0]
+                if depth == 0:
+                    prev_decorator = decorator
+            elif kind in skip:
+                continue
+            elif kind == endmarker:
+                break
+            elif line_start:
+                line_start = False
+                if depth == 0:
+                    decorator = kind == op and string == "@"
+                    if not (first and (prev_decorator or (kind == name and string in clauses))):
+                        if first:
+                            spans.append((first + offset, last + offset))
+                        first = start[0]
+                        if stop_after is not None and first + offset > stop_after:
+                            return spans, first + offset
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise _tokenize_error(path, lines, offset, exc) from None
     if first:
         spans.append((first + offset, last + offset))
     return spans, None
