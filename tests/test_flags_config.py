@@ -256,3 +256,18 @@ def test_check_takes_sglang_root_from_the_running_servers_facts(tmp_path: Path, 
             assert needle in proc.stderr and "NOT_HERE" not in proc.stderr
     finally:
         box.stop_all()
+
+
+def test_an_undefined_root_says_no_package_was_found_to_default_it(tmp_path: Path) -> None:
+    (tmp_path / "inventory.yaml").write_text(json.dumps({"hosts": {"sandbox": {
+        "connection": "local", "state_dir": str(tmp_path / "state"), "python": sys.executable}}}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "sandbox",
+         "--var", f"port={free_port()}",  # nothing listens there: no server's facts either
+         str(REPO / "playbooks" / "speculative-disable.yaml")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)["hosts"]["sandbox"]["error"]
+    assert "files[0].path: 'sglang_root' is undefined (set it, or install sglang for" in error
+    assert "\n" not in error

@@ -27,7 +27,13 @@ from urllib.parse import urlparse
 from orchestrator.core.cmdline import apply_flags, flag_changes, render_words
 from orchestrator.core.edit_spec import EditSpec, FilePlan
 from orchestrator.core.edits import MOVED_NOTE, plan_file
-from orchestrator.core.facts import Facts, deferred_facts, deferred_root_vars, packages_named
+from orchestrator.core.facts import (
+    ROOT_VARS,
+    Facts,
+    deferred_facts,
+    deferred_root_vars,
+    packages_named,
+)
 from orchestrator.core.flags import FlagRequest, expand_edits
 from orchestrator.core.hints import anchor_hints
 from orchestrator.core.layouts import field_name
@@ -45,7 +51,7 @@ from orchestrator.core.secrets import redact_argv, secret_values
 from orchestrator.core.structure import check_structure
 from orchestrator.core.target import HostTarget
 from orchestrator.core.templating import Renderer
-from orchestrator.errors import ConfigError, OrchError, ValidationError
+from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell.config_files import LoadedPlaybook, make_renderer
 
@@ -271,7 +277,10 @@ def make_plan(
         pb.vars, target.vars, cli_vars, {"python": python, "facts": facts.as_var(), **facts.root_vars()}
     )
     # ``{{ command }}`` (commands manager) is only known after planning; see render_commands.
-    rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
+    try:
+        rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
+    except TemplateError as e:
+        raise _explain_root(e, facts) from None
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
     read = dict(zip(host["paths"], host["files"], strict=False))
@@ -295,6 +304,20 @@ def make_plan(
     if server is not None and server.manager == "commands":
         render_commands(server, loaded, renderer, variables)
     return HostPlan(target, rendered, loaded, planned, server, variables, notes, facts)
+
+
+def _explain_root(error: TemplateError, facts: Facts) -> TemplateError:
+    """``'sglang_root' is undefined``: say that no package was found to default it from, and where."""
+    for var, package in ROOT_VARS.items():
+        if f"'{var}' is undefined" in error.message:
+            asked = facts.python or "the server's interpreter"
+            why = f"; {asked} failed: {facts.error}" if facts.error else ""
+            return TemplateError(
+                f"{error.message} (set it, or install {package} for {asked} on the host: "
+                f"it was not found there{why})",
+                file=error.file, line=error.line, key=error.key,
+            )
+    return error
 
 
 def _early_string(text: str | None, variables: dict[str, Any], renderer: Renderer) -> str | None:
