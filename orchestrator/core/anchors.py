@@ -6,10 +6,19 @@ line only names a place: in a ``.py`` file the place is the innermost whole
 Python statement containing that line (a compound statement when the line is
 on its header, a clause header such as ``else:`` or a decorator), found from
 the ``ast`` and ``tokenize`` views of the text. In other files, or on a
-comment or blank line between statements, the place is the line itself.
+comment or blank line between statements, the place is the line itself. A
+line that is an element of a multi-line list/tuple/set/dict literal names no
+place: ``after:`` would land after the whole assignment, so it is refused
+with the structural anchor to use instead.
 
-Pure: text in, places out. ``PySource`` is also the statement index the
-structural check (``core.structure``) works from.
+Structural anchors name a place by what it is, not by its text: a class
+field (``field_statements``), the statement holding a call whose first
+argument is a given string (``call_statements``), an element of a literal
+assigned to a name (``literal_statements``; the place is the element, and
+the insert an element). Each is found by a cheap text search for candidate
+lines, confirmed on the AST.
+
+Pure: text in, places out. The statement index is ``core.pyindex.PySource``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,18 @@ these). Planning is idempotent by construction: each kind of edit recognises
 its own result (a marker block that is already there, an unmarked block
 already beside its anchor, a replacement already made, a patch whose reverse
 applies, a statement already gone), so re-planning an applied playbook is a
-no-op that says so.
+no-op that says so — while its anchors still agree: a marked block re-checks
+its anchor on every run (0 or several places is the clean file's error), and
+a block its anchor no longer points at is moved there (one step: its old
+lines removed, the block inserted beside the anchor).
+
+Several inserts at one anchor land in playbook order (each after the blocks
+earlier edits put there). Errors name lines of the file on disk, also after
+earlier edits moved them (the buffer knows where each line came from).
+
+The buffer is a piece table and the Python index (``core.pyindex``) is
+carried from edit to edit, so planning costs one read of the file plus the
+statements the edits touch.
 
 Pure: strings in, a ``FilePlan`` out; errors are one-line ``ConfigError``s
 located at the playbook key that caused them.
