@@ -182,3 +182,16 @@ def test_a_block_its_anchor_no_longer_points_at_is_a_planned_move_then_a_new_rel
     assert "logger = logging.getLogger(__name__)\n# >>> orch moving:0.0\n" in text
     code, report, _ = deploy(box, book)
     assert code == 0 and report["hosts"]["gpu"]["outcome"] == "unchanged"
+
+
+def test_a_target_with_a_utf8_bom_deploys_and_keeps_its_bom(classic_box: Sandbox) -> None:
+    """Python runs a file that starts with a BOM; orch used to refuse it ("invalid character U+FEFF")."""
+    box = classic_box
+    box.server_args.write_bytes(b"\xef\xbb\xbf" + box.server_args.read_bytes())
+    box.start_by_hand()
+    code, report, err = deploy(box, PLAYBOOK)
+    assert code == 0, err
+    data = box.server_args.read_bytes()
+    assert data.startswith(b"\xef\xbb\xbf") and data.count(b"\xef\xbb\xbf") == 1
+    assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
+    assert "sed -n 79,87p" in err  # the read-back view counts lines as Python does (the BOM is no line)
