@@ -49,6 +49,7 @@ import yaml  # noqa: E402
 from box import REPO, BenchHost, Counts, exec_costs, ssh_argv, start_host  # noqa: E402
 
 from orchestrator.core.edits import plan_file  # noqa: E402
+from orchestrator.core.flags import expand_edits  # noqa: E402
 from orchestrator.core.rendering import render_playbook  # noqa: E402
 from orchestrator.shell.config_files import load_playbook, make_renderer  # noqa: E402
 
@@ -97,11 +98,15 @@ def patched_files(host: BenchHost, book: Path, outdir: Path) -> list[dict[str, A
     pb = loaded.model
     variables = {**pb.vars, "sglang_root": str(host.box.sglang_root), "model": "/models/standin",
                  "port": host.port, "python": "python3", "command": ""}
-    rendered = render_playbook(pb, loaded.locations, variables, make_renderer(loaded))
+    renderer = make_renderer(loaded)
+    rendered = render_playbook(pb, loaded.locations, variables, renderer)
     outdir.mkdir(parents=True, exist_ok=True)
     out = []
     for i, rfile in enumerate(rendered.files):
-        plan = plan_file(rfile.path, Path(rfile.path).read_text(), rfile.edits, comment=rfile.comment)
+        text = Path(rfile.path).read_text()
+        # add_flag edits become inserts once the file is read (the stand-in's tree is classic)
+        edits, _ = expand_edits(rfile.path, rfile.edits, text, {}, renderer, variables)
+        plan = plan_file(rfile.path, text, edits[rfile.path], comment=rfile.comment)
         local = outdir / f"patched_{i}.py"
         local.write_text(plan.result)
         ranges = [[c.new_start, c.new_end] for c in plan.changes if c.new_end >= c.new_start]

@@ -2,8 +2,10 @@
 
 A sandbox in a temp dir: a local-connection host, a miniature SGLang-like
 tree, and the stand-in server started "by hand" (as a user's would be).
-Then: deploy the speculation playbook; deploy a flag the server rejects
-at start and watch the automatic rollback; ``orch rollback``; the history.
+Then: deploy the speculation playbook; deploy a misspelt flag, which the
+pre-flight refuses before the running server is touched; deploy a server
+that crashes at start and watch the automatic rollback; ``orch rollback``;
+the history.
 Everything it started is stopped at the end, Ctrl-C included. With
 ``--keep`` the sandbox stays, with ``start-server.sh`` / ``stop-server.sh``
 and a README.txt, so a person can go on with ``orch`` there.
@@ -37,14 +39,39 @@ from orchestrator.shell.config_files import find_playbook, load_playbook
 from orchestrator.standin import launch_argv, launch_env, make_tree
 
 BAD_FLAG_PLAYBOOK = """\
-# A flag this server does not know: it exits at start with
-# `error: unrecognized arguments`, and orch rolls back on its own.
+# A flag this server does not know. Before stopping the running server, orch
+# runs the server's own parser on the new command line (the pre-flight): it
+# says `error: unrecognized arguments`, and the running server is never touched.
 name: bad-flag
 vars: {port: 30000}
 files: []
 server:
   manager: process
   flags: {"--speculative-disable-batch-treshold": 8}   # typo: "treshold"
+health:
+  base_url: "http://127.0.0.1:{{ port }}"
+  timeout: 5m
+  interval: 0.2s
+  checks:
+    - get: /health
+"""
+
+
+BAD_PATCH_PLAYBOOK = """\
+# A patch that compiles, passes the structural check and the pre-flight (the
+# parser never imports this module), and still breaks the server at start:
+# orch sees the new server exit, shows its log, restores the file and
+# restarts the previous command line by itself.
+name: bad-patch
+files:
+  - path: "{{ sglang_root }}/srt/entrypoints/http_server.py"
+    edits:
+      - content: |
+          raise RuntimeError("this patch breaks the server at start")
+        after: "logger = logging.getLogger(__name__)"
+    validate: [python-syntax]
+server:
+  manager: process
 health:
   base_url: "http://127.0.0.1:{{ port }}"
   timeout: 5m
@@ -77,6 +104,13 @@ def wait_healthy(port: int, timeout: float = 30.0) -> bool:
             pass
         time.sleep(0.1)
     return False
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid listening on ``port`` (read from /proc, as orch's helper finds a server)."""
+    from orchestrator.shell.agent import pid_listening_on
+
+    return pid_listening_on(port)
 
 
 def kill_port_owner(port: int, state_dir: Path) -> None:
@@ -143,7 +177,8 @@ state/ (the demo's history). From this directory:
   orch deploy   --host sandbox --check --diff speculative-disable
   orch deploy   --host sandbox speculative-disable   # threshold 32
   orch deploy   --host sandbox --var threshold=8 speculative-disable
-  orch deploy   --host sandbox bad-flag.yaml         # rejected at start: rolled back by itself
+  orch deploy   --host sandbox bad-flag.yaml         # refused by the pre-flight: server untouched
+  orch deploy   --host sandbox bad-patch.yaml        # crashes at start: rolled back by itself
   orch rollback --host sandbox                       # back to threshold 32, then again: none
   orch history  --host sandbox
   ./stop-server.sh
@@ -161,6 +196,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
     target_file = root / "srt" / "server_args.py"
     original_sha = sha256(target_file)
     (tmp / "bad-flag.yaml").write_text(BAD_FLAG_PLAYBOOK)
+    (tmp / "bad-patch.yaml").write_text(BAD_PATCH_PLAYBOOK)
     inventory_text = (
         "hosts:\n"
         "  sandbox:\n"
@@ -202,21 +238,29 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
                  f"{info.get('speculative_disable_batch_threshold')}", "bold")
         ok &= info.get("speculative_disable_batch_threshold") == 32
 
-        heading(out, "2. deploy a flag the server rejects at start")
+        heading(out, "2. deploy a misspelt flag: the pre-flight refuses it")
+        serving = listening_pid(port)
         bad = load_playbook(tmp / "bad-flag.yaml")
-        second = report.hosts["bad deploy"] = deploy_host(target, bad, {"port": port}, options, reporter)
-        ok &= second.outcome == "rolled_back"
+        second = report.hosts["misspelt flag"] = deploy_host(target, bad, {"port": port}, options, reporter)
+        ok &= second.outcome == "rolled_back" and listening_pid(port) == serving
+        out.line(f"the running server was never stopped: pid {listening_pid(port)} "
+                 f"(was {serving})", "bold")
+
+        heading(out, "3. deploy a patch that breaks the server at start: rolled back by itself")
+        crash = load_playbook(tmp / "bad-patch.yaml")
+        third = report.hosts["bad patch"] = deploy_host(target, crash, {"port": port}, options, reporter)
+        ok &= third.outcome == "rolled_back"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
             info = json.load(r)
         out.line(f"after the automatic rollback the server runs again with threshold "
-                 f"{info.get('speculative_disable_batch_threshold')}")
+                 f"{info.get('speculative_disable_batch_threshold')}", "bold")
 
-        heading(out, "3. orch rollback")
-        third = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
-        ok &= third.exit_code == 0 and sha256(target_file) == original_sha
+        heading(out, "4. orch rollback")
+        fourth = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
+        ok &= fourth.exit_code == 0 and sha256(target_file) == original_sha
         out.line(f"server_args.py sha256 equals the original: {sha256(target_file) == original_sha}")
 
-        heading(out, "4. orch history")
+        heading(out, "5. orch history")
         draw_history(out, host_history(target, options))
         print_summary(out, report)
         out.line("demo finished as expected" if ok else "demo went wrong",

@@ -122,6 +122,10 @@ class ServerFailedError(OrchError):
     exit_code = 1
 
 
+class PreflightRefusedError(ServerFailedError):
+    """The server's own parser refused the new command line; the running server was not touched."""
+
+
 class NotImplementedYetError(RefusedError):
     """A command of the contract whose issue has not landed yet."""
 

@@ -91,12 +91,12 @@ def test_check_plans_the_story_patch_on_real_sglang_and_changes_nothing(box: Box
     # (the field's 1 line + 2 markers shift the call from 5882-5887 to 5885-5890)
     assert "sed -n 609,617p" in err and "sed -n 5888,5901p" in err
     lines = [line.strip() for line in err.splitlines()]
-    begin = lines.index("❱ 5891         # >>> orch speculative-disable:0.1")
+    begin = lines.index("❱ 5891         # >>> orch speculative-disable:0.0.argument")
     assert lines[begin - 1] == "5890         )"
     assert lines[begin - 2] == "5889             default=ServerArgs.speculative_accept_threshold_acc,"
     assert lines[begin + 1] == "❱ 5892         parser.add_argument("
     assert lines[begin + 2] == '❱ 5893             "--speculative-disable-batch-threshold",'
-    assert lines[begin + 7] == "❱ 5898         # <<< orch speculative-disable:0.1"
+    assert lines[begin + 7] == "❱ 5898         # <<< orch speculative-disable:0.0.argument"
     assert lines[begin + 8] == "5899         parser.add_argument("
     assert lines[begin + 9] == '5900             "--speculative-token-map",'
     assert sha256(box.target) == before_sha
@@ -106,15 +106,17 @@ def test_check_plans_the_story_patch_on_real_sglang_and_changes_nothing(box: Box
 
 def test_check_after_apply_reports_unchanged(box: Box) -> None:
     from orchestrator.core.edits import plan_file
+    from orchestrator.core.flags import expand_edits
     from orchestrator.core.rendering import render_playbook
     from orchestrator.shell.config_files import load_playbook, make_renderer
 
     loaded = load_playbook(REPO / "playbooks" / "speculative-disable.yaml")
-    rendered = render_playbook(loaded.model, loaded.locations,
-                               {**loaded.model.vars, "sglang_root": str(box.sglang_root), "python": "python3"},
-                               make_renderer(loaded))
+    variables = {**loaded.model.vars, "sglang_root": str(box.sglang_root), "python": "python3"}
+    renderer = make_renderer(loaded)
+    rendered = render_playbook(loaded.model, loaded.locations, variables, renderer)
     text = box.target.read_text()
-    box.target.write_text(plan_file(str(box.target), text, rendered.files[0].edits).result)
+    edits, _ = expand_edits(str(box.target), rendered.files[0].edits, text, {}, renderer, variables)
+    box.target.write_text(plan_file(str(box.target), text, edits[str(box.target)]).result)
     code, err, rep = box.orch(files_only(box.tmp))
     assert code == 0, err
     assert rep["hosts"]["gpu"]["outcome"] == "unchanged"

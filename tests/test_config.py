@@ -238,7 +238,7 @@ def test_two_edit_kinds_in_one_edit() -> None:
     )
     assert message == (
         f"{PB}:7: files[0].edits[1]: expected one of insert, content, replace, "
-        "replace_regex, delete, delete_regex, patch (got: insert and replace)"
+        "replace_regex, delete, delete_regex, patch, add_flag (got: insert and replace)"
     )
 
 

@@ -39,7 +39,13 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     assert proc.returncode == 0, out
     assert "demo finished as expected" in out
     assert "speculative_disable_batch_threshold = 32" in out
+    # act 2: the pre-flight quotes the parser and the running server is never stopped
+    assert "pre-flight refused the new command line" in out
     assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in out
+    assert "the running server was never stopped" in out
+    # act 3: a server that crashes at start is rolled back by itself
+    assert "RuntimeError: this patch breaks the server at start" in out
+    assert "after the automatic rollback the server runs again with threshold 32" in out
     assert "sha256 equals the original: True" in out
     assert "history of sandbox" in out
     time.sleep(0.5)
@@ -59,9 +65,10 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
                           capture_output=True, text=True, timeout=180, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    # the demo's words agree with themselves: the bad flag's rollback had no file to restore
-    assert "rolled back: no file to restore; the previous server was restarted" in out
-    assert "rolled back: files restored" not in out
+    # the demo's words agree with themselves: the misspelt flag had no file to restore and
+    # never stopped the server; the bad patch's file was restored
+    assert "rolled back: no file to restore; the running server (pid" in out
+    assert "rolled back: files restored" in out
     kept = Path(re.search(r"sandbox kept in (\S+) ", out).group(1))
     try:
         assert (kept / "README.txt").is_file() and (kept / "inventory.yaml").is_file()
@@ -85,8 +92,8 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
         assert orch("rollback", "--host", "sandbox").returncode == 0
         history = orch("history", "--host", "sandbox", "--json")
         rows = json.loads(history.stdout)["hosts"]["sandbox"]
-        assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own three
-        assert len(rows) == 5
+        assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own four
+        assert len(rows) == 6
     finally:
         subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
         deadline = time.monotonic() + 30

@@ -82,7 +82,7 @@ def test_deploy_changes_file_restarts_with_flag_and_is_idempotent(sandbox: Sandb
     assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 64
 
 
-def test_flag_rejected_at_start_rolls_back_in_seconds(sandbox: Sandbox) -> None:
+def test_a_misspelt_flag_is_refused_by_the_preflight_and_the_server_never_stopped(sandbox: Sandbox) -> None:
     sandbox.start_by_hand()
     (sandbox.root / "playbooks").mkdir(exist_ok=True)
     (sandbox.root / "playbooks" / "bad-flag.yaml").write_text(BAD_FLAG)
@@ -96,9 +96,11 @@ def test_flag_rejected_at_start_rolls_back_in_seconds(sandbox: Sandbox) -> None:
     assert bad.returncode == 1, bad.stdout + bad.stderr
     rep = report(bad)["hosts"]["gpu"]
     assert rep["outcome"] == "rolled_back"
-    # detected at start ("exited"), not at the 5-minute health timeout ("not healthy after")
-    assert "server exited during start (code 2)" in rep["error"]
-    assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in bad.stderr
+    # the parser's own line, quoted; and the server was never touched: same process, never restarted
+    assert "pre-flight refused the new command line" in rep["error"]
+    assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in rep["error"]
+    assert "the running server was not touched" in rep["error"]
+    assert sandbox.server_pid() == good_pid
     assert sha256(sandbox.server_args) == file_sha
     assert health_status(sandbox.port) == 200
     assert cmdline(sandbox.server_pid()) == good_argv

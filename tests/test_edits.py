@@ -361,10 +361,9 @@ def test_comment_option_sets_the_marker_leader() -> None:
     assert plan.result == "a\n-- >>> orch m\nb\n-- <<< orch m\n"
 
 
-def test_changed_block_is_replaced_in_place_without_its_anchor() -> None:
+def test_changed_block_is_replaced_in_place() -> None:
     first = plan_file("m.py", CALLS, [insert("x = 1\n", '"--accept"', marker_id="flag")])
-    # The anchor no longer matches anything; the block is found by its markers.
-    changed = [insert("x = 2\ny = 3\n", "no such anchor", marker_id="flag")]
+    changed = [insert("x = 2\ny = 3\n", '"--accept"', marker_id="flag")]
     plan = plan_file("m.py", first.result, changed)
     check_structure(plan, changed)
     assert lines_of(plan.result)[6:10] == [
@@ -378,6 +377,17 @@ def test_changed_block_is_replaced_in_place_without_its_anchor() -> None:
     change = plan.changes[0]
     assert (change.old_start, change.old_end, change.new_start, change.new_end) == (7, 9, 7, 10)
     assert plan_file("m.py", plan.result, changed).result == plan.result
+
+
+def test_an_applied_block_whose_anchor_matches_nothing_is_the_clean_file_error() -> None:
+    applied = plan_file("m.py", CALLS, [insert("x = 1\n", '"--accept"', marker_id="flag")])
+    gone = [insert("x = 1\n", "no such anchor", marker_id="flag")]
+    with pytest.raises(AnchorError) as on_applied:
+        plan_file("m.py", applied.result, gone)
+    with pytest.raises(AnchorError) as on_clean:
+        plan_file("m.py", CALLS, gone)
+    assert str(on_applied.value) == str(on_clean.value)
+    assert "anchor matches 0 places in m.py" in str(on_applied.value)
 
 
 def test_begin_marker_twice_is_an_edit_error() -> None:

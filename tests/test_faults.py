@@ -63,7 +63,7 @@ def story(box: Sandbox, name: str = "story.yaml", *, env: dict[str, str] | None 
     """The story's playbook with short timeouts, and switches for the NEW server only."""
     spec = yaml.safe_load(SHIPPED_SPEC)
     spec["vars"]["threshold"] = threshold
-    spec["server"].update(stop_timeout="5s", free_timeout="5s", env=env or {})
+    spec["server"].update(stop_timeout="5s", free_timeout="5s", preflight_timeout="15s", env=env or {})
     spec["health"].update(timeout=timeout, stable_for=stable_for, confirm_timeout="1s", interval="0.2s")
     if validate:
         spec["files"][0]["validate"] = ["python-syntax", *validate]

@@ -40,6 +40,9 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "run": (ops.run(["true"], timeout=5.0, cwd="/"),),
     "run_ok": (ops.run_ok(["true"]),),
     "commands_start": (ops.commands_start(["start"], ["pid"]), ops.commands_start(["start"], None)),
+    "read_host": (ops.read_host(["/x"], packages=["sglang"], python="python3", pidfile="/p", port=1,
+                                follow=[{"index": 0, "names": ["n"]}]), ops.read_host(["/x"])),
+    "preflight": (ops.preflight(["python3", "-c", "pass"], cwd=None, env={}, replace_env=True, timeout=5.0),),
     "health_wait": (ops.health_wait({"base_url": "http://h", "checks": [], "timeout": 1.0, "interval": 1.0,
                                      "stable_for": 0.0}, pid="started"),),
 }

@@ -12,6 +12,7 @@ from orchestrator.errors import (
     ConfigError,
     ContentChangedError,
     LinkLostError,
+    PreflightRefusedError,
     RemoteError,
     UnreachableError,
     ValidationError,
@@ -38,6 +39,8 @@ def record(ok: bool) -> RestoreRecord:
     (RemoteError("unhealthy"), Step.RESTARTING, record(True), "rolled_back", 1),
     (RemoteError("unhealthy"), Step.RESTARTING, record(False), "rollback_failed", 3),
     (RemoteError("unhealthy"), Step.RESTARTING, None, "rollback_failed", 3),
+    (PreflightRefusedError("unrecognized arguments"), Step.ARMED, record(True), "rolled_back", 1),
+    (PreflightRefusedError("unrecognized arguments"), Step.COMMITTING, record(True), "rolled_back", 1),
 ])
 def test_verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None, outcome: str,
                  code: int) -> None:

@@ -407,3 +407,50 @@ def test_server_args_keeps_the_real_0_5_13_layout() -> None:
     ) in text
     assert text.count("speculative_accept_threshold_acc:") == 1
     assert text.count('"--speculative-accept-threshold-acc"') == 1
+
+
+# ---- the layouts -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["annotated", "spec"])
+def test_each_layout_is_a_runnable_tree_with_the_same_server_args(
+    tmp_path: Path, start: Starter, layout: str
+) -> None:
+    dest = tmp_path / layout
+    make_tree(dest, layout=layout)
+    copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert copied == sorted(rel for rel, _ in tree_files(layout))
+    assert "python/sglang/srt/arg_groups/arg_utils.py" in copied
+    assert ("python/sglang/srt/arg_groups/fields/spec.py" in copied) == (layout == "spec")
+    classic = start(extra=["--tp-size", "2", "--speculative-accept-threshold-acc", "0.5"]).info()
+    server = start(dest, extra=["--tp-size", "2", "--speculative-accept-threshold-acc", "0.5"])
+    info = server.info()
+    for key in ("version", "launch_command", "random_seed", "port"):
+        classic.pop(key), info.pop(key)
+    assert info == classic  # the same flags, the same resolved arguments, whatever the layout
+
+
+@pytest.mark.parametrize("layout", ["classic", "annotated", "spec"])
+def test_an_unknown_flag_ends_each_layout_in_argparse(tmp_path: Path, layout: str) -> None:
+    dest = tmp_path / layout
+    make_tree(dest, layout=layout)
+    code, err, _ = run_to_exit(dest, extra=["--speculative-disable-batch-threshold", "8"])
+    assert code == 2
+    assert "sglang serve: error: unrecognized arguments: --speculative-disable-batch-threshold 8" in err
+
+
+def test_on_the_annotated_layout_only_an_annotated_field_is_a_flag(tmp_path: Path, start: Starter) -> None:
+    dest = tmp_path / "annotated"
+    root = make_tree(dest, layout="annotated")
+    args = root / "srt" / "server_args.py"
+    anchor = '    speculative_token_map: A['
+    patch_file(args, anchor, "    speculative_plain: Optional[int] = None\n", before=True)
+    code, err, _ = run_to_exit(dest, extra=["--speculative-plain", "3"])
+    assert code == 2 and "unrecognized arguments: --speculative-plain 3" in err  # compiles, is no flag
+    patch_file(args, anchor, '    speculative_real: A[Optional[int], "A real one."] = None\n', before=True)
+    assert start(dest, extra=["--speculative-real", "3"]).info()["speculative_real"] == 3
+
+
+def test_an_unknown_layout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown stand-in layout 'modern'"):
+        make_tree(tmp_path / "x", layout="modern")

@@ -6,61 +6,48 @@ line only names a place: in a ``.py`` file the place is the innermost whole
 Python statement containing that line (a compound statement when the line is
 on its header, a clause header such as ``else:`` or a decorator), found from
 the ``ast`` and ``tokenize`` views of the text. In other files, or on a
-comment or blank line between statements, the place is the line itself.
+comment or blank line between statements, the place is the line itself. A
+line that is an element of a multi-line list/tuple/set/dict literal names no
+place: ``after:`` would land after the whole assignment, so it is refused
+with the structural anchor to use instead.
 
-Pure: text in, places out. ``PySource`` is also the statement index the
-structural check (``core.structure``) works from.
+Structural anchors name a place by what it is, not by its text: a class
+field (``field_statements``), the statement holding a call whose first
+argument is a given string (``call_statements``), an element of a literal
+assigned to a name (``literal_statements``; the place is the element, and
+the insert an element). Each is found by a cheap text search for candidate
+lines, confirmed on the AST.
+
+Pure: text in, places out. The statement index is ``core.pyindex.PySource``.
 """
 
 from __future__ import annotations
 
 import ast
-import bisect
 import difflib
-import io
 import re
-import tokenize
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from orchestrator.core.edit_spec import Anchor, EditSpec
+from orchestrator.core.pyindex import (
+    MODULE_BODY,
+    BodyKey,
+    LogicalLine,
+    PySource,
+    StmtInfo,
+    leading_ws,
+    split_lines,
+    strip_eol,
+)
 from orchestrator.errors import AnchorError, EditError
 
 # --------------------------------------------------------------------------- text
 
 
-def split_lines(text: str) -> list[str]:
-    """Lines with their endings, split on ``\\n`` only (what ``ast`` counts as a line).
-
-    ``str.splitlines`` would also split on form feeds and other characters
-    Python treats as whitespace, and line numbers would drift from ``ast``'s.
-    """
-    if not text:
-        return []
-    parts = text.split("\n")
-    lines = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
-
-
-def strip_eol(line: str) -> str:
-    """A line without its ``\\n`` / ``\\r\\n`` ending."""
-    if line.endswith("\n"):
-        line = line[:-1]
-    if line.endswith("\r"):
-        line = line[:-1]
-    return line
-
-
 def newline_of(text: str) -> str:
     """The file's line ending, so inserted lines match the lines around them."""
     return "\r\n" if "\r\n" in text else "\n"
-
-
-def leading_ws(line: str) -> str:
-    body = strip_eol(line)
-    return body[: len(body) - len(body.lstrip(" \t"))]
 
 
 _SLASH_COMMENT_SUFFIXES = (".c", ".cc", ".cpp", ".h", ".hpp", ".js", ".ts", ".go", ".rs", ".java")
@@ -86,11 +73,20 @@ def sub_key(spec: EditSpec, sub: str) -> str | None:
     return f"{spec.key}.{sub}"
 
 
+_KIND_SUFFIX = {"text": "", "field": "_field", "call": "_call", "item": "_item"}
+
+
 def anchor_key(spec: EditSpec) -> str | None:
-    """The playbook key that holds ``spec``'s anchor (``after``, ``delete_regex`` …)."""
+    """The playbook key that holds ``spec``'s anchor (``after``, ``delete_regex``, ``after_call`` …)."""
     anchor = spec.anchor
-    base = "delete" if spec.kind == "delete" else (anchor.side if anchor else "after")
-    return sub_key(spec, base + ("_regex" if anchor and anchor.regex else ""))
+    if spec.kind == "delete":
+        return sub_key(spec, "delete" + ("_regex" if anchor and anchor.regex else ""))
+    if anchor is None:
+        return sub_key(spec, "after")
+    if anchor.kind == "item":
+        return sub_key(spec, "into")
+    suffix = "_regex" if anchor.regex else _KIND_SUFFIX[anchor.kind]
+    return sub_key(spec, anchor.side + suffix)
 
 
 def edit_error(spec: EditSpec, message: str, sub: str | None = None) -> EditError:
@@ -103,277 +99,25 @@ def shorten(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-# --------------------------------------------------------------------------- python index
-
-
-@dataclass(frozen=True)
-class LogicalLine:
-    """One logical line of Python source (``tokenize``'s NEWLINE-terminated unit).
-
-    A multi-line call, a bracketed header, a triple-quoted string or a
-    backslash continuation is one logical line spanning rows ``first..last``;
-    comment-only and blank lines between statements belong to none.
-    """
-
-    first: int
-    last: int
-    head: str
-    indent: str
-    opens_block: bool
-
-
-BodyKey = tuple[int, str]  # (id of the node holding the list, field name)
-
-
-@dataclass(eq=False)
-class StmtInfo:
-    """A real statement (``elif`` branches are clauses of their ``if``, not statements)."""
-
-    node: ast.stmt
-    start: int  # first row, decorators included
-    end: int  # last row of its last logical line
-    body: BodyKey  # the statement list it sits in
-    owner: StmtInfo | None  # the enclosing real compound statement
-    compound: bool
-
-
-@dataclass(eq=False)
-class BodyInfo:
-    key: BodyKey
-    owner: StmtInfo | None
-    stmts: list[StmtInfo] = field(default_factory=list)
-
-    @property
-    def parent(self) -> BodyKey | None:
-        return self.owner.body if self.owner else None
-
-
-_COMPOUND = (
-    ast.FunctionDef,
-    ast.AsyncFunctionDef,
-    ast.ClassDef,
-    ast.For,
-    ast.AsyncFor,
-    ast.While,
-    ast.If,
-    ast.With,
-    ast.AsyncWith,
-    ast.Try,
-    ast.Match,
-) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
-
-MODULE_BODY: BodyKey = (0, "module")
-
-
-def parse_python(path: str, text: str) -> ast.Module:
-    """``ast.parse`` with a one-line error naming the file and the line."""
-    try:
-        return ast.parse(text, filename=path)
-    except SyntaxError as exc:
-        raise SyntaxError(f"{path} does not parse: line {exc.lineno}: {exc.msg}") from None
-    except ValueError as exc:  # e.g. null bytes
-        raise SyntaxError(f"{path} does not parse: {exc}") from None
-
-
-class PySource:
-    """The statement structure of one Python text, by line.
-
-    Raises ``SyntaxError`` (message already one line, naming ``path``) when
-    the text does not parse.
-    """
-
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.text = text
-        self.lines = [strip_eol(line) for line in split_lines(text)]
-        self.tree = parse_python(path, text)
-        self.logical = self._logical_lines(text)
-        self._ll_at: list[int | None] = [None] * (len(self.lines) + 2)
-        for index, ll in enumerate(self.logical):
-            for row in range(ll.first, min(ll.last, len(self.lines)) + 1):
-                self._ll_at[row] = index
-        self.stmts: list[StmtInfo] = []
-        self.bodies: dict[BodyKey, BodyInfo] = {MODULE_BODY: BodyInfo(MODULE_BODY, None)}
-        self.header_ll: dict[int, StmtInfo] = {}
-        self.decorator_ll: dict[int, StmtInfo] = {}
-        self.clause_ll: dict[int, StmtInfo] = {}
-        self.simple_ll: dict[int, list[StmtInfo]] = {}
-        self._walk(self.tree.body, MODULE_BODY, None)
-        self.stmts.sort(key=lambda s: (s.start, -s.end))
-        self.decorated = [s for s in self.stmts if getattr(s.node, "decorator_list", None)]
-        self.ll_firsts = [ll.first for ll in self.logical]
-
-    # -- building
-
-    def _logical_lines(self, text: str) -> list[LogicalLine]:
-        out: list[LogicalLine] = []
-        first: int | None = None
-        head = ""
-        last_tok: tokenize.TokenInfo | None = None
-        skip = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING}
-        try:
-            for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-                if tok.type in skip:
-                    continue
-                if tok.type == tokenize.ENDMARKER:
-                    break
-                if tok.type == tokenize.NEWLINE:
-                    if first is not None:
-                        opens = (
-                            last_tok is not None
-                            and last_tok.type == tokenize.OP
-                            and last_tok.string == ":"
-                        )
-                        indent = (
-                            leading_ws(self.lines[first - 1]) if first <= len(self.lines) else ""
-                        )
-                        out.append(LogicalLine(first, tok.start[0], head, indent, opens))
-                    first = None
-                    continue
-                if first is None:
-                    first, head = tok.start[0], tok.string
-                last_tok = tok
-        except (tokenize.TokenError, SyntaxError) as exc:
-            raise SyntaxError(f"{self.path} does not tokenize: {exc}") from None
-        if first is not None and last_tok is not None:  # no final NEWLINE token
-            out.append(
-                LogicalLine(first, last_tok.end[0], head, leading_ws(self.lines[first - 1]), False)
-            )
-        return out
-
-    def ll_index(self, row: int) -> int | None:
-        return self._ll_at[row] if 0 < row < len(self._ll_at) else None
-
-    def _ll_first(self, row: int) -> int:
-        index = self.ll_index(row)
-        return self.logical[index].first if index is not None else row
-
-    def _ll_last(self, row: int) -> int:
-        index = self.ll_index(row)
-        return self.logical[index].last if index is not None else row
-
-    def _body(self, key: BodyKey, owner: StmtInfo | None) -> BodyInfo:
-        if key not in self.bodies:
-            self.bodies[key] = BodyInfo(key, owner)
-        return self.bodies[key]
-
-    def _clause(self, body: list[ast.stmt], owner: StmtInfo) -> None:
-        """Register the ``else:`` / ``finally:`` line that opens ``body``."""
-        if not body:
-            return
-        decorators = getattr(body[0], "decorator_list", None) or []
-        index = self.ll_index(min([d.lineno for d in decorators] + [body[0].lineno]))
-        if index is None:
-            return
-        if self.logical[index].head not in ("else", "finally") and index > 0:
-            index -= 1
-        if self.logical[index].head in ("else", "finally"):
-            self.clause_ll[index] = owner
-
-    def _walk(self, body: list[ast.stmt], key: BodyKey, owner: StmtInfo | None) -> None:
-        info_body = self._body(key, owner)
-        for node in body:
-            decorators = getattr(node, "decorator_list", None) or []
-            first_row = min([d.lineno for d in decorators] + [node.lineno])
-            info = StmtInfo(
-                node=node,
-                start=self._ll_first(first_row),
-                end=self._ll_last(node.end_lineno or node.lineno),
-                body=key,
-                owner=owner,
-                compound=isinstance(node, _COMPOUND),
-            )
-            self.stmts.append(info)
-            info_body.stmts.append(info)
-            head = self.ll_index(node.lineno)
-            if head is None:
-                continue
-            for dec in decorators:
-                dec_index = self.ll_index(dec.lineno)
-                if dec_index is not None:
-                    self.decorator_ll[dec_index] = info
-            if info.compound:
-                self.header_ll.setdefault(head, info)
-                self._walk_children(node, info)
-            else:
-                self.simple_ll.setdefault(head, []).append(info)
-
-    def _walk_children(self, node: ast.stmt, info: StmtInfo) -> None:
-        if isinstance(node, ast.Match):
-            for case in node.cases:
-                index = self.ll_index(case.pattern.lineno)
-                if index is not None:
-                    self.clause_ll[index] = info
-                self._walk(case.body, (id(case), "body"), info)
-            return
-        self._walk(node.body, (id(node), "body"), info)
-        for handler in getattr(node, "handlers", []):
-            index = self.ll_index(handler.lineno)
-            if index is not None:
-                self.clause_ll[index] = info
-            self._walk(handler.body, (id(handler), "body"), info)
-        orelse = getattr(node, "orelse", [])
-        branch: ast.stmt = node
-        while (
-            isinstance(branch, ast.If)
-            and len(orelse) == 1
-            and isinstance(orelse[0], ast.If)
-            and self._head_at(orelse[0].lineno) == "elif"
-        ):
-            elif_node = orelse[0]
-            index = self.ll_index(elif_node.lineno)
-            if index is not None:
-                self.clause_ll[index] = info
-            self._walk(elif_node.body, (id(elif_node), "body"), info)
-            branch, orelse = elif_node, elif_node.orelse
-        self._clause(orelse, info)
-        self._walk(orelse, (id(branch), "orelse"), info)
-        finalbody = getattr(node, "finalbody", [])
-        self._clause(finalbody, info)
-        self._walk(finalbody, (id(node), "finalbody"), info)
-
-    def _head_at(self, row: int) -> str:
-        index = self.ll_index(row)
-        return self.logical[index].head if index is not None else ""
-
-    # -- queries
-
-    def body_indent(self, key: BodyKey) -> str:
-        body = self.bodies.get(key)
-        if key == MODULE_BODY or body is None or not body.stmts:
-            return ""
-        return leading_ws(self.lines[body.stmts[0].start - 1])
-
-    def open_bodies_after(self, index: int) -> list[BodyKey]:
-        """Statement lists a new statement may continue right after logical line ``index``.
-
-        Innermost first: the list the line's statement is in, then the lists
-        enclosing it (a one-line ``if x: y`` closes its own body at once).
-        """
-        if index in self.clause_ll:
-            key: BodyKey | None = self.clause_ll[index].body
-        elif index in self.header_ll:
-            key = self.header_ll[index].body
-        elif index in self.simple_ll:
-            key = self.simple_ll[index][0].body
-        else:
-            key = MODULE_BODY
-        chain: list[BodyKey] = []
-        while key is not None:
-            chain.append(key)
-            key = self.bodies[key].parent if key in self.bodies else None
-        return chain
-
-    def statement_at(self, row: int) -> StmtInfo | None:
-        """The innermost real statement whose rows include ``row``."""
-        best: StmtInfo | None = None
-        for info in self.stmts:
-            if info.start <= row <= info.end and (best is None or info.start >= best.start):
-                best = info
-        return best
-
-
 # --------------------------------------------------------------------------- places
+
+
+LineLabel = Callable[[int], str]
+"""How a message names row N of the text being edited (the planner says which line on disk)."""
+
+
+def _line_label(row: int) -> str:
+    return f"line {row}"
+
+
+def span_label(label: LineLabel, first: int, last: int) -> str:
+    """``lines A-B`` (or ``line A``) with each row named by ``label``."""
+    a, b = label(first), label(last)
+    if first == last:
+        return a
+    if a.startswith("line ") and b.startswith("line "):
+        return f"lines {a[5:]}-{b[5:]}"
+    return f"{a} to {b}"
 
 
 @dataclass(frozen=True)
@@ -389,6 +133,9 @@ class Place:
     indent: str
     statement: bool
     line: int  # the (first) anchor line that named this place
+    element: bool = False  # an element of a list/tuple/set/dict literal (an ``into`` anchor)
+    # why no edit may go here, given how to name a line (the anchor names a place it cannot use)
+    refusal: Callable[[LineLabel], str] | None = None
 
 
 def matching_lines(lines: Sequence[str], anchor: Anchor) -> list[int]:
@@ -399,35 +146,43 @@ def matching_lines(lines: Sequence[str], anchor: Anchor) -> list[int]:
         except re.error as exc:
             raise ValueError(f"bad regex {anchor.pattern!r}: {exc}") from None
         return [n for n, line in enumerate(lines, 1) if rx.search(strip_eol(line))]
-    return [n for n, line in enumerate(lines, 1) if anchor.pattern in strip_eol(line)]
+    pattern = anchor.pattern
+    if "\r" in pattern or "\n" in pattern:
+        return [n for n, line in enumerate(lines, 1) if pattern in strip_eol(line)]
+    return [n for n, line in enumerate(lines, 1) if pattern in line]
 
 
 def resolve_python_line(src: PySource, row: int) -> Place:
     """The place named by line ``row`` of a Python text (see the module docstring)."""
-    index = src.ll_index(row)
-    if index is None:
-        for info in src.decorated:  # a comment between decorators and their def
-            if info.start <= row < info.node.lineno:
-                return _statement_place(src, info, row)
+    key = src.ll_index(row)
+    if key is None:
+        around = src.decorated_around(row)  # a comment between decorators and their def
+        if around is not None:
+            return _statement_place(src, around, row)
         return _line_place(src, row)
-    info = src.decorator_ll.get(index) or src.clause_ll.get(index) or src.header_ll.get(index)
+    info = src.decorator_at(key) or src.clause_at(key) or src.header_at(key)
     if info is not None:
         return _statement_place(src, info, row)
-    ll = src.logical[index]
-    simple = src.simple_ll.get(index)
+    ll = src.logical_line(key)
+    simple = src.simple_at(key)
     if simple:
         start = min(s.start for s in simple)
         end = max(s.end for s in simple)
-        return Place(start, end, leading_ws(src.lines[start - 1]), True, row)
+        return Place(start, end, leading_ws(src.line(start)), True, row)
     return Place(ll.first, ll.last, ll.indent, True, row)
 
 
 def _statement_place(src: PySource, info: StmtInfo, row: int) -> Place:
-    return Place(info.start, info.end, leading_ws(src.lines[info.start - 1]), True, row)
+    return Place(info.start, info.end, leading_ws(src.line(info.start)), True, row)
 
 
 class NoRoomError(ValueError):
     """A comment/blank line where no statement may go (e.g. between ``if x: y`` and ``else:``)."""
+
+
+def _first_statement(src: PySource, ll: LogicalLine) -> StmtInfo | None:
+    simple = src.simple_at(ll.first)
+    return src.decorator_at(ll.first) or src.header_at(ll.first) or (simple[0] if simple else None)
 
 
 def _line_place(src: PySource, row: int) -> Place:
@@ -439,27 +194,21 @@ def _line_place(src: PySource, row: int) -> Place:
     compound statement whose ``else:``/``except`` comes next). The comment's
     own indentation wins when it is one of those.
     """
-    # ``row`` is in no logical line: the ones before it end before it.
-    after = bisect.bisect_right(src.ll_firsts, row)
-    prev_index = after - 1 if after > 0 else None
-    next_index = after if after < len(src.logical) else None
+    prev = src.prev_ll(row)
+    nxt = src.next_ll(row)
     next_body: BodyKey | None = None
     clause_owner: StmtInfo | None = None
-    if next_index is not None:
-        clause_owner = src.clause_ll.get(next_index)
+    if nxt is not None:
+        clause_owner = src.clause_at(nxt.first)
         if clause_owner is None:
-            info = (
-                src.decorator_ll.get(next_index)
-                or src.header_ll.get(next_index)
-                or (src.simple_ll.get(next_index) or [None])[0]
-            )
+            info = _first_statement(src, nxt)
             next_body = info.body if info else None
-    if prev_index is None:
+    if prev is None:
         chain = [next_body or MODULE_BODY]
-    elif src.logical[prev_index].opens_block:
+    elif prev.opens_block:
         chain = [next_body] if next_body else []
     else:
-        chain = src.open_bodies_after(prev_index)
+        chain = src.open_bodies_after(prev.first)
     valid: list[BodyKey] = []
     for key in chain:
         if clause_owner is not None and key == clause_owner.body:
@@ -472,7 +221,8 @@ def _line_place(src: PySource, row: int) -> Place:
             valid = [next_body]
     if not valid:
         raise NoRoomError(f"no statement can go at line {row}")
-    own = leading_ws(src.lines[row - 1]) if src.lines[row - 1].strip() else ""
+    line = src.line(row)
+    own = leading_ws(line) if line.strip() else ""
     indents = {src.body_indent(key): key for key in reversed(valid)}
     if own in indents:
         indent = own
@@ -483,28 +233,249 @@ def _line_place(src: PySource, row: int) -> Place:
     return Place(row, row, indent, False, row)
 
 
-def places_for(path: str, text: str, anchor: Anchor, src: PySource | None = None) -> list[Place]:
+def places_for(
+    path: str, text: str, anchor: Anchor, src: PySource | None = None
+) -> list[Place]:
     """Every distinct place the anchor names (lines naming the same place count once).
 
-    Raises ``ValueError`` for a bad regex or a comment line with no room.
+    Raises ``ValueError`` for a bad regex, a comment line with no room, or a
+    structural anchor in a file that is not Python.
     """
-    lines = split_lines(text)
+    if anchor.kind != "text":
+        if src is None:
+            raise ValueError(f"{anchor.kind} anchors are for .py files ({path} is not one)")
+        return _structural_places(src, anchor)
+    lines = src.raw if src is not None else split_lines(text)
     rows = matching_lines(lines, anchor)
     places: dict[tuple[int, int], Place] = {}
     for row in rows:
         if src is not None:
             place = resolve_python_line(src, row)
+            refusal = _inside_literal(src, row, anchor)
+            if refusal:
+                place = Place(place.start, place.end, place.indent, True, row, refusal=refusal)
         else:
             place = Place(row, row, leading_ws(lines[row - 1]), False, row)
         places.setdefault((place.start, place.end), place)
     return sorted(places.values(), key=lambda p: p.start)
 
 
-def describe_candidates(text: str, places: Sequence[Place], limit: int = 10) -> str:
+# --------------------------------------------------------------------------- structural anchors
+
+_LITERALS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
+_LITERAL_NAMES = {ast.List: "list", ast.Tuple: "tuple", ast.Set: "set", ast.Dict: "dict"}
+
+
+def _elements(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.Dict):
+        return [k if k is not None else v for k, v in zip(node.keys, node.values, strict=False)]
+    return list(node.elts)  # type: ignore[attr-defined]
+
+
+def _element_end(node: ast.Dict | ast.expr, element: ast.expr) -> ast.expr:
+    """The last node of an element (a dict entry ends with its value)."""
+    if isinstance(node, ast.Dict):
+        index = next(i for i, k in enumerate(node.keys) if (k if k is not None else node.values[i]) is element)
+        return node.values[index]
+    return element
+
+
+def _target_name(node: ast.stmt) -> str | None:
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    for target in targets:
+        if isinstance(target, ast.Name | ast.Attribute):
+            return ast.unparse(target)
+    return None
+
+
+def _inside_literal(src: PySource, row: int, anchor: Anchor) -> Callable[[LineLabel], str] | None:
+    """Why a line anchor on ``row`` may not be used: it is an element of a multi-line literal.
+
+    ``after:`` places whole statements; on an element it would land after
+    the whole assignment, which is never what naming an element means.
+    """
+    info = src.statement_at(row)
+    if info is None or info.compound:
+        return None
+    for node in ast.walk(info.node):
+        if not isinstance(node, _LITERALS) or node.lineno >= row or (node.end_lineno or 0) < row:
+            continue
+        for element in _elements(node):
+            last = _element_end(node, element)
+            if element.lineno <= row <= (last.end_lineno or element.lineno):
+                owner = _target_name(info.node)
+                name = _LITERAL_NAMES[type(node)]
+                what = f"the {name} {owner}" if owner else f"a {name}"
+                item = element.value if isinstance(element, ast.Constant) else ast.unparse(element)
+                fix = (
+                    f"; to add an element use into: {owner} with {anchor.side}_item: {item!r}"
+                    if owner
+                    else ""
+                )
+                first, end = node.lineno, node.end_lineno or node.lineno
+                start, stop = info.start, info.end
+                return lambda label: (
+                    f"{label(row)} is an element of {what} ({span_label(label, first, end)}): "
+                    f"{anchor.side}: places whole statements and would land {anchor.side} the "
+                    f"whole statement at {span_label(label, start, stop)}{fix}"
+                )
+    return None
+
+
+def _rows_with(src: PySource, needles: Sequence[str]) -> list[int]:
+    return [n for n, line in enumerate(src.raw, 1) if any(needle in line for needle in needles)]
+
+
+def _structural_places(src: PySource, anchor: Anchor) -> list[Place]:
+    if anchor.kind == "field":
+        found = field_statements(src, anchor.pattern)
+        return [_statement_place(src, info, info.start) for info in found]
+    if anchor.kind == "call":
+        found = call_statements(src, anchor.pattern, anchor.arg)
+        return [_statement_place(src, info, info.start) for info in found]
+    return _item_places(src, anchor)
+
+
+def field_statements(src: PySource, name: str) -> list[StmtInfo]:
+    """The class-body annotated assignments declaring ``name`` (``Class.name`` or ``name``)."""
+    owner, _, field_name = name.rpartition(".")
+    rx = re.compile(rf"^\s*{re.escape(field_name)}\s*:")
+    out: dict[int, StmtInfo] = {}
+    for row in [n for n, line in enumerate(src.raw, 1) if rx.match(line)]:
+        info = src.statement_at(row)
+        node = info.node if info else None
+        if (
+            info is None
+            or not isinstance(node, ast.AnnAssign)
+            or not isinstance(node.target, ast.Name)
+            or node.target.id != field_name
+            or info.owner is None
+            or not isinstance(info.owner.node, ast.ClassDef)
+            or (owner and info.owner.node.name != owner.rpartition(".")[2])
+        ):
+            continue
+        out[info.start] = info
+    return [out[k] for k in sorted(out)]
+
+
+def call_matches(func: ast.expr, wanted: str) -> bool:
+    """``func`` is the function ``wanted`` names (a bare name matches any receiver's method)."""
+    text = ast.unparse(func)
+    if "." in wanted:
+        return text == wanted
+    return text == wanted or text.endswith("." + wanted)
+
+
+def first_string_arg(call: ast.Call) -> str | None:
+    if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+        return call.args[0].value
+    return None
+
+
+def call_statements(src: PySource, func: str, arg: str | None) -> list[StmtInfo]:
+    """Statements holding a call of ``func`` whose first argument is the string ``arg``."""
+    needles = [f'"{arg}"', f"'{arg}'"] if arg else [func.rpartition(".")[2] + "("]
+    out: dict[int, StmtInfo] = {}
+    for row in _rows_with(src, needles):
+        info = src.statement_at(row)
+        if info is None or info.start in out:
+            continue
+        for node in ast.walk(info.node):
+            if (
+                isinstance(node, ast.Call)
+                and call_matches(node.func, func)
+                and (arg is None or first_string_arg(node) == arg)
+            ):
+                owner = src.statement_at(node.lineno)
+                if owner is not None and owner.end >= (node.end_lineno or node.lineno):
+                    out[owner.start] = owner
+    return [out[k] for k in sorted(out)]
+
+
+def literal_statements(src: PySource, name: str) -> list[tuple[StmtInfo, ast.expr]]:
+    """Assignments of a list/tuple/set/dict literal to ``name``, with the literal."""
+    rx = re.compile(rf"(^|[^\w.]){re.escape(name)}\s*(:[^=]*)?=")
+    out: dict[int, tuple[StmtInfo, ast.expr]] = {}
+    for row in [n for n, line in enumerate(src.raw, 1) if rx.search(line)]:
+        info = src.statement_at(row)
+        if info is None or not isinstance(info.node, ast.Assign | ast.AnnAssign):
+            continue
+        value = info.node.value
+        if _target_name(info.node) == name and isinstance(value, _LITERALS):
+            out[info.start] = (info, value)
+    return [out[k] for k in sorted(out)]
+
+
+def _item_places(src: PySource, anchor: Anchor) -> list[Place]:
+    places: list[Place] = []
+    for _info, literal in literal_statements(src, anchor.pattern):
+        elements = _elements(literal)
+        for index, element in enumerate(elements):
+            shown = element.value if isinstance(element, ast.Constant) else ast.unparse(element)
+            if str(shown) != anchor.arg and ast.unparse(element) != anchor.arg:
+                continue
+            last = _element_end(literal, element)
+            first_row, last_row = element.lineno, last.end_lineno or element.lineno
+            place = Place(
+                first_row, last_row, leading_ws(src.line(first_row)), False, first_row, element=True
+            )
+            refusal = _element_refusal(src, literal, elements, index, anchor)
+            places.append(
+                Place(place.start, place.end, place.indent, False, place.line, True, refusal)
+            )
+    return places
+
+
+def _element_refusal(
+    src: PySource,
+    literal: ast.expr,
+    elements: list[ast.expr],
+    index: int,
+    anchor: Anchor,
+) -> Callable[[LineLabel], str] | None:
+    """Why an element cannot be placed beside ``elements[index]`` line-wise, if so."""
+    element = elements[index]
+    last = _element_end(literal, element)
+    first_row, last_row = literal.lineno, literal.end_lineno or literal.lineno
+
+    def name(label: LineLabel) -> str:
+        kind = _LITERAL_NAMES[type(literal)]
+        return f"the {kind} {anchor.pattern} ({span_label(label, first_row, last_row)})"
+
+    if first_row == last_row:
+        return lambda label: f"{name(label)} is written on one line; an element goes on a line of its own"
+    previous = _element_end(literal, elements[index - 1]) if index else None
+    following = elements[index + 1] if index + 1 < len(elements) else None
+    if (
+        element.lineno == first_row
+        or (previous is not None and previous.end_lineno == element.lineno)
+        or (following is not None and following.lineno == last.end_lineno)
+    ):
+        return lambda label: (
+            f"{name(label)} has other elements on the line of {anchor.arg!r}; "
+            "an element goes on a line of its own"
+        )
+    if anchor.side == "after":
+        rest = src.line(last.end_lineno or last.lineno)[last.end_col_offset or 0 :].lstrip()
+        if not rest.startswith(","):
+            return lambda label: (
+                f"{anchor.arg!r} is the last element of {name(label)} and has no trailing comma; "
+                "add one, or use before_item"
+            )
+    return None
+
+
+def describe_candidates(
+    text: str,
+    places: Sequence[Place],
+    limit: int = 10,
+    label: LineLabel = _line_label,
+    lines: Sequence[str] | None = None,
+) -> str:
     """``line N: text; …`` for the first ``limit`` places (one line, for an error)."""
-    lines = split_lines(text)
+    lines = lines if lines is not None else split_lines(text)
     shown = "; ".join(
-        f"line {p.line}: {shorten(strip_eol(lines[p.line - 1]))}" for p in places[:limit]
+        f"{label(p.line)}: {shorten(strip_eol(lines[p.line - 1]))}" for p in places[:limit]
     )
     more = len(places) - limit
     return shown + (f"; … and {more} more" if more > 0 else "")
@@ -533,6 +504,10 @@ def did_you_mean(text: str, pattern: str, limit: int = 3) -> list[tuple[int, str
     return [(row, line) for _, row, line in scored[:limit]]
 
 
+ZeroMatchHint = Callable[[Anchor], str]
+"""Builds the "; did you mean: …" part of a zero-match error (the planner ranks by meaning)."""
+
+
 def locate(
     path: str,
     text: str,
@@ -540,10 +515,14 @@ def locate(
     src: PySource | None,
     *,
     allow_missing: bool = False,
+    exclude: tuple[int, int] | None = None,
+    label: LineLabel = _line_label,
+    hint: ZeroMatchHint | None = None,
 ) -> Place | None:
     """The one place ``spec.anchor`` names, or ``AnchorError`` listing the candidates.
 
     With ``allow_missing`` zero matches give ``None`` (a delete already done).
+    Matches on rows ``exclude`` (a block being re-checked) do not count.
     """
     anchor = spec.anchor
     key = anchor_key(spec)
@@ -553,20 +532,35 @@ def locate(
         places = places_for(path, text, anchor, src)
     except ValueError as exc:
         raise AnchorError(str(exc), file=spec.file, line=spec.line, key=key) from None
+    if exclude is not None:
+        places = [p for p in places if not exclude[0] <= p.line <= exclude[1]]
     if len(places) == 1:
+        if places[0].refusal:
+            raise AnchorError(places[0].refusal(label), file=spec.file, line=spec.line, key=key)
         return places[0]
+    what = "" if anchor.kind == "text" else f" ({anchor.describe()})"
     if not places:
         if allow_missing:
             return None
-        hints = did_you_mean(text, anchor.pattern)
-        hint = ""
-        if hints:
-            hint = "; did you mean: " + "; ".join(f"line {r}: {shorten(t)}" for r, t in hints)
+        if hint is not None:
+            extra = hint(anchor)
+        elif anchor.kind == "text":
+            close = did_you_mean(text, anchor.pattern)
+            extra = "; did you mean: " + "; ".join(
+                f"{label(r)}: {shorten(t)}" for r, t in close
+            ) if close else ""
+        else:
+            extra = ""
         raise AnchorError(
-            f"anchor matches 0 places in {path}{hint}", file=spec.file, line=spec.line, key=key
+            f"anchor matches 0 places in {path}{what}{extra}",
+            file=spec.file,
+            line=spec.line,
+            key=key,
         )
+    lines = src.raw if src is not None else None
     raise AnchorError(
-        f"anchor matches {len(places)} places in {path}: {describe_candidates(text, places)}",
+        f"anchor matches {len(places)} places in {path}{what}: "
+        f"{describe_candidates(text, places, label=label, lines=lines)}",
         file=spec.file,
         line=spec.line,
         key=key,

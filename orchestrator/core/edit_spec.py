@@ -9,23 +9,50 @@ All frozen dataclasses: they are values, compared and hashed freely.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 EditKind = Literal["insert", "replace", "delete", "patch"]
+
+
+AnchorKind = Literal["text", "field", "call", "item"]
 
 
 @dataclass(frozen=True)
 class Anchor:
     """Where an insert (or a delete) lands.
 
-    ``side`` is ``after`` or ``before``; ``pattern`` is literal text unless
-    ``regex`` is true. In a ``.py`` file the anchor names a line and the edit
-    lands beside the innermost whole statement containing that line.
+    ``side`` is ``after`` or ``before``. ``kind`` says how the place is named:
+
+    - ``text``: ``pattern`` is literal text (a regex when ``regex``) on a
+      line; in a ``.py`` file the edit lands beside the innermost whole
+      statement containing that line;
+    - ``field``: ``pattern`` names a class field, ``Class.name`` or ``name``:
+      the edit lands beside that annotated assignment;
+    - ``call``: ``pattern`` is the called function as written
+      (``parser.add_argument``; a bare ``add_argument`` matches any
+      receiver) and ``arg`` the string its first argument must be: the edit
+      lands beside the statement holding that call;
+    - ``item``: ``pattern`` names a list/tuple/set/dict literal assigned to
+      that name and ``arg`` one of its elements (a string's value, or the
+      element's source): the edit is an element, placed beside that one,
+      inside the literal.
     """
 
     side: Literal["after", "before"]
     pattern: str
     regex: bool = False
+    kind: AnchorKind = "text"
+    arg: str | None = None
+
+    def describe(self) -> str:
+        """The anchor as a person would name it in a message."""
+        if self.kind == "field":
+            return f"field {self.pattern}"
+        if self.kind == "call":
+            return f"call {self.pattern}({self.arg!r}, …)" if self.arg else f"call {self.pattern}(…)"
+        if self.kind == "item":
+            return f"element {self.arg!r} of {self.pattern}"
+        return f"/{self.pattern}/" if self.regex else repr(self.pattern)
 
 
 @dataclass(frozen=True)
@@ -84,6 +111,9 @@ class FilePlan:
     result: str
     changes: tuple[Change, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The planner's index of ``original`` (a ``core.pyindex.PySource``), so the
+    # structural check reads the file once, not again; not part of the value.
+    index: Any = field(default=None, compare=False, repr=False)
 
     @property
     def changed(self) -> bool:

@@ -8,7 +8,18 @@ these). Planning is idempotent by construction: each kind of edit recognises
 its own result (a marker block that is already there, an unmarked block
 already beside its anchor, a replacement already made, a patch whose reverse
 applies, a statement already gone), so re-planning an applied playbook is a
-no-op that says so.
+no-op that says so — while its anchors still agree: a marked block re-checks
+its anchor on every run (0 or several places is the clean file's error), and
+a block its anchor no longer points at is moved there (one step: its old
+lines removed, the block inserted beside the anchor).
+
+Several inserts at one anchor land in playbook order (each after the blocks
+earlier edits put there). Errors name lines of the file on disk, also after
+earlier edits moved them (the buffer knows where each line came from).
+
+The buffer is a piece table and the Python index (``core.pyindex``) is
+carried from edit to edit, so planning costs one read of the file plus the
+statements the edits touch.
 
 Pure: strings in, a ``FilePlan`` out; errors are one-line ``ConfigError``s
 located at the playbook key that caused them.
@@ -17,9 +28,10 @@ located at the playbook key that caused them.
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.anchors import (
@@ -34,17 +46,22 @@ from orchestrator.core.anchors import (
     newline_of,
     places_for,
     shorten,
+    span_label,
     split_lines,
     strip_eol,
     sub_key,
 )
-from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
+from orchestrator.core.edit_spec import Anchor, Change, EditSpec, FilePlan
 from orchestrator.core.patches import PatchError, apply_patch
+from orchestrator.core.pyindex import split_bom
 from orchestrator.errors import AnchorError, EditError
 
 # ``Change.note`` values: how an edit changed its lines (``core.structure`` reads them).
 INSERTED = "inserted"
 IN_PLACE = "replaced in place"
+MOVED = "moved"
+MOVED_NOTE = " moved from "  # in a step's note: a block its anchor no longer points at, moved
+ELEMENT = "element"
 REPLACED = "replaced"
 DELETED = "deleted"
 PATCHED = "patched"
@@ -67,12 +84,21 @@ def indent_block(text: str, indent: str) -> list[str]:
 # --------------------------------------------------------------------------- buffer
 
 
-@dataclass
-class _Entry:
-    text: str  # with its line ending
-    origin: int | None  # line number in the original, None for a line an edit wrote
-    edit: int | None  # the edit that wrote it (alive) or removed it (dead)
+@dataclass(eq=False)
+class _Piece:
+    """A run of lines of the text being edited, all of one provenance.
+
+    ``origin`` is the original row of ``lines[0]`` (``None``: an edit wrote
+    them); ``edit`` is the edit that wrote them (alive) or removed them
+    (dead); ``tag`` says which anchor an inserted block was placed at, so a
+    later insert at the same anchor lands after it (playbook order).
+    """
+
+    lines: list[str]  # with their line endings
+    origin: int | None
+    edit: int | None
     alive: bool = True
+    tag: tuple[object, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,56 +106,125 @@ class _Splice:
     start: int  # 1-based lines of the current text; end == start - 1 inserts before start
     end: int
     lines: tuple[str, ...]  # without endings
+    tag: tuple[object, ...] | None = None
 
 
 class _Buffer:
-    """The text being edited, line by line, with each line's provenance."""
+    """The text being edited, as a piece table: untouched runs of the original stay one piece.
+
+    Applying an edit and listing the changes cost time in the number of
+    pieces (the edits), not the number of lines.
+    """
 
     def __init__(self, original: str) -> None:
         self.newline = newline_of(original)
-        self.entries = [_Entry(t, n, None) for n, t in enumerate(split_lines(original), 1)]
+        lines = split_lines(original)
+        self.pieces = [_Piece(lines, 1, None)] if lines else []
+        self._text: str | None = original
 
     def text(self) -> str:
-        return "".join(e.text for e in self.entries if e.alive)
+        if self._text is None:
+            self._text = "".join(
+                itertools.chain.from_iterable(p.lines for p in self.pieces if p.alive)
+            )
+        return self._text
+
+    def _split(self, row: int) -> int:
+        """Index of the piece that starts at alive row ``row`` (splitting one if needed).
+
+        ``len(pieces)`` when ``row`` is past the last alive row. Dead pieces
+        right before that row stay before it.
+        """
+        seen = 0
+        for index, piece in enumerate(self.pieces):
+            if not piece.alive:
+                continue
+            size = len(piece.lines)
+            if seen + size >= row:
+                offset = row - seen - 1
+                if offset == 0:
+                    return index
+                head = _Piece(piece.lines[:offset], piece.origin, piece.edit, True, piece.tag)
+                piece.lines = piece.lines[offset:]
+                if piece.origin is not None:
+                    piece.origin += offset
+                self.pieces.insert(index, head)
+                return index + 1
+            seen += size
+        return len(self.pieces)
 
     def apply(self, splices: Sequence[_Splice], edit: int) -> None:
         for splice in sorted(splices, key=lambda s: s.start, reverse=True):
-            alive = [i for i, e in enumerate(self.entries) if e.alive]
-            new = [_Entry(line + self.newline, None, edit) for line in splice.lines]
+            lines = [line + self.newline for line in splice.lines]
+            new = _Piece(lines, None, edit, True, splice.tag)
             if splice.end >= splice.start:
-                for row in range(splice.start, splice.end + 1):
-                    entry = self.entries[alive[row - 1]]
-                    entry.alive, entry.edit = False, edit
-                at = alive[splice.end - 1] + 1
+                first = self._split(splice.start)
+                after = self._split(splice.end + 1)
+                at = after
+                for index in range(first, after):
+                    piece = self.pieces[index]
+                    if piece.alive:
+                        piece.alive, piece.edit = False, edit
+                        at = index + 1  # right after the last line it replaces
             else:
-                at = alive[splice.start - 1] if splice.start <= len(alive) else len(self.entries)
-            self.entries[at:at] = new
-        live = [e for e in self.entries if e.alive]
-        for entry in live[:-1]:  # a line that was last and gained a successor needs an end
-            if not entry.text.endswith("\n"):
-                entry.text += self.newline
+                at = self._split(splice.start)
+            if lines:
+                self.pieces.insert(at, new)
+        alive = [p for p in self.pieces if p.alive and p.lines]
+        for piece in alive[:-1]:  # a line that was last and gained a successor needs an end
+            if not piece.lines[-1].endswith("\n"):
+                piece.lines = [*piece.lines[:-1], piece.lines[-1] + self.newline]
+        self._text = None
+
+    def lines(self) -> list[str]:
+        """The current text's lines (the same string objects: no copy of the text)."""
+        return list(itertools.chain.from_iterable(p.lines for p in self.pieces if p.alive))
+
+    def line_source(self, row: int) -> tuple[int | None, int | None]:
+        """``(original row, None)`` of alive row ``row``, or ``(None, edit)`` for a line an edit wrote."""
+        seen = 0
+        for piece in self.pieces:
+            if not piece.alive:
+                continue
+            if seen + len(piece.lines) >= row:
+                if piece.origin is None:
+                    return None, piece.edit
+                return piece.origin + row - seen - 1, None
+            seen += len(piece.lines)
+        return None, None
+
+    def tags_after(self, row: int) -> list[tuple[tuple[object, ...] | None, int]]:
+        """``(tag, size)`` of the blocks this plan wrote right after alive row ``row``."""
+        out: list[tuple[tuple[object, ...] | None, int]] = []
+        for piece in self.pieces[self._split(row + 1) :]:
+            if not piece.alive:
+                continue
+            if piece.origin is not None:
+                break
+            out.append((piece.tag, len(piece.lines)))
+        return out
 
     def changes(self, kinds: Sequence[str], notes: dict[int, str]) -> list[Change]:
         """Maximal runs of lines one edit wrote or removed, in both coordinates."""
         out: list[Change] = []
         new_line = 0  # result lines passed so far
         old_line = 0  # original lines passed so far
-        run: list[_Entry] = []
+        run: list[_Piece] = []
         run_edit: int | None = None
         run_new0 = run_old0 = 0
 
         def flush() -> None:
             if run_edit is None or not run:
                 return
-            olds = [e.origin for e in run if not e.alive and e.origin is not None]
-            news = sum(1 for e in run if e.alive)
-            old_start = olds[0] if olds else run_old0 + 1
-            old_end = olds[-1] if olds else old_start - 1
+            dead = [p for p in run if not p.alive and p.origin is not None]
+            news = sum(len(p.lines) for p in run if p.alive)
+            old_start = dead[0].origin if dead else run_old0 + 1
+            old_end = (dead[-1].origin + len(dead[-1].lines) - 1) if dead else old_start - 1  # type: ignore[operator]
             out.append(
                 Change(
                     edit_index=run_edit,
                     kind=kinds[run_edit],  # type: ignore[arg-type]
-                    old_start=old_start,
+                    old_start=old_start,  # type: ignore[arg-type]
                     old_end=old_end,
                     new_start=run_new0 + 1,
                     new_end=run_new0 + news,
@@ -137,19 +232,19 @@ class _Buffer:
                 )
             )
 
-        for entry in self.entries:
-            if not entry.alive and entry.origin is None:
+        for piece in self.pieces:
+            if not piece.lines or (not piece.alive and piece.origin is None):
                 continue  # written by one edit, removed by a later one: in neither text
-            touched = entry.edit if (entry.origin is None or not entry.alive) else None
+            touched = piece.edit if (piece.origin is None or not piece.alive) else None
             if touched != run_edit or touched is None:
                 flush()
                 run, run_edit, run_new0, run_old0 = [], touched, new_line, old_line
             if touched is not None:
-                run.append(entry)
-            if entry.alive:
-                new_line += 1
-            if entry.origin is not None:
-                old_line = entry.origin
+                run.append(piece)
+            if piece.alive:
+                new_line += len(piece.lines)
+            if piece.origin is not None:
+                old_line = piece.origin + len(piece.lines) - 1
         flush()
         return out
 
@@ -164,31 +259,91 @@ class _Step:
     mode: str
 
 
+HintSource = Callable[[str, str, "PySource | None", Anchor, Callable[[int], str]], str]
+"""``(path, text, index, anchor, label) -> "; did you mean: …"`` for an anchor that matches nothing."""
+
+
+class _StrippedRows(Sequence[str]):
+    """The lines of a text without their endings, stripped only when looked at."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self._lines = lines
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            return [strip_eol(line) for line in self._lines[index]]
+        return strip_eol(self._lines[index])
+
+
 class _Planner:
-    def __init__(self, path: str, comment: str | None, edits: Sequence[EditSpec]) -> None:
+    def __init__(
+        self,
+        path: str,
+        comment: str | None,
+        edits: Sequence[EditSpec],
+        buffer: _Buffer,
+        hints: HintSource | None = None,
+    ) -> None:
         self.path = path
         self.edits = edits
+        self.buffer = buffer
+        self.hints = hints
         self.comment = comment_prefix(path, comment)
         self.python = is_python(path)
         self._src: PySource | None = None
-        self._src_text: str | None = None
+        self.original_src: PySource | None = None
+        self.lines: list[str] = []  # the current text's lines, set before each step
 
-    def source(self, text: str, spec: EditSpec, after_edit: int | None) -> PySource | None:
-        """The Python index of ``text`` (``None`` for other files); parsed once per text."""
+    def source(self, text: str) -> PySource | None:
+        """The Python index of the current text (``None`` for other files).
+
+        The original is indexed once (one tokenize pass); each later text is
+        indexed from the previous one by ``spliced`` (``applied``), so only the
+        rows an edit touched are ever read again.
+        """
         if not self.python:
             return None
-        if self._src_text != text or self._src is None:
-            try:
-                self._src = PySource(self.path, text)
-            except SyntaxError as exc:
-                where = f" (after edit {after_edit})" if after_edit else ""
-                raise edit_error(spec, f"{exc.msg}{where}") from None
-            self._src_text = text
+        if self._src is None:
+            self._src = PySource(self.path, text, _raw=self.lines)
+            self.original_src = self._src
         return self._src
+
+    def applied(self, text: str, lines: list[str], splices: Sequence[_Splice]) -> None:
+        """The buffer now holds ``text``, made by ``splices``: keep the index in step."""
+        self.lines = lines
+        if self._src is not None:
+            self._src = self._src.spliced(
+                self.path, text, [(s.start, s.end, len(s.lines)) for s in splices], lines
+            )
+
+    # -- naming lines in messages
+
+    def label(self, row: int) -> str:
+        """How a message names row ``row`` of the current text: its line on disk, or its origin."""
+        origin, edit = self.buffer.line_source(row)
+        if origin is not None:
+            return f"line {origin}"
+        return f"a line edit {edit + 1} inserts" if edit is not None else f"line {row}"
+
+    def _locate(
+        self, text: str, spec: EditSpec, src: PySource | None, **kw: object
+    ) -> Place | None:
+        return locate(
+            self.path, text, spec, src, label=self.label, hint=self._hint(text, src), **kw  # type: ignore[arg-type]
+        )
+
+    def _hint(self, text: str, src: PySource | None) -> Callable[[Anchor], str] | None:
+        if self.hints is None:
+            return None
+        hints = self.hints
+        return lambda anchor: hints(self.path, text, src, anchor, self.label)
 
     # -- insert
 
-    def insert(self, text: str, spec: EditSpec, index: int, after_edit: int | None) -> _Step:
+    def insert(self, text: str, spec: EditSpec, index: int) -> _Step:
         if not spec.text.strip():
             raise edit_error(spec, "insert text is empty")
         if spec.anchor is None:
@@ -198,50 +353,131 @@ class _Planner:
                 line=spec.line,
                 key=spec.key,
             )
-        lines = split_lines(text)
+        lines = self.lines
+        src = self.source(text)
+        moved: tuple[int, int] | None = None
         if spec.markers:
             marker_id = spec.marker_id or f"edit-{index + 1}"
-            block = self._find_block(lines, marker_id, spec)
+            block = self._find_block(text, lines, marker_id, spec)
+            # Applied or not, the anchor must name exactly one place (the
+            # block's own lines do not count): a re-run re-checks it.
+            place = self._locate(text, spec, src, exclude=block)
+            assert place is not None
             if block is not None:
                 first, last = block
-                indent = leading_ws(lines[first - 1])
-                new = self._wrapped(spec, marker_id, indent)
-                if [strip_eol(line) for line in lines[first - 1 : last]] == new:
-                    return _Step([], f"already applied (block orch:{marker_id})", "")
-                return _Step(
-                    [_Splice(first, last, tuple(new))],
-                    f"block orch:{marker_id} replaced in place (lines {first}-{last})",
-                    IN_PLACE,
-                )
-            src = self.source(text, spec, after_edit)
-            place = locate(self.path, text, spec, src)
-            assert place is not None
-            new = self._wrapped(spec, marker_id, place.indent)
+                if self._marked_block_beside(lines, place, block, spec.anchor.side, src):
+                    indent = place.indent if place.statement else leading_ws(lines[first - 1])
+                    new = self._wrapped(spec, marker_id, indent, place.element)
+                    if [strip_eol(line) for line in lines[first - 1 : last]] == new:
+                        return _Step([], f"already applied (block orch:{marker_id})", "")
+                    return _Step(
+                        [_Splice(first, last, tuple(new))],
+                        f"block orch:{marker_id} replaced in place (lines {first}-{last})",
+                        IN_PLACE,
+                    )
+                moved = block
+            new = self._wrapped(spec, marker_id, place.indent, place.element)
         else:
-            src = self.source(text, spec, after_edit)
-            place = self._unmarked_place(text, lines, spec, src)
-            if place is None:
+            found = self._unmarked_place(text, lines, spec, src)
+            if found is None:
                 return _Step([], "already applied", "")
-            new = indent_block(spec.text, place.indent)
+            place = found
+            new = self._block_lines(spec.text, place.indent, place.element)
         side = spec.anchor.side
+        tag = self._tag(place, side)
         if side == "after":
-            splice = _Splice(place.end + 1, place.end, tuple(new))
+            # After blocks earlier edits of this plan put at the same anchor: playbook order.
+            at = place.end + 1 + sum(size for t, size in self.buffer.tags_after(place.end) if t == tag)
+            splice = _Splice(at, at - 1, tuple(new), tag)
         else:
-            splice = _Splice(place.start, place.start - 1, tuple(new))
-        what = "statement" if place.statement else "line"
-        span = (
-            f"lines {place.start}-{place.end}" if place.end > place.start else f"line {place.start}"
-        )
-        return _Step([splice], f"inserted {side} the {what} at {span}", INSERTED)
+            splice = _Splice(place.start, place.start - 1, tuple(new), tag)
+        what = "element" if place.element else ("statement" if place.statement else "line")
+        span = span_label(self.label, place.start, place.end)
+        if moved is not None:
+            was = span_label(self.label, moved[0], moved[1])
+            return _Step(
+                [_Splice(moved[0], moved[1], ()), splice],
+                f"block orch:{spec.marker_id or f'edit-{index + 1}'}{MOVED_NOTE}{was} to "
+                f"{side} the {what} at {span} (its anchor no longer points at it)",
+                MOVED,
+            )
+        return _Step([splice], f"inserted {side} the {what} at {span}", ELEMENT if place.element else INSERTED)
 
-    def _wrapped(self, spec: EditSpec, marker_id: str, indent: str) -> list[str]:
+    def _tag(self, place: Place, side: str) -> tuple[object, ...]:
+        """What identifies the anchor of an insert, so later inserts there keep playbook order.
+
+        The anchor's first and last lines on disk: a class and its last field
+        end on the same line but are different anchors.
+        """
+        first, _ = self.buffer.line_source(place.start)
+        last, _ = self.buffer.line_source(place.end)
+        if first is None or last is None:
+            return (side, object())  # an anchor on inserted lines: no ordering promise
+        return (side, place.element, first, last)
+
+    def _block_lines(self, text: str, indent: str, element: bool) -> list[str]:
+        """The inserted lines; an element block ends with a comma (it sits among elements)."""
+        rows = indent_block(text, indent)
+        if element:
+            last = max((k for k, row in enumerate(rows) if row.strip() and not row.strip().startswith("#")), default=None)
+            if last is not None and not rows[last].rstrip().endswith(","):
+                rows[last] = rows[last].rstrip() + ","
+        return rows
+
+    def _unmarked_texts(self, but: EditSpec | None = None) -> list[str]:
+        """The texts of this plan's unmarked inserts (blocks that may sit between an anchor and
+        its block), except ``but``'s."""
+        return [
+            other.text
+            for other in self.edits
+            if other is not but and other.kind == "insert" and not other.markers and other.text.strip()
+        ]
+
+    def _marked_block_beside(
+        self,
+        lines: Sequence[str],
+        place: Place,
+        block: tuple[int, int],
+        side: str,
+        src: PySource | None,
+    ) -> bool:
+        """The block sits where its anchor puts it: only comments, blank lines and other
+        orch blocks between them."""
+        rows = _StrippedRows(lines)
+        after = side == "after"
+        at = place.end + 1 if after else place.start - 1
+        target = block[0] if after else block[1]
+        indent = place.indent if place.statement else None
+        while 1 <= at <= len(rows):
+            if at == target:
+                return True
+            skip = self._marker_block_len(rows, at, after)
+            if not skip:
+                skip = next(
+                    (len(indent_block(o, "")) for o in self._unmarked_texts() if _block_at(rows, at, o, indent, after)),
+                    0,
+                )
+            if not skip and not rows[at - 1].strip():
+                skip = 1
+            if not skip and src is not None and src.ll_index(at) is None:
+                skip = 1  # a comment line
+            if not skip:
+                return False
+            at = at + skip if after else at - skip
+        return False
+
+    def _wrapped(
+        self, spec: EditSpec, marker_id: str, indent: str, element: bool = False
+    ) -> list[str]:
         begin, end = marker_lines(self.comment, marker_id, indent)
-        return [begin, *indent_block(spec.text, indent), end]
+        return [begin, *self._block_lines(spec.text, indent, element), end]
 
     def _find_block(
-        self, lines: Sequence[str], marker_id: str, spec: EditSpec
+        self, text: str, lines: Sequence[str], marker_id: str, spec: EditSpec
     ) -> tuple[int, int] | None:
         """Rows of the begin and end marker of block ``marker_id``, if it exists."""
+        if f"orch {marker_id}" not in text:
+            return None
         prefix = re.escape(self.comment)
         name = re.escape(marker_id)
         begin_rx = re.compile(rf"^[ \t]*{prefix} >>> orch {name}[ \t]*$")
@@ -281,32 +517,29 @@ class _Planner:
 
         Beside means right after (before) the place, or past comments and other
         blocks this plan inserts there (their text, or any marker block): two unmarked
-        inserts at one anchor both stay recognised. A block found beside any
-        of several candidate places counts as applied: inserting it again is
-        never what a re-run means.
+        inserts at one anchor both stay recognised. Applied or not, the anchor
+        must name exactly one place (the block's own lines do not count).
         """
         assert spec.anchor is not None
         try:
             places = places_for(self.path, text, spec.anchor, src)
         except ValueError:
             places = []
-        rows = [strip_eol(line) for line in lines]
+        rows = _StrippedRows(lines)
         after = spec.anchor.side == "after"
-        others = [
-            other.text
-            for other in self.edits
-            if other is not spec
-            and other.kind == "insert"
-            and not other.markers
-            and other.text.strip()
-        ]
+        others = self._unmarked_texts(spec)
         for place in places:
             # A statement fixes the block's indentation; a comment line's may
             # legitimately differ once the block is there, so any is accepted.
             indent = place.indent if place.statement else None
-            if self._beside(rows, place, spec.text, others, indent, after, src):
+            text_there = spec.text
+            if place.element:  # an element block got its comma when inserted
+                text_there = "\n".join(self._block_lines(spec.text, "", True)) + "\n"
+            found = self._beside(rows, place, text_there, others, indent, after, src)
+            if found is not None:
+                self._locate(text, spec, src, exclude=found)  # raises unless one place is left
                 return None
-        return locate(self.path, text, spec, src)
+        return self._locate(text, spec, src)
 
     def _beside(
         self,
@@ -317,11 +550,13 @@ class _Planner:
         indent: str | None,
         after: bool,
         src: PySource | None,
-    ) -> bool:
+    ) -> tuple[int, int] | None:
+        """Rows of ``text``'s block if it sits beside ``place`` (see ``_unmarked_place``)."""
+        size = len(indent_block(text, ""))
         at = place.end + 1 if after else place.start - 1  # first row after / last row before
         while 1 <= at <= len(rows) + 1:
             if _block_at(rows, at, text, indent, after):
-                return True
+                return (at, at + size - 1) if after else (at - size + 1, at)
             skip = self._marker_block_len(rows, at, after)
             if not skip:
                 skip = next(
@@ -335,9 +570,9 @@ class _Planner:
             if not skip and src is not None and 1 <= at <= len(rows) and src.ll_index(at) is None:
                 skip = 1  # a comment or blank line (a later delete may have bared one)
             if not skip:
-                return False
+                return None
             at = at + skip if after else at - skip
-        return False
+        return None
 
     def _marker_block_len(self, rows: Sequence[str], at: int, after: bool) -> int:
         """Length of a marker block starting (ending) at row ``at``, else 0."""
@@ -394,9 +629,9 @@ class _Planner:
 
     # -- delete
 
-    def delete(self, text: str, spec: EditSpec, after_edit: int | None) -> _Step:
-        src = self.source(text, spec, after_edit)
-        place = locate(self.path, text, spec, src, allow_missing=True)
+    def delete(self, text: str, spec: EditSpec) -> _Step:
+        src = self.source(text)
+        place = self._locate(text, spec, src, allow_missing=True)
         if place is None:
             return _Step([], "already absent", "")
         span = (
@@ -576,44 +811,64 @@ def _check_marker_ids(edits: Sequence[EditSpec]) -> None:
 
 
 def plan_file(
-    path: str, original: str, edits: Sequence[EditSpec], *, comment: str | None = None
+    path: str,
+    original: str,
+    edits: Sequence[EditSpec],
+    *,
+    comment: str | None = None,
+    hints: HintSource | None = None,
 ) -> FilePlan:
     """Apply ``edits`` in order to ``original`` (the text of ``path``), in memory.
 
     ``comment`` is the marker comment leader (default ``#``, ``//`` for C-like
     files). A marked insert without ``marker_id`` uses ``edit-N`` (its 1-based
-    position). Raises ``AnchorError`` / ``EditError`` naming the playbook key.
+    position). A UTF-8 byte order mark stays where it is, before line 1, and
+    line numbers do not count it. ``hints`` ranks "did you mean" candidates
+    for an anchor that matches nothing (default: similar lines). Line
+    numbers in errors are the original file's. Raises ``AnchorError`` /
+    ``EditError`` naming the playbook key.
     """
     _check_marker_ids(edits)
-    planner = _Planner(path, comment, edits)
-    buffer = _Buffer(original)
+    bom, body = split_bom(original)
+    buffer = _Buffer(body)
+    planner = _Planner(path, comment, edits, buffer, hints)
+    planner.lines = buffer.lines()
     notes: list[str] = []
     modes: dict[int, str] = {}
     last_changed: int | None = None
     for index, spec in enumerate(edits):
         text = buffer.text()
-        if spec.kind == "insert":
-            step = planner.insert(text, spec, index, last_changed)
-        elif spec.kind == "replace":
-            step = planner.replace(text, spec)
-        elif spec.kind == "delete":
-            step = planner.delete(text, spec, last_changed)
-        elif spec.kind == "patch":
-            step = planner.patch(text, spec)
-        else:
-            raise edit_error(spec, f"unknown edit kind {spec.kind!r}")
+        try:
+            step = _step(planner, text, spec, index)
+        except SyntaxError as exc:
+            where = f" (after edit {last_changed})" if last_changed else ""
+            raise edit_error(spec, f"{exc.msg}{where}") from None
         if step.splices:
             buffer.apply(step.splices, index)
+            planner.applied(buffer.text(), buffer.lines(), step.splices)
             modes[index] = step.mode
             last_changed = index + 1
         notes.append(f"edit {index + 1}: {step.note}")
     kinds = [spec.kind for spec in edits]
     result = buffer.text()
-    changes = buffer.changes(kinds, modes) if result != original else []
+    changes = buffer.changes(kinds, modes) if result != body else []
     return FilePlan(
         path=path,
         original=original,
-        result=result,
+        result=bom + result,
         changes=tuple(changes),
         notes=tuple(notes),
+        index=planner.original_src,
     )
+
+
+def _step(planner: _Planner, text: str, spec: EditSpec, index: int) -> _Step:
+    if spec.kind == "insert":
+        return planner.insert(text, spec, index)
+    if spec.kind == "replace":
+        return planner.replace(text, spec)
+    if spec.kind == "delete":
+        return planner.delete(text, spec)
+    if spec.kind == "patch":
+        return planner.patch(text, spec)
+    raise edit_error(spec, f"unknown edit kind {spec.kind!r}")

@@ -175,14 +175,89 @@ def _regex(value: str | None) -> str | None:
     return value
 
 
-EDIT_KINDS = ("insert", "content", "replace", "replace_regex", "delete", "delete_regex", "patch")
-ANCHOR_KEYS = ("after", "before", "after_regex", "before_regex")
+EDIT_KINDS = (
+    "insert",
+    "content",
+    "replace",
+    "replace_regex",
+    "delete",
+    "delete_regex",
+    "patch",
+    "add_flag",
+)
+ANCHOR_KEYS = (
+    "after",
+    "before",
+    "after_regex",
+    "before_regex",
+    "after_field",
+    "before_field",
+    "after_call",
+    "before_call",
+    "after_item",
+    "before_item",
+)
+FLAG_TYPES = ("int", "float", "str", "bool")
+FLAG_NAME = re.compile(r"(--)?[A-Za-z_][A-Za-z0-9_-]*")
+"""What ``add_flag``'s ``name`` and ``near`` look like: a field name or a ``--flag``."""
 
 
 def _got(names: Sequence[str]) -> str:
     if not names:
         return "none"
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+def _call_anchor(value: Any) -> Any:
+    """``after_call: "--flag"`` is short for ``{func: add_argument, arg: "--flag"}``."""
+    if isinstance(value, str):
+        return {"func": "add_argument", "arg": value}
+    return value
+
+
+class CallAnchor(_Model):
+    """A call named by its function (``parser.add_argument``; bare ``add_argument``: any
+    receiver) and the string its first argument must be."""
+
+    func: str = Field(min_length=1)
+    arg: str | None = Field(None, min_length=1)
+
+
+class FlagEdit(_Model):
+    """``add_flag``: a new server flag, declared the way the file's release declares flags.
+
+    ``name`` is the field (``speculative_disable_batch_threshold``) or the flag
+    (``--speculative-disable-batch-threshold``); ``near`` the neighbouring
+    flag it goes after, in either form.
+    """
+
+    name: str = Field(min_length=1)
+    type: Literal["int", "float", "str", "bool"] = "str"
+    default: Any = None
+    help: str = ""
+    near: str = Field(min_length=1)
+
+    @field_validator("name", "near")
+    @classmethod
+    def _flag_like(cls, value: str) -> str:
+        stem = value.strip()
+        if "{" not in stem and not FLAG_NAME.fullmatch(stem):  # a template is checked once rendered
+            raise ValueError(f"expected a field name or a --flag (got: {value!r})")
+        return stem
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> FlagEdit:
+        if self.default is None or isinstance(self.default, str) and "{" in self.default:
+            return self  # none, or a template rendered later
+        ok = {
+            "int": isinstance(self.default, int) and not isinstance(self.default, bool),
+            "float": isinstance(self.default, int | float) and not isinstance(self.default, bool),
+            "str": isinstance(self.default, str),
+            "bool": isinstance(self.default, bool),
+        }[self.type]
+        if not ok:
+            raise ValueError(f"default {self.default!r} is not a {self.type}")
+        return self
 
 
 class Edit(_Model):
@@ -195,18 +270,33 @@ class Edit(_Model):
     delete: str | None = Field(None, min_length=1)
     delete_regex: str | None = Field(None, min_length=1)
     patch: str | None = Field(None, min_length=1)
+    add_flag: FlagEdit | None = None
     after: str | None = Field(None, min_length=1)
     before: str | None = Field(None, min_length=1)
     after_regex: str | None = Field(None, min_length=1)
     before_regex: str | None = Field(None, min_length=1)
+    after_field: str | None = Field(None, min_length=1)
+    before_field: str | None = Field(None, min_length=1)
+    after_call: Annotated[CallAnchor | None, BeforeValidator(_call_anchor)] = None
+    before_call: Annotated[CallAnchor | None, BeforeValidator(_call_anchor)] = None
+    into: str | None = Field(None, min_length=1)
+    after_item: str | None = Field(None, min_length=1)
+    before_item: str | None = Field(None, min_length=1)
     with_: str | None = Field(None, alias="with")
     count: int = Field(1, ge=1)
     markers: bool | None = None
-    id: str | None = Field(None, min_length=1)
+    id: str | None = Field(None, min_length=1, pattern=r"^\S+$")
+    when: str | None = Field(None, min_length=1)
 
     _check_regexes = field_validator(
         "replace_regex", "delete_regex", "after_regex", "before_regex"
     )(_regex)
+
+    @field_validator("after_item", "before_item", mode="before")
+    @classmethod
+    def _item_text(cls, value: Any) -> Any:
+        """An element may be written as a number or a bare word: it is compared as text."""
+        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
     @property
     def kind_key(self) -> str:
@@ -232,6 +322,11 @@ class Edit(_Model):
                 )
         elif anchors:
             raise ValueError(f"{anchors[0]} is only for insert and content, not {kind}")
+        item = anchors[0].endswith("_item") if anchors else False
+        if item and self.into is None:
+            raise ValueError(f"{anchors[0]} needs into: (the list, tuple, set or dict it is an element of)")
+        if self.into is not None and not item:
+            raise ValueError("into is only with after_item or before_item")
         if kind in ("replace", "replace_regex"):
             if self.with_ is None:
                 raise ValueError(f"{kind} needs with: (the replacement text)")
@@ -281,6 +376,7 @@ class FileEntry(_Model):
     )
     markers: bool = True
     comment: str | None = Field(None, min_length=1)
+    when: str | None = Field(None, min_length=1)
 
 
 def _check_flag_value(value: Any) -> Any:
@@ -304,6 +400,11 @@ class Server(_Model):
 
     ``command`` is optional: without it, ``flags`` are applied to the command
     line of the server running now (found by pidfile or health port).
+    ``preflight`` is a command that runs the server's own argument parser on
+    the new command line without starting a server (``{{ argv }}`` as a word
+    of its own is the new command line's words, ``{{ command }}`` the same,
+    shell-quoted, as one word); without it orch uses a default for the servers
+    it knows (``core.preflight``).
     """
 
     manager: Literal["process", "commands"] = "process"
@@ -320,6 +421,8 @@ class Server(_Model):
     stop: str | None = Field(None, min_length=1)
     pid: str | None = Field(None, min_length=1)
     status: str | None = Field(None, min_length=1)
+    preflight: str | None = Field(None, min_length=1)
+    preflight_timeout: Duration = 120.0  # the parser imports the server's modules: seconds, on a big box
 
     @field_validator("flags", mode="after")
     @classmethod

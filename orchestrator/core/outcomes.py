@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from orchestrator.core.restore import RestoreRecord
-from orchestrator.errors import HostKeyError, LinkLostError, UnreachableError
+from orchestrator.errors import HostKeyError, LinkLostError, PreflightRefusedError, UnreachableError
 
 
 class Step(IntEnum):
@@ -51,6 +51,10 @@ def verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None =
     if restore is not None:
         if not restore.ok:
             return Verdict("rollback_failed", 3)
+        if isinstance(cause, PreflightRefusedError):
+            # step 7 of the contract: a refusal after the commit, undone (even when only
+            # the command line was to change): the deploy failed, the host is as it was
+            return Verdict("rolled_back", 1)
         if reached < Step.COMMITTING:
             # The release was closed; nothing on the host had changed.
             return Verdict("failed", 1 if interrupted else 2)

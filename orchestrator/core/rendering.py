@@ -18,7 +18,10 @@ import yaml
 
 from orchestrator.core.cmdline import FlagValue, apply_flags, render_words, split_words
 from orchestrator.core.edit_spec import Anchor, EditSpec
+from orchestrator.core.flags import FlagRequest
+from orchestrator.core.layouts import field_name
 from orchestrator.core.models import (
+    FLAG_NAME,
     PYTHON_SYNTAX,
     Check,
     Edit,
@@ -34,8 +37,9 @@ from orchestrator.core.templating import Renderer
 from orchestrator.core.yamlsrc import Loc
 from orchestrator.errors import ConfigError
 
-FORCED_BUILTINS = ("python",)
-"""Builtins no var can override: ``{{ python }}`` is always ``server.python`` or python3."""
+FORCED_BUILTINS = ("python", "facts")
+"""Builtins no var can override: ``{{ python }}`` is always ``server.python`` or python3,
+``facts`` what the host said."""
 
 
 # ----------------------------------------------------------------- vars
@@ -121,17 +125,26 @@ class ValidateStep:
     key: str | None = None
 
 
+RenderedEdit = EditSpec | FlagRequest
+"""An edit ready for the engine, or an ``add_flag`` that becomes inserts once its file is read."""
+
+
 @dataclass(frozen=True)
 class RenderedFile:
-    """One target file with its edits rendered."""
+    """One target file with its edits rendered (those whose ``when:`` holds).
+
+    ``index`` is the entry's position in the playbook's ``files`` (entries
+    whose ``when:`` is false are left out, so positions can skip).
+    """
 
     path: str
-    edits: tuple[EditSpec, ...]
+    edits: tuple[RenderedEdit, ...]
     validate: tuple[ValidateStep, ...] = ()
     comment: str | None = None
     file: str | None = None
     line: int | None = None
     key: str | None = None
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +169,10 @@ class RenderedServer:
     stop: list[str] | None = None
     pid: list[str] | None = None
     status: list[str] | None = None
+    # rendered once the new command line is known (``core.preflight``): the raw
+    # ``server.preflight`` and where it is in the playbook
+    preflight: str | None = None
+    preflight_where: tuple[str | None, int | None, str | None] = (None, None, None)
 
     def desired_argv(self, base: Sequence[str] | None = None) -> list[str] | None:
         """``base`` (default: ``argv``) with ``flags`` applied."""
@@ -219,6 +236,12 @@ class _Ctx:
     def words(self, command: str, loc: Loc) -> list[str]:
         return render_words(command, self.vars, self.renderer, **self.where(loc))
 
+    def holds(self, expression: str | None, loc: Loc) -> bool:
+        """A ``when:`` expression's truth (no expression: true)."""
+        if expression is None:
+            return True
+        return bool(self.renderer.evaluate(expression, self.vars, **self.where(loc)))
+
     def value(self, value: Any, loc: Loc) -> Any:
         """Render every string inside ``value`` (types of non-strings kept)."""
         if isinstance(value, str):
@@ -238,7 +261,11 @@ def render_playbook(
 ) -> RenderedPlaybook:
     """Render everything in ``pb`` with ``vars``; ``TemplateError``/``ConfigError`` located."""
     ctx = _Ctx(renderer, vars, locations or pb.locations)
-    files = tuple(_file(pb, i, entry, ctx) for i, entry in enumerate(pb.files))
+    files = tuple(
+        _file(pb, i, entry, ctx)
+        for i, entry in enumerate(pb.files)
+        if ctx.holds(entry.when, ("files", i, "when"))
+    )
     return RenderedPlaybook(
         name=pb.name,
         files=files,
@@ -258,6 +285,7 @@ def _file(pb: Playbook, index: int, entry: FileEntry, ctx: _Ctx) -> RenderedFile
     edits = tuple(
         _edit(pb, entry, (*base, "edits", j), edit, ctx, f"{pb.name}:{index}.{j}")
         for j, edit in enumerate(entry.edits)
+        if ctx.holds(edit.when, (*base, "edits", j, "when"))
     )
     steps: list[ValidateStep] = []
     for k, item in enumerate(entry.validate_):
@@ -275,30 +303,108 @@ def _file(pb: Playbook, index: int, entry: FileEntry, ctx: _Ctx) -> RenderedFile
         edits=edits,
         validate=tuple(steps),
         comment=entry.comment,
+        index=index,
         **ctx.where((*base, "path")),
+    )
+
+
+def render_paths(
+    pb: Playbook, locations: Locations | None, vars: Mapping[str, Any], renderer: Renderer
+) -> list[str]:
+    """Every ``files[].path``, rendered (``when:`` not looked at): what to read from the host."""
+    ctx = _Ctx(renderer, vars, locations or pb.locations)
+    return [ctx.string(entry.path, ("files", i, "path")).strip() for i, entry in enumerate(pb.files)]
+
+
+_STRUCTURAL = {
+    "after_field": ("after", "field"),
+    "before_field": ("before", "field"),
+    "after_call": ("after", "call"),
+    "before_call": ("before", "call"),
+    "after_item": ("after", "item"),
+    "before_item": ("before", "item"),
+}
+
+
+def _anchor(edit: Edit, key: str, loc: Loc, ctx: _Ctx) -> Anchor:
+    """The anchor under ``key``, its strings rendered (anchors are templates too)."""
+    if key in _STRUCTURAL:
+        side, kind = _STRUCTURAL[key]
+        if kind == "call":
+            call = getattr(edit, key)
+            return Anchor(
+                side,  # type: ignore[arg-type]
+                ctx.string(call.func, (*loc, key, "func")),
+                kind="call",
+                arg=ctx.string(call.arg, (*loc, key, "arg")) if call.arg is not None else None,
+            )
+        if kind == "item":
+            return Anchor(
+                side,  # type: ignore[arg-type]
+                ctx.string(str(edit.into), (*loc, "into")),
+                kind="item",
+                arg=ctx.string(str(getattr(edit, key)), (*loc, key)),
+            )
+        return Anchor(side, ctx.string(str(getattr(edit, key)), (*loc, key)), kind="field")  # type: ignore[arg-type]
+    return Anchor(
+        side="before" if key.startswith("before") else "after",
+        pattern=ctx.string(str(getattr(edit, key)), (*loc, key)),
+        regex=key.endswith("_regex"),
+    )
+
+
+def _flag(edit: Edit, loc: Loc, ctx: _Ctx, common: dict[str, Any]) -> FlagRequest:
+    flag = edit.add_flag
+    assert flag is not None
+    base = (*loc, "add_flag")
+    default = flag.default
+    if isinstance(default, str):
+        default = ctx.string(default, (*base, "default"))
+        if flag.type != "str":
+            default = yaml_scalar(default)
+    expected = {"int": int, "float": (int, float), "str": str, "bool": bool}[flag.type]
+    if default is not None and (
+        not isinstance(default, expected) or (flag.type != "bool" and isinstance(default, bool))
+    ):
+        raise ConfigError(f"default {default!r} is not a {flag.type}", **ctx.where((*base, "default")))
+    names = {}
+    for key in ("name", "near"):
+        value = ctx.string(getattr(flag, key), (*base, key)).strip()
+        if not FLAG_NAME.fullmatch(value):
+            raise ConfigError(
+                f"expected a field name or a --flag (got: {value!r})", **ctx.where((*base, key))
+            )
+        names[key] = field_name(value)
+    return FlagRequest(
+        name=names["name"],
+        type=flag.type,
+        default=float(default) if flag.type == "float" and default is not None else default,
+        help=ctx.string(flag.help, (*base, "help")),
+        near=names["near"],
+        **common,
+        **ctx.where(base),
     )
 
 
 def _edit(
     pb: Playbook, entry: FileEntry, loc: Loc, edit: Edit, ctx: _Ctx, default_id: str
-) -> EditSpec:
+) -> RenderedEdit:
     kind_key = edit.kind_key
     kind_loc = (*loc, kind_key)
     markers = edit.markers if edit.markers is not None else entry.markers
     common: dict[str, Any] = {"markers": markers, "marker_id": edit.id or default_id}
+    if kind_key == "add_flag":
+        return _flag(edit, loc, ctx, common)
     if kind_key in ("insert", "content"):
         anchor_key = edit.anchor_key or "after"
         if kind_key == "insert":
             text = ctx.renderer.render_template(str(edit.insert), ctx.vars, **ctx.where(kind_loc))
         else:
             text = ctx.string(str(edit.content), kind_loc)
-        anchor = Anchor(
-            side="before" if anchor_key.startswith("before") else "after",
-            pattern=str(getattr(edit, anchor_key)),
-            regex=anchor_key.endswith("_regex"),
-        )
+        anchor = _anchor(edit, anchor_key, loc, ctx)
+        where_key = "into" if anchor_key.endswith("_item") else anchor_key
         return EditSpec(
-            kind="insert", text=text, anchor=anchor, **common, **ctx.where((*loc, anchor_key))
+            kind="insert", text=text, anchor=anchor, **common, **ctx.where((*loc, where_key))
         )
     if kind_key in ("replace", "replace_regex"):
         text = ctx.string(str(edit.with_), (*loc, "with"))
@@ -313,7 +419,9 @@ def _edit(
         )
     if kind_key in ("delete", "delete_regex"):
         anchor = Anchor(
-            side="after", pattern=str(getattr(edit, kind_key)), regex=kind_key == "delete_regex"
+            side="after",
+            pattern=ctx.string(str(getattr(edit, kind_key)), kind_loc),
+            regex=kind_key == "delete_regex",
         )
         return EditSpec(kind="delete", anchor=anchor, **common, **ctx.where(kind_loc))
     diff = ctx.renderer.source(str(edit.patch), **ctx.where(kind_loc))
@@ -349,6 +457,8 @@ def _server(server: Server, ctx: _Ctx) -> RenderedServer:
         stop=words("stop"),
         pid=words("pid"),
         status=words("status"),
+        preflight=server.preflight,
+        preflight_where=tuple(ctx.where((*base, "preflight")).values()),  # type: ignore[arg-type]
     )
 
 
@@ -417,6 +527,7 @@ __all__ = [
     "builtin_vars",
     "merge_vars",
     "parse_cli_vars",
+    "render_paths",
     "render_playbook",
     "render_validate",
     "vars_for_host",

@@ -17,6 +17,16 @@ the recorded changes only:
    (and replaced-in-place) statements removed (``ast.dump``, positions
    ignored). A replace or a patch changes code on purpose; there compiling
    is the check.
+
+The work is proportional to the file and the change: the original is
+tokenized once (or not at all, when the planner's index comes with the
+plan), the result is the original line for line outside the recorded
+changes (checked by comparing lines), and only the top-level statements
+around each change (``pyindex.Window``) are parsed, compiled and compared.
+Those windows start and end at top-level statement boundaries of an
+unchanged text, so the rest of the file parses exactly as the original did;
+a result that differs from the original where no change is recorded is
+checked as one window, the whole file.
 """
 
 from __future__ import annotations
@@ -25,9 +35,10 @@ import ast
 from collections.abc import Sequence
 from dataclasses import replace
 
-from orchestrator.core.anchors import PySource, StmtInfo, is_python, places_for
+from orchestrator.core.anchors import is_python, literal_statements, places_for
 from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
-from orchestrator.core.edits import IN_PLACE
+from orchestrator.core.edits import ELEMENT, IN_PLACE
+from orchestrator.core.pyindex import PySource, StmtInfo, Window, split_bom, split_lines
 from orchestrator.errors import StructureError
 
 _NODE_NAMES: tuple[tuple[type, str], ...] = (
@@ -131,21 +142,20 @@ def _gap_problem(src: PySource, row: int) -> tuple[str, int] | None:
         if info is not None:
             name, line = _describe(info.node, row)
             return f"inside the {name} that starts at line {line}", line
-        return f"inside the logical line that starts at line {src.logical[here].first}", row
-    for info in src.decorated:
-        node = info.node
-        if info.start <= row and row + 1 <= node.lineno:
-            return (
-                f"between the decorators and the {_STMT_NAMES.get(type(node), 'statement')} "
-                f"that starts at line {info.start}"
-            ), info.start
+        return f"inside the logical line that starts at line {here}", row
+    info = src.decorated_around(row)
+    if info is not None and row + 1 <= info.node.lineno:
+        return (
+            f"between the decorators and the {_STMT_NAMES.get(type(info.node), 'statement')} "
+            f"that starts at line {info.start}"
+        ), info.start
     return None
 
 
 def _check_original_side(path: str, orig: PySource, changes: Sequence[Change]) -> None:
     shift = _Shift(changes)
     for change in changes:
-        if change.kind not in ("insert", "delete"):
+        if change.kind not in ("insert", "delete") or change.note == ELEMENT:
             continue
         if change.old_end >= change.old_start:
             gaps = [change.old_start - 1, change.old_end]
@@ -167,28 +177,16 @@ def _check_original_side(path: str, orig: PySource, changes: Sequence[Change]) -
             raise StructureError(f"{path}: {lines} {whole}: {fall} {text}")
 
 
-def _own_lls(src: PySource) -> dict[int, list[int]]:
-    """id(statement) -> its own logical lines (header, clauses, decorators)."""
-    out: dict[int, list[int]] = {}
-    for table in (src.header_ll, src.clause_ll, src.decorator_ll):
-        for index, info in table.items():
-            out.setdefault(id(info), []).append(index)
-    return out
-
-
 def _check_block(
     path: str,
     res: PySource,
     change: Change,
     edits: Sequence[EditSpec],
     inserted: Sequence[tuple[int, int]],
-    own: dict[int, list[int]],
 ) -> None:
     a, b = change.new_start, change.new_end
     lines = _are(a, b)
-    for ll in res.logical:
-        if ll.last < a or ll.first > b:
-            continue
+    for ll in res.lls_overlapping(a, b):
         if ll.first < a or ll.last > b:
             row = a - 1 if ll.first < a else b
             info = res.statement_at(row)
@@ -198,14 +196,12 @@ def _check_block(
                 f"that starts at line {line}"
             )
     inside: list[StmtInfo] = []
-    for info in res.stmts:
-        if info.start > b or info.end < a:
-            continue
+    for info in res.stmts_overlapping(a, b):
         if a <= info.start and info.end <= b:
             inside.append(info)
             continue
-        for index in own.get(id(info), []):
-            ll = res.logical[index]
+        for key in res.own_lls(info):
+            ll = res.logical_line(key)
             if a <= ll.first <= b:
                 raise StructureError(
                     f"{path}: {lines} not {_whole(a, b)}: line {ll.first} "
@@ -221,9 +217,9 @@ def _check_block(
             f"{path}: {lines} not siblings in one body: "
             + "; ".join(f"line {info.start} is at indentation level {_depth(info)}" for info in top)
         )
-    body = res.bodies[top[0].body]
-    positions = [body.stmts.index(info) for info in top]
-    if positions != list(range(positions[0], positions[0] + len(positions))):
+    first, last = min(i.start for i in top), max(i.end for i in top)
+    siblings = [i for i in res.stmts_overlapping(first, last) if i.body == top[0].body]
+    if any(id(i) not in ids for i in siblings):
         raise StructureError(f"{path}: {lines} not consecutive statements of one body")
     _check_beside_anchor(path, res, change, edits, inserted, top)
 
@@ -261,7 +257,7 @@ def _check_beside_anchor(
     others = [r for r in inserted if r != (change.new_start, change.new_end)]
     neighbours: list[int] = []
     row = change.new_start - 1 if after else change.new_end + 1
-    while 1 <= row <= len(res.lines):
+    while 1 <= row <= res.nlines:
         neighbours.append(row)
         block = next((r for r in others if (r[1] if after else r[0]) == row), None)
         if block is not None:  # (a later insert may have extended the anchor statement)
@@ -278,7 +274,12 @@ def _check_beside_anchor(
             continue
         if place.statement:
             anchor_stmt = next(
-                (s for s in res.stmts if s.start == place.start and s.end <= place.end), None
+                (
+                    s
+                    for s in res.stmts_overlapping(place.start, place.start)
+                    if s.start == place.start and s.end <= place.end
+                ),
+                None,
             )
             if anchor_stmt is not None and anchor_stmt.body != top[0].body:
                 raise StructureError(
@@ -294,29 +295,93 @@ def _check_beside_anchor(
     )
 
 
-def _dump_without(src: PySource, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, str]]:
-    """Top-level statements' (line, dump) with statements inside ``ranges`` removed."""
+_LITERALS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
+
+
+def _entries(node: ast.expr) -> list[tuple[ast.expr, ast.expr, ast.expr]]:
+    """``(node to drop, first node, last node)`` per element (a dict entry is key and value)."""
+    if isinstance(node, ast.Dict):
+        return [
+            (v, k if k is not None else v, v) for k, v in zip(node.keys, node.values, strict=False)
+        ]
+    return [(e, e, e) for e in node.elts]  # type: ignore[attr-defined]
+
+
+def _check_element_block(
+    path: str, res: PySource, change: Change, edits: Sequence[EditSpec]
+) -> list[ast.expr]:
+    """An inserted element block is whole elements of the literal its anchor names; returns them."""
+    a, b = change.new_start, change.new_end
+    lines = _are(a, b)
+    info = res.statement_at(a)
+    spec = edits[change.edit_index] if 0 <= change.edit_index < len(edits) else None
+    container = spec.anchor.pattern if spec and spec.anchor and spec.anchor.kind == "item" else None
+    for node in ast.walk(info.node) if info else ():
+        if not isinstance(node, _LITERALS) or not node.lineno < a <= b < (node.end_lineno or 0):
+            continue
+        inside: list[ast.expr] = []
+        for drop, first, last in _entries(node):
+            begin, end = first.lineno, last.end_lineno or last.lineno
+            if a <= begin and end <= b:
+                inside.append(drop)
+            elif begin <= b and end >= a:
+                raise StructureError(
+                    f"{path}: {lines} not whole elements: the element at line {begin} "
+                    f"reaches outside them"
+                )
+        if not inside:
+            continue
+        if container is not None and info is not None:
+            named = [stmt for stmt, _ in literal_statements(res, container) if stmt is info]
+            if not named:
+                raise StructureError(
+                    f"{path}: {lines} not elements of {container}, which their anchor names"
+                )
+        return inside
+    raise StructureError(f"{path}: {lines} not elements of a list, tuple, set or dict literal")
+
+
+def _dumps_without(
+    src: PySource,
+    first: int,
+    last: int,
+    ranges: Sequence[tuple[int, int]],
+    elements: Sequence[ast.expr] = (),
+) -> list[tuple[int, object]]:
+    """``(line, shape)`` of the top-level statements in rows ``first..last``, minus those in
+    ``ranges`` and minus the literal ``elements`` (inserted ones).
+
+    A shape is the AST as nested tuples without positions (what ``ast.dump``
+    compares), built without copying or changing the index's trees.
+    """
+    if last < first:
+        return []
+    chunks = src.chunks_overlapping(first, last)
     drop = {
         id(info.node)
-        for info in src.stmts
+        for chunk in chunks
+        for info in chunk.stmts
         if any(lo <= info.start and info.end <= hi for lo, hi in ranges)
     }
-    tree = src.tree
-    _filter(tree, drop)
-    return [(getattr(node, "lineno", 0), ast.dump(node)) for node in tree.body]
+    drop |= {id(element) for element in elements}
+    return [
+        (node.lineno, _shape(node, drop))
+        for chunk in chunks
+        for node in chunk.nodes
+        if id(node) not in drop
+    ]
 
 
-def _filter(node: ast.AST, drop: set[int]) -> None:
-    for name, value in ast.iter_fields(node):
-        if isinstance(value, list):
-            kept = [v for v in value if id(v) not in drop]
-            if len(kept) != len(value):
-                setattr(node, name, kept)
-            for item in kept:
-                if isinstance(item, ast.AST):
-                    _filter(item, drop)
-        elif isinstance(value, ast.AST):
-            _filter(value, drop)
+def _shape(node: object, drop: set[int]) -> object:
+    """``node`` as comparable nested tuples, leaving out the nodes in ``drop``."""
+    if isinstance(node, ast.Dict):
+        pairs = [(k, v) for k, v in zip(node.keys, node.values, strict=False) if id(v) not in drop]
+        return ("Dict", tuple(_shape(k, drop) for k, _ in pairs), tuple(_shape(v, drop) for _, v in pairs))
+    if isinstance(node, ast.AST):
+        return (type(node).__name__, *(_shape(getattr(node, f, None), drop) for f in node._fields))
+    if isinstance(node, list):
+        return tuple(_shape(item, drop) for item in node if id(item) not in drop)
+    return (type(node).__name__, node)  # 1, 1.0 and True are equal values, not equal code
 
 
 def _insert_blocks(changes: Sequence[Change]) -> list[Change]:
@@ -326,7 +391,10 @@ def _insert_blocks(changes: Sequence[Change]) -> list[Change]:
     has no original lines) splits the insert's run in the change list; the
     block to check is the pieces together.
     """
-    runs = sorted((c for c in changes if c.new_end >= c.new_start), key=lambda c: c.new_start)
+    runs = sorted(
+        (c for c in changes if c.new_end >= c.new_start and c.note != ELEMENT),
+        key=lambda c: c.new_start,
+    )
     blocks: list[Change] = []
     pending: list[Change] = []  # rewrites of new lines, not yet next to an insert
     for run in runs:
@@ -355,46 +423,107 @@ def _insert_blocks(changes: Sequence[Change]) -> list[Change]:
     return blocks
 
 
+def _result_index(
+    path: str, orig: PySource, original: str, result: str, changes: Sequence[Change]
+) -> PySource:
+    """The result's index, made from the original's by the recorded changes.
+
+    Only when the result *is* the original outside the changes, line for line
+    (checked here); otherwise the whole result is one window, read in full.
+    """
+    old = orig.raw
+    new = split_lines(result)
+    runs = sorted(changes, key=lambda c: (c.old_start, c.new_start))
+    at_old = at_new = 1
+    consistent = True
+    for change in runs:
+        same = change.old_start - at_old
+        if (
+            same < 0
+            or change.new_start - at_new != same
+            or old[at_old - 1 : change.old_start - 1] != new[at_new - 1 : change.new_start - 1]
+        ):
+            consistent = False
+            break
+        at_old = max(at_old, change.old_end + 1, change.old_start)
+        at_new = max(at_new, change.new_end + 1, change.new_start)
+    if consistent and (len(old) - at_old != len(new) - at_new or old[at_old - 1 :] != new[at_new - 1 :]):
+        consistent = False
+    if consistent and runs:
+        splices = [(c.old_start, c.old_end, c.new_end - c.new_start + 1) for c in runs]
+        return orig.spliced(path, result, splices)
+    whole = PySource(path, result)
+    whole.windows = (Window(1, len(old), 1, len(new)),)
+    return whole
+
+
+def _check_window_compiles(path: str, res: PySource, window: Window, flags: int) -> None:
+    """Parse and compile the statements of one window (positions are the file's)."""
+    try:
+        nodes = res.top_nodes(window.new_first, window.new_last)
+    except SyntaxError as exc:
+        raise StructureError(f"after the edits, {exc.msg}") from None
+    first_real = res.first_statement_row()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__" and node.lineno > first_real:
+            raise StructureError(
+                f"after the edits, {path} does not compile: line {node.lineno}: "
+                "from __future__ imports must occur at the beginning of the file"
+            )
+    try:
+        compile(ast.Module(body=nodes, type_ignores=[]), path, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
+        raise StructureError(f"after the edits, {path} does not compile: {where}") from None
+
+
 def check_structure(plan: FilePlan, edits: Sequence[EditSpec]) -> None:
     """Raise ``StructureError`` unless ``plan.result`` is the original plus exactly the plan.
 
-    A no-op for files that are not ``.py`` and for unchanged plans.
+    A no-op for files that are not ``.py`` and for unchanged plans. A UTF-8
+    byte order mark before line 1 is not part of the code (Python skips it).
     """
     path = plan.path
     if not is_python(path) or not plan.changed:
         return
+    original, result = split_bom(plan.original)[1], split_bom(plan.result)[1]
+    orig = plan.index if isinstance(plan.index, PySource) and plan.index.text == original else None
     try:
-        orig = PySource(path, plan.original)
+        orig = orig or PySource(path, original)
+        flags = orig.future_flags()
+        changes = list(plan.changes)
+        _check_original_side(path, orig, changes)
     except SyntaxError as exc:
         raise StructureError(f"the original {exc.msg}") from None
-    changes = list(plan.changes)
-    _check_original_side(path, orig, changes)
     try:
-        res = PySource(path, plan.result)
+        res = _result_index(path, orig, original, result, changes)
     except SyntaxError as exc:
         raise StructureError(f"after the edits, {exc.msg}") from None
-    try:
-        compile(plan.result, path, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
-        where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
-        raise StructureError(f"after the edits, {path} does not compile: {where}") from None
+    for window in res.windows:
+        _check_window_compiles(path, res, window, flags)
     blocks = _insert_blocks(changes)
     inserted = [(c.new_start, c.new_end) for c in blocks]
-    own = _own_lls(res)
     for block in blocks:
-        _check_block(path, res, block, edits, inserted, own)
+        _check_block(path, res, block, edits, inserted)
+    elements = [
+        element
+        for change in changes
+        if change.note == ELEMENT
+        for element in _check_element_block(path, res, change, edits)
+    ]
     if any(c.kind not in ("insert", "delete") for c in changes):
         return
     removed = [(c.old_start, c.old_end) for c in changes if c.old_end >= c.old_start]
-    before = _dump_without(orig, removed)
-    after = _dump_without(res, inserted)
-    if [dump for _, dump in before] == [dump for _, dump in after]:
-        return
-    line = next(
-        (ln for (ln, x), (_, y) in zip(after, before, strict=False) if x != y),
-        after[len(before)][0] if len(after) > len(before) else (after[-1][0] if after else 1),
-    )
-    raise StructureError(
-        f"{path}: the edited file is not the original plus exactly the planned statements "
-        f"(first difference in the top-level statement at line {line})"
-    )
+    for window in res.windows:
+        before = _dumps_without(orig, window.old_first, window.old_last, removed)
+        after = _dumps_without(res, window.new_first, window.new_last, inserted, elements)
+        if [dump for _, dump in before] == [dump for _, dump in after]:
+            continue
+        line = next(
+            (ln for (ln, x), (_, y) in zip(after, before, strict=False) if x != y),
+            after[len(before)][0] if len(after) > len(before) else (after[-1][0] if after else 1),
+        )
+        raise StructureError(
+            f"{path}: the edited file is not the original plus exactly the planned statements "
+            f"(first difference in the top-level statement at line {line})"
+        )

@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from orchestrator.core.facts import VersionString, version_test
 from orchestrator.errors import ConfigError, TemplateError
 
 Lookup = Callable[[str], "str | None"]
@@ -58,6 +59,10 @@ class Renderer:
             keep_trailing_newline=True,
             autoescape=False,
         )
+        # Versions compare as versions (packaging.version), never as text:
+        # ``x is version('0.5.14', '>=')`` or ``version(x) >= '0.5.14'``.
+        self.env.tests["version"] = version_test
+        self.env.globals["version"] = lambda text: VersionString(str(text))
 
     def render_string(
         self,
@@ -88,6 +93,35 @@ class Renderer:
         return self._render(
             template, vars, file=file, line=line, key=key, inside=None, first_line=source_line
         )
+
+    def evaluate(
+        self,
+        expression: str,
+        vars: Mapping[str, Any],
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+    ) -> Any:
+        """The value of a Jinja2 expression (a ``when:``), in the sandbox, StrictUndefined."""
+        try:
+            compiled = self.env.compile_expression(expression, undefined_to_none=False)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(
+                f"expression syntax error: {exc.message}", file=file, line=line, key=key
+            ) from None
+        try:
+            value = compiled(**dict(vars))
+            if isinstance(value, jinja2.Undefined):
+                value._fail_with_undefined_error()
+            return value
+        except jinja2.UndefinedError as exc:
+            message = str(exc.message or exc)
+        except jinja2.exceptions.SecurityError as exc:
+            message = f"unsafe template operation refused: {exc}"
+        except Exception as exc:  # a comparison or a test failed inside the expression
+            message = f"{type(exc).__name__}: {exc}"
+        raise TemplateError(" ".join(message.split()), file=file, line=line, key=key)
 
     def render_template(
         self,

@@ -24,8 +24,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.budget import deploy_budget, restore_budget, total
+from orchestrator.core.budget import BudgetItem, deploy_budget, restore_budget, total
 from orchestrator.core.outcomes import Step, Verdict, verdict
+from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import view_ranges
 from orchestrator.core.releases import FileState, new_release_id, prune_candidates
 from orchestrator.core.restore import (
@@ -37,7 +38,13 @@ from orchestrator.core.restore import (
 )
 from orchestrator.core.secrets import redact, redact_argv, redact_env, redact_text
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import ContentChangedError, LinkLostError, OrchError, RemoteError
+from orchestrator.errors import (
+    ContentChangedError,
+    LinkLostError,
+    OrchError,
+    PreflightRefusedError,
+    RemoteError,
+)
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -94,7 +101,7 @@ class Deployment:
         self.release_dir = f"{self.state_dir}/releases/{self.release_id}"
         try:
             self.back_up_and_arm()
-            self.commit_and_read_back()
+            self.commit_and_preflight()
             self.restart_and_check()
             return self.confirm()
         except (OrchError, KeyboardInterrupt) as cause:
@@ -104,7 +111,10 @@ class Deployment:
         """Step 4: the release with its backups and restore plan, the journal, the watchdog."""
         t = time.time()
         pb = self.plan.loaded.model
-        self.deadline = time.time() + total(deploy_budget(pb.server, pb.health))
+        change = self.plan.server
+        extra = ([BudgetItem("pre-flight", self._preflight_timeout(), "server.preflight_timeout")]
+                 if change and change.preflight else [])
+        self.deadline = time.time() + total(deploy_budget(pb.server, pb.health, extra))
         files = [
             {"path": f.path, "n": f.index,
              "before": base64.b64encode(f.remote.data).decode("ascii"),
@@ -124,36 +134,50 @@ class Deployment:
         self.reporter.step(self.label, f"backed up {len(files)} file(s) into release {self.release_id}; "
                                        f"the watchdog restores it at {at(self.deadline)} unless confirmed")
 
-    def commit_and_read_back(self) -> None:
-        """Steps 5 and 6: compare-and-swap the files in, then read them back for the ``sed -n`` view."""
-        if not self.staged:
-            return
+    def commit_and_preflight(self) -> None:
+        """Steps 5–7 in one round trip: compare-and-swap the files in, read them back for
+        the ``sed -n`` view, and run the server's own parser on the new command line."""
         t = time.time()
+        steps: list[ops.Op] = []
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
                  "after": s.file.new_sha256} for s in self.staged]
         changed = self.plan.changed_files
-        self.reached = Step.COMMITTING
+        if wire:
+            steps += [ops.commit(wire, self.release_dir),
+                      ops.put_json(self._journal_path(), self._journal("committed")),
+                      ops.read([f.path for f in changed])]
+        change = self.plan.server
+        preflight = change.preflight if change is not None and change.restart else None
+        if preflight:
+            steps.append(ops.preflight(preflight, cwd=change.after_cwd, env=change.after_env,  # type: ignore[union-attr]
+                                       replace_env=change.replace_env, timeout=self._preflight_timeout()))  # type: ignore[union-attr]
+        if not steps:
+            return
+        self.reached = Step.COMMITTING if wire else self.reached
         try:
-            results = self.session.batch([
-                ops.commit(wire, self.release_dir),
-                ops.put_json(self._journal_path(), self._journal("committed")),
-                ops.read([f.path for f in changed]),
-            ])
+            results = self.session.batch(steps)
         except RemoteStepError as e:
-            if e.op == "batch" and not e.details.get("committed") and e.details.get("step", 0) == 0:
+            if wire and e.op == "batch" and not e.details.get("committed") and e.details.get("step", 0) == 0:
                 self.reached = Step.ARMED  # the commit wrote nothing
                 if e.kind == "changed":
                     raise ContentChangedError(f"{self.label}: {e.message}") from None
             raise
         self._timed("commit", t)
-        self.reporter.step(self.label, f"committed {len(wire)} file(s)")
-        for f, info in zip(changed, results[2], strict=True):
-            data = base64.b64decode(info.get("data") or "")
-            if info.get("sha256") != f.new_sha256:
-                raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, planned {f.new_sha256}")
-            text = data.decode("utf-8")
-            ranges = view_ranges(f.plan.changes, len(text.splitlines()), context=3)
-            self.reporter.readback(self.label, f.path, text, ranges)
+        if wire:
+            self.reporter.step(self.label, f"committed {len(wire)} file(s)")
+            for f, info in zip(changed, results[2], strict=True):
+                data = base64.b64decode(info.get("data") or "")
+                if info.get("sha256") != f.new_sha256:
+                    raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
+                                      f"planned {f.new_sha256}")
+                text = data.decode("utf-8")
+                ranges = view_ranges(f.plan.changes, len(text.splitlines()), context=3)
+                self.reporter.readback(self.label, f.path, text, ranges)
+        if preflight:
+            result: PreflightResult = results[-1]
+            if not result.ok:
+                raise PreflightRefusedError(self._redact(result.refusal()))
+            self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
 
     def restart_and_check(self) -> None:
         """Steps 7 and 8: stop the old server, start the new command line, health and stability."""
@@ -255,7 +279,7 @@ class Deployment:
                 f"{self.label}`", reason)
         if record.log_tail:
             self.reporter.server_log(self.label, "server log, restore (last 40 lines)", record.log_tail)
-        self._close_record(record)
+        self._close_record(record, verdict(cause, self.reached, record).outcome)
         return self._report(cause, reason, record)
 
     def _restored_before_confirm(self, answer: ops.ConfirmAnswer) -> HostReport:
@@ -315,15 +339,15 @@ class Deployment:
                           files=[f.path for f in self.plan.changed_files], error=message,
                           extra={"timings": self.timings})
 
-    def _close_record(self, record: RestoreRecord) -> None:
-        """Timings and the run log into the release (best effort: the link may be gone)."""
+    def _close_record(self, record: RestoreRecord, outcome: str) -> None:
+        """Timings, the outcome and the run log into the release (best effort: the link may be gone)."""
         finished = time.time()
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.release_update(self.state_dir, self.release_id, {
                     "finished": finished, "timings": self.timings,
                     "duration": round(finished - self.started_at, 3),
-                    **({"outcome": "failed"} if record.ok and self.reached < Step.COMMITTING else {})}),
+                    **({"outcome": "failed"} if outcome == "failed" else {})}),
                 self._log_op(f"restore: {record.describe()}"),
             ])
 
@@ -456,6 +480,10 @@ class Deployment:
         text = self.reporter.text() if isinstance(self.reporter, RunLog) else ""
         text += f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
         return ops.release_log(self.state_dir, self.release_id, self._redact(text))
+
+    def _preflight_timeout(self) -> float:
+        server = self.plan.loaded.model.server
+        return server.preflight_timeout if server is not None else 120.0
 
     def _timed(self, name: str, started: float) -> None:
         self.timings[name] = round(time.time() - started, 3)

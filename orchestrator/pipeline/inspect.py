@@ -16,6 +16,7 @@ from orchestrator.core.releases import describe_release
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
 from orchestrator.pipeline.session import ConnectOptions, HostSession
+from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 
 
@@ -60,7 +61,7 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
 def read_state(target: HostTarget, options: ConnectOptions) -> dict[str, Any]:
     """The host's records (``state_read``: reads only, never creates the state dir)."""
     with HostSession(target, options) as session:
-        return dict(session.call("state_read", state_dir=target.state_dir))
+        return dict(session.run(ops.state_read(target.state_dir)))
 
 
 @dataclass
@@ -129,7 +130,7 @@ class HostStatus:
 def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
     """Current release, server process, health now, and drift since the release."""
     with HostSession(target, options) as session:
-        state = session.call("state_read", state_dir=target.state_dir)
+        state = session.run(ops.state_read(target.state_dir))
         applied = list(state["state"].get("applied", []))
         releases = {m["id"]: m for m in state["releases"]}
         current = releases.get(applied[-1]) if applied else None
@@ -146,18 +147,18 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
         )
         server = None
         if spec and spec.get("manager", "process") == "process":
-            server = session.call("server_find", pidfile=spec.get("pidfile"), port=spec.get("port"))
+            server = session.run(ops.server_find(spec.get("pidfile"), spec.get("port")))
         health, healthy = "unknown (no health checks recorded)", None
         if health_spec:
             try:
-                got = session.call("health_wait", **dict(health_spec, timeout=0.0, interval=0.0))
+                got = session.run(ops.health_wait(dict(health_spec, timeout=0.0, interval=0.0)))
                 health, healthy = f"healthy ({got['last']})", True
             except RemoteStepError as e:
                 health, healthy = f"NOT healthy: {e.message}", False
         drift: list[str] = []
         if current:
             files = current.get("files", [])
-            shas = session.call("sha256", paths=[f["path"] for f in files])
+            shas = session.run(ops.sha256([f["path"] for f in files]))
             drift = [f["path"] for f in files if shas.get(f["path"]) != f["sha256_after"]]
         return HostStatus(
             host=target.name,

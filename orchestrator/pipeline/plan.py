@@ -1,10 +1,16 @@
 """Step 2 and 3 of the deploy: read, render, edit in memory, stage, validate.
 
-``make_plan`` reads every target file and the running server in one round
-trip, then does all the thinking on the controller (pure core). ``stage_and_validate``
-puts the results beside their targets and runs the validators there, in
-one more round trip, and always removes what it staged. ``deploy --check``
-is exactly these two and nothing else.
+``make_plan`` reads the host's facts, every target file, the modules an
+``add_flag`` may have to write (those its file imports that mention the
+neighbour flag) and the running server in one round trip, then does all the
+thinking on the controller (pure core). File paths are rendered before that
+round trip with facts deferred (``core.facts``); everything else after it,
+with the facts, so ``when:`` can test them. A file an ``add_flag`` writes
+without the playbook naming it becomes a planned file like the others:
+backed up, compared-and-swapped, shown in the diff and read back.
+``stage_and_validate`` puts the results beside their targets and runs the
+validators there, in one more round trip, and always removes what it
+staged. ``deploy --check`` is exactly these two and nothing else.
 """
 
 from __future__ import annotations
@@ -14,18 +20,30 @@ import contextlib
 import hashlib
 import secrets
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
 
 from orchestrator.core.cmdline import apply_flags, flag_changes, render_words
-from orchestrator.core.edit_spec import FilePlan
-from orchestrator.core.edits import plan_file
+from orchestrator.core.edit_spec import EditSpec, FilePlan
+from orchestrator.core.edits import MOVED_NOTE, plan_file
+from orchestrator.core.facts import (
+    ROOT_VARS,
+    Facts,
+    deferred_facts,
+    deferred_root_vars,
+    packages_named,
+)
+from orchestrator.core.flags import FlagRequest, expand_edits
+from orchestrator.core.hints import anchor_hints
+from orchestrator.core.layouts import field_name
+from orchestrator.core.preflight import default_preflight, render_preflight
 from orchestrator.core.rendering import (
     RenderedFile,
     RenderedPlaybook,
     RenderedServer,
     merge_vars,
+    render_paths,
     render_playbook,
     render_validate,
 )
@@ -33,7 +51,7 @@ from orchestrator.core.secrets import redact_argv, secret_values
 from orchestrator.core.structure import check_structure
 from orchestrator.core.target import HostTarget
 from orchestrator.core.templating import Renderer
-from orchestrator.errors import ConfigError, ValidationError
+from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
 from orchestrator.shell.config_files import LoadedPlaybook, make_renderer
@@ -66,10 +84,23 @@ class RemoteFile:
 
 @dataclass
 class PlannedFile:
+    """One file the deploy may change.
+
+    ``index`` is unique per plan (it names the file's backups); ``source`` is
+    the playbook ``files[]`` entry it comes from (for messages): an entry's
+    own file has ``index == source``, a file an ``add_flag`` of that entry
+    writes elsewhere gets an index past the playbook's files.
+    """
+
     rendered: RenderedFile
     remote: RemoteFile
     plan: FilePlan
     index: int
+    source: int = -1
+
+    def __post_init__(self) -> None:
+        if self.source < 0:
+            self.source = self.index
 
     @property
     def path(self) -> str:
@@ -106,6 +137,9 @@ class ServerChange:
     start: list[str] | None = None
     restore_start: list[str] | None = None
     stop: list[str] | None = None
+    # step 7: the command that runs the server's own parser on ``after_argv``
+    # (``server.preflight`` rendered, or ``core.preflight``'s default; None: none known)
+    preflight: list[str] | None = None
 
 
 @dataclass
@@ -118,6 +152,7 @@ class HostPlan:
     vars: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     refusal: str | None = None  # --check only: why a deploy would refuse (exit 2)
+    facts: Facts = field(default_factory=Facts)
 
     @property
     def changed_files(self) -> list[PlannedFile]:
@@ -206,48 +241,47 @@ def make_plan(
     """
     target = session.target
     pb = loaded.model
-    builtins = {"python": (pb.server.python if pb.server and pb.server.python else "python3")}
-    variables = merge_vars(pb.vars, target.vars, cli_vars, builtins)
     renderer = make_renderer(loaded)
-    # ``{{ command }}`` (commands manager) is only known after planning; see render_commands.
-    rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
-    port = health_port(rendered.health.base_url if rendered.health else None)
-    steps: list[dict[str, Any]] = [
-        {"op": "read", "args": {"paths": [f.path for f in rendered.files]}},
+    python = pb.server.python if pb.server and pb.server.python else "python3"
+    packages = packages_named([loaded.text])
+    early = merge_vars(
+        pb.vars,
+        target.vars,
+        cli_vars,
+        {"python": python, "facts": deferred_facts(), **deferred_root_vars(packages)},
+    )
+    paths = render_paths(pb, loaded.locations, {"command": "", **early}, renderer)
+    port = health_port(_early_string(pb.health.base_url if pb.health else None, early, renderer))
+    pidfile = _early_pidfile(target, pb, early, renderer)
+    manager = pb.server.manager if pb.server else None
+    steps = [
+        ops.read_host(paths, packages=packages, python=pb.server.python if pb.server else None,
+                      pidfile=pidfile if manager == "process" else None,
+                      port=port if manager == "process" else None, follow=_follow(pb, early, renderer)),
     ]
-    if rendered.server is not None and rendered.server.manager == "process":
-        steps.append(
-            {"op": "server_find", "args": {"pidfile": server_pidfile(target, rendered), "port": port}}
-        )
-    if current_release_dir and rendered.server is not None and rendered.server.manager == "process":
+    if manager == "process":
+        steps.append(ops.server_find(pidfile, port))
+    if current_release_dir and manager == "process":
         # what the current release started, in case nothing runs now (same round trip)
-        steps.append({"op": "get_json", "args": {"path": f"{current_release_dir}/restore.json"}})
-    results = session.call("batch", steps=steps)
-    infos = results[0]
+        steps.append(ops.get_json(f"{current_release_dir}/restore.json"))
+    results = session.batch(steps)
+    host = results[0]
     running = results[1] if len(results) > 1 else None
     last_started = (results[2] or {}).get("started") if len(results) > 2 else None
+    facts = Facts.from_wire(host.get("facts"))
+    variables = merge_vars(
+        pb.vars, target.vars, cli_vars, {"python": python, "facts": facts.as_var(), **facts.root_vars()}
+    )
+    # ``{{ command }}`` (commands manager) is only known after planning; see render_commands.
+    try:
+        rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
+    except TemplateError as e:
+        raise _explain_root(e, facts) from None
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
-    planned: list[PlannedFile] = []
-    for i, (rfile, info) in enumerate(zip(rendered.files, infos, strict=False)):
-        remote = RemoteFile.from_wire(info)
-        key = f"files[{i}].path"
-        if not remote.exists:
-            raise ConfigError(
-                f"{remote.path} does not exist on {target.label}", file=loaded.display, key=key
-            )
-        try:
-            text = remote.data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(
-                f"{remote.path} on {target.label} is not UTF-8 text", file=loaded.display, key=key
-            ) from None
-        fplan = plan_file(remote.path, text, rfile.edits, comment=rfile.comment)
-        if fplan.changed:
-            check_structure(fplan, rfile.edits)
-        planned.append(PlannedFile(rfile, remote, fplan, i))
+    read = dict(zip(host["paths"], host["files"], strict=False))
+    planned, notes = _plan_files(target, loaded, rendered, read, host["companions"], paths, renderer, variables)
     files_changed = any(p.changed for p in planned)
-    notes: list[str] = []
     refusal: str | None = None
     try:
         server = plan_server(rendered.server, running, files_changed, port, last_started)
@@ -264,9 +298,155 @@ def make_plan(
         server.flag_changes = flag_changes(
             redact_argv(before_argv, values), redact_argv(server.after_argv or [], values)
         )
+        server.preflight = preflight_argv(rendered.server, server.after_argv, variables, renderer)
     if server is not None and server.manager == "commands":
         render_commands(server, loaded, renderer, variables)
-    return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal)
+    return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal, facts)
+
+
+def _explain_root(error: TemplateError, facts: Facts) -> TemplateError:
+    """``'sglang_root' is undefined``: say that no package was found to default it from, and where."""
+    for var, package in ROOT_VARS.items():
+        if f"'{var}' is undefined" in error.message:
+            asked = facts.python or "the server's interpreter"
+            why = f"; {asked} failed: {facts.error}" if facts.error else ""
+            return TemplateError(
+                f"{error.message} (set it, or install {package} for {asked} on the host: "
+                f"it was not found there{why})",
+                file=error.file, line=error.line, key=error.key,
+            )
+    return error
+
+
+def _early_string(text: str | None, variables: dict[str, Any], renderer: Renderer) -> str | None:
+    """A string needed before the host is read (the health URL, a pidfile), rendered then."""
+    if text is None:
+        return None
+    try:
+        return renderer.render_string(text, variables)
+    except OrchError:
+        return None  # rendered (and reported) properly after the read
+
+
+def _early_pidfile(target: HostTarget, pb: Any, variables: dict[str, Any], renderer: Renderer) -> str:
+    given = _early_string(pb.server.pidfile if pb.server else None, variables, renderer)
+    return given or f"{target.state_dir.rstrip('/')}/server.pid"
+
+
+def _follow(pb: Any, variables: dict[str, Any], renderer: Renderer) -> list[dict[str, Any]]:
+    """For each file with an ``add_flag``: the neighbour names whose module the helper should find."""
+    out = []
+    for index, entry in enumerate(pb.files):
+        names = []
+        for edit in entry.edits:
+            if edit.add_flag is not None:
+                near = _early_string(edit.add_flag.near, variables, renderer) or edit.add_flag.near
+                names.append(field_name(near))
+        if names:
+            out.append({"index": index, "names": sorted(set(names))})
+    return out
+
+
+def _plan_files(
+    target: HostTarget,
+    loaded: LoadedPlaybook,
+    rendered: RenderedPlaybook,
+    read: dict[str, dict[str, Any]],
+    companions: dict[str, list[dict[str, Any]]],
+    paths: list[str],
+    renderer: Renderer,
+    variables: dict[str, Any],
+) -> tuple[list[PlannedFile], list[str]]:
+    """Every file to change, planned and structurally checked; the notes worth telling."""
+    notes: list[str] = []
+    order: list[str] = []  # paths in playbook order
+    sources: dict[str, tuple[RenderedFile, RemoteFile, int]] = {}
+    edits: dict[str, list[EditSpec]] = {}
+    hints: dict[str, Any] = {}
+    extra = len(loaded.model.files)
+    for rfile in rendered.files:
+        info = read.get(rfile.path) or read.get(paths[rfile.index])
+        key = f"files[{rfile.index}].path"
+        remote = RemoteFile.from_wire(info) if info else RemoteFile(rfile.path, False)
+        if not remote.exists:
+            raise ConfigError(f"{remote.path} does not exist on {target.label}", file=loaded.display, key=key)
+        text = _text(remote, target, loaded, key)
+        related = {
+            RemoteFile.from_wire(c).path: RemoteFile.from_wire(c)
+            for c in companions.get(str(rfile.index), [])
+        }
+        related_text = {p: _text(r, target, loaded, key) for p, r in related.items()}
+        hints[remote.path] = anchor_hints(related_text)
+        if remote.path not in sources:
+            order.append(remote.path)
+            sources[remote.path] = (rfile, remote, rfile.index)
+        expanded, flags = expand_edits(remote.path, rfile.edits, text, related_text, renderer, variables)
+        notes.extend(_flag_note(f.request, f.layout.description, remote.path, f.layout.paths) for f in flags)
+        for path, specs in expanded.items():
+            if path not in sources:
+                order.append(path)
+                sources[path] = (_extra_file(rfile, path), related[path], rfile.index)
+                hints.setdefault(path, anchor_hints(related_text))
+            edits.setdefault(path, []).extend(specs)
+    planned: list[PlannedFile] = []
+    for path in order:
+        rfile, remote, source = sources[path]
+        index = source if rfile.path == path else extra
+        if index == extra:
+            extra += 1
+        specs = edits.get(path, [])
+        if not specs and rfile.path == path and any(not isinstance(e, EditSpec) for e in rfile.edits):
+            continue  # its add_flag writes another module (the spec layout): nothing to do here
+        text = _text(remote, target, loaded, f"files[{source}].path")
+        fplan = plan_file(path, text, specs, comment=rfile.comment, hints=hints.get(path))
+        if fplan.changed:
+            check_structure(fplan, specs)
+        planned.append(PlannedFile(replace(rfile, edits=tuple(specs)), remote, fplan, index, source))
+        notes.extend(f"{path}: {note.partition(': ')[2]}" for note in fplan.notes if MOVED_NOTE in note)
+    return planned, notes
+
+
+def _text(remote: RemoteFile, target: HostTarget, loaded: LoadedPlaybook, key: str) -> str:
+    try:
+        return remote.data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{remote.path} on {target.label} is not UTF-8 text", file=loaded.display, key=key
+        ) from None
+
+
+def _extra_file(entry: RenderedFile, path: str) -> RenderedFile:
+    """A file the playbook does not name but an ``add_flag`` of ``entry`` writes: checked like it."""
+    return replace(entry, path=path, edits=())
+
+
+def _flag_note(request: FlagRequest, layout: str, path: str, written: tuple[str, ...]) -> str:
+    elsewhere = [p for p in written if p != path]
+    where = f"; declared in {', '.join(elsewhere)}" if elsewhere else ""
+    return f"add_flag {request.flag}: {path} uses {layout}{where}"
+
+
+def preflight_argv(
+    server: RenderedServer | None,
+    argv: list[str] | None,
+    variables: dict[str, Any],
+    renderer: Renderer,
+) -> list[str] | None:
+    """The pre-flight command for the new command line ``argv``: the playbook's, or the default.
+
+    The default runs only for the ``process`` manager, whose server orch starts
+    itself with a known working directory and environment; a ``commands``
+    server may run in a container or under a supervisor whose environment orch
+    cannot reproduce, so there only ``server.preflight`` runs.
+    """
+    if server is None or not argv:
+        return None
+    if server.preflight:
+        file, line, key = server.preflight_where
+        return render_preflight(server.preflight, argv, variables, renderer, file=file, line=line, key=key)
+    if server.manager != "process":
+        return None
+    return default_preflight(argv, server.python if server.python != "python3" else None)
 
 
 def render_commands(
@@ -291,14 +471,14 @@ def render_commands(
 def find_commands_server(session: HostSession, server: RenderedServer) -> dict[str, Any] | None:
     """With the ``commands`` manager, ``pid`` (or ``status``) says what runs."""
     if server.pid:
-        res = session.call("run", argv=list(server.pid), timeout=60.0)
+        res = session.run(ops.run(server.pid, timeout=60.0))
         words = (res["stdout"] or "").split()
         if res["rc"] != 0 or not words or not words[0].isdigit():
             return None
-        record: dict[str, Any] | None = session.call("process", pid=int(words[0]))
+        record: dict[str, Any] | None = session.run(ops.process(int(words[0])))
         return record
     if server.status:
-        res = session.call("run", argv=list(server.status), timeout=60.0)
+        res = session.run(ops.run(server.status, timeout=60.0))
         return {"argv": None, "pid": None, "found_by": "status command"} if res["rc"] == 0 else None
     return None
 
@@ -363,7 +543,7 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
         f = next(p for p in changed if p.path == r["target"])
         shown = "python-syntax" if r["argv"][1:2] == ["-c"] else " ".join(r["argv"])
         raise ValidationError(
-            f"{plan.loaded.display}: files[{f.index}].validate: {shown} failed on the staged "
+            f"{plan.loaded.display}: files[{f.source}].validate: {shown} failed on the staged "
             f"{r['target']}: {first}"
         )
     return [Staged(f, s) for f, s in zip(changed, staged_paths, strict=True)]

@@ -83,6 +83,15 @@ def mark(path: str) -> Op:
 # ---------------------------------------------------------------- files
 
 
+def read_host(paths: Sequence[str], *, packages: Sequence[str] = (), python: str | None = None,
+              pidfile: str | None = None, port: int | None = None,
+              follow: Sequence[Wire] | None = None) -> Op:
+    """Facts (installed packages, for the server's interpreter), then the files (their
+    paths may hold fact markers), then the modules an ``add_flag`` follows."""
+    return _op("read_host", paths=list(paths), packages=list(packages), python=python, pidfile=pidfile,
+               port=port, follow=list(follow) if follow is not None else None)
+
+
 def read(paths: Sequence[str], *, with_data: bool = True) -> Op:
     return _op("read", paths=list(paths), with_data=with_data)
 
@@ -198,6 +207,15 @@ def run_ok(argv: Sequence[str], *, timeout: float = 600.0) -> Op:
 
 def commands_start(start: Sequence[str], pid_cmd: Sequence[str] | None) -> Op:
     return _op("commands_start", start=list(start), pid_cmd=list(pid_cmd) if pid_cmd else None)
+
+
+def preflight(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str] | None, replace_env: bool,
+              timeout: float) -> Op:
+    """The server's own argument parser on the new command line; nothing is started."""
+    from orchestrator.core.preflight import PreflightResult
+
+    return _op("preflight", PreflightResult.from_wire, argv=list(argv), cwd=cwd, env=dict(env or {}),
+               replace_env=replace_env, timeout=timeout)
 
 
 def health_wait(health: Wire, *, pid: int | str | None = None, log: str | None = None) -> Op:

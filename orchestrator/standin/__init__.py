@@ -2,17 +2,31 @@
 
 The real ``server_args.py`` imports torch and half of SGLang, so ``orch demo``
 and the tests patch and run this small tree instead. It keeps what orch can
-see of SGLang (the classic 0.5.13 ``server_args.py`` layout with a dataclass
-field *and* a hand-written ``parser.add_argument`` per flag; ``python -m
-sglang.launch_server``; ``/health``, ``/get_server_info``, ``/generate``), so a
-broken patch crashes it at start exactly as it crashes SGLang, an unknown flag
-ends it with argparse's exit 2, and a new field shows up in
-``/get_server_info`` by itself. It is never presented as SGLang.
+see of SGLang (``server_args.py`` in one of SGLang's three flag layouts;
+``python -m sglang.launch_server``; ``/health``, ``/get_server_info``,
+``/generate``), so a broken patch crashes it at start exactly as it crashes
+SGLang, an unknown flag ends it with argparse's exit 2, and a new field shows
+up in ``/get_server_info`` by itself. It is never presented as SGLang.
 
-The tree under ``tree/`` is copied to a directory (here or on a test host) and
-run from there with ``PYTHONPATH=<copy>/python``; it is stdlib-only and runs on
-Python >= 3.8. Its behaviour is tuned with environment variables (see the
-``ENV_*`` names below).
+The layouts (``make_tree(dest, layout=…)``; see ``core.layouts``):
+
+- ``classic`` (the default; SGLang ≤ 0.5.13): a dataclass field *and* a
+  hand-written ``parser.add_argument`` per flag;
+- ``annotated`` (0.5.14–0.5.19): one ``A[type, "help", NS(...)]`` field per
+  flag, the parser derived from the dataclass — a plain field is not a flag;
+- ``spec`` (≥ 0.5.20): the ``A[...]`` fields in namespace classes under
+  ``sglang/srt/arg_groups/fields/`` (stdlib dataclasses standing in for
+  ``msgspec.Struct``), assembled into ``ServerArgs`` by ``server_args.py``.
+
+In every layout ``ServerArgs.add_cli_args(parser)`` builds the parser, as in
+SGLang, so orch's default pre-flight runs here unchanged.
+
+The tree under ``tree/`` (plus, for a layout, the overlays under
+``layouts/``) is copied to a directory (here or on a test host) and run from
+there with ``PYTHONPATH=<copy>/python``; it is stdlib-only and runs on
+Python >= 3.8 (>= 3.9 for the annotated and spec layouts: ``typing.Annotated``).
+Its behaviour is tuned with environment variables (see the ``ENV_*`` names
+below).
 """
 
 from __future__ import annotations
@@ -23,6 +37,16 @@ from pathlib import Path
 
 TREE: Path = Path(__file__).resolve().parent / "tree"
 """The packaged tree root: ``TREE / "python" / "sglang" / ...``."""
+
+OVERLAYS: Path = Path(__file__).resolve().parent / "layouts"
+"""Files each layout puts over the classic tree (same relative paths)."""
+
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "classic": (),
+    "annotated": ("arg_utils", "annotated"),
+    "spec": ("arg_utils", "spec"),
+}
+"""Layout name -> the overlays (folders of ``OVERLAYS``) copied over ``TREE``, in order."""
 
 READY_LINE = "The server is fired up and ready to roll!"
 """Printed (after a ``[date time] `` prefix, as in SGLang's log) once /health turns 200."""
@@ -37,30 +61,41 @@ ENV_IGNORE_SIGTERM = "STANDIN_IGNORE_SIGTERM"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
 
 
-def tree_files() -> Iterator[tuple[str, bytes]]:
-    """Yield ``(relative posix path, content)`` for every file of the tree.
+def _roots(layout: str) -> list[Path]:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown stand-in layout {layout!r} (one of: {', '.join(LAYOUTS)})")
+    return [TREE, *(OVERLAYS / name for name in LAYOUTS[layout])]
+
+
+def tree_files(layout: str = "classic") -> Iterator[tuple[str, bytes]]:
+    """Yield ``(relative posix path, content)`` for every file of the tree in ``layout``.
 
     For copying the tree to a remote host file by file (SFTP) with the same
     filtering as :func:`make_tree`: no bytecode ever travels.
     """
-    for path in sorted(TREE.rglob("*")):
-        rel = path.relative_to(TREE)
-        if (
-            path.is_file()
-            and "__pycache__" not in rel.parts
-            and path.suffix not in {".pyc", ".pyo"}
-        ):
-            yield rel.as_posix(), path.read_bytes()
+    files: dict[str, Path] = {}
+    for root in _roots(layout):
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root)
+            if (
+                path.is_file()
+                and "__pycache__" not in rel.parts
+                and path.suffix not in {".pyc", ".pyo"}
+            ):
+                files[rel.as_posix()] = path
+    for rel in sorted(files):
+        yield rel, files[rel].read_bytes()
 
 
-def make_tree(dest: Path) -> Path:
-    """Copy the miniature tree to ``dest`` and return its sglang_root, ``dest/python/sglang``.
+def make_tree(dest: Path, layout: str = "classic") -> Path:
+    """Copy the miniature tree in ``layout`` to ``dest``; return its sglang_root, ``dest/python/sglang``.
 
     ``dest`` may exist (its other content is kept); files of the tree are
     overwritten, so a fresh copy is a clean, unpatched server.
     """
     dest = Path(dest)
-    shutil.copytree(TREE, dest, ignore=_SKIP, dirs_exist_ok=True)
+    for root in _roots(layout):
+        shutil.copytree(root, dest, ignore=_SKIP, dirs_exist_ok=True)
     return dest / "python" / "sglang"
 
 
@@ -103,6 +138,7 @@ def launch_argv(
 
 
 __all__ = [
+    "LAYOUTS",
     "ENV_IGNORE_SIGTERM",
     "ENV_NEVER_READY",
     "ENV_STARTUP_DELAY",

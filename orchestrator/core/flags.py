@@ -1,0 +1,206 @@
+"""``add_flag``: one playbook edit that declares a server flag the way the file's release does.
+
+The playbook says *what* (``name``, ``type``, ``default``, ``help``) and
+*beside which flag* (``near``); ``core.layouts`` reads the file to learn
+*where* and *how* its release declares flags; this module renders the
+declarations through the templates in ``templates/flags/`` (so a person can
+read and change what is written) and turns them into ordinary inserts with
+structural anchors — the edit engine, markers, re-runs and the structural
+check then treat them like any other insert.
+
+A flag the file (or the module that holds the fields) already declares
+outside orch's own blocks is refused: adding it twice would only move the
+error to the server's start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.core.anchors import field_statements
+from orchestrator.core.edit_spec import Anchor, EditSpec
+from orchestrator.core.layouts import Layout, LayoutError, find_layout, flag_name
+from orchestrator.core.pyindex import PySource
+from orchestrator.core.templating import Renderer
+from orchestrator.errors import EditError
+
+TEMPLATES = {
+    "field": "flags/field.py.j2",
+    "annotated_field": "flags/annotated_field.py.j2",
+    "argument": "flags/argument.py.j2",
+}
+"""The template each kind of declaration is rendered from (looked up like any ``insert:``)."""
+
+
+@dataclass(frozen=True)
+class FlagRequest:
+    """An ``add_flag`` edit with its values rendered, and where it came from in the playbook."""
+
+    name: str  # the field name: speculative_disable_batch_threshold
+    type: str  # int, float, str or bool
+    default: Any
+    help: str
+    near: str  # the neighbour's field name
+    markers: bool = True
+    marker_id: str = ""
+    file: str | None = None
+    line: int | None = None
+    key: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return flag_name(self.name)
+
+    def error(self, message: str) -> EditError:
+        return EditError(message, file=self.file, line=self.line, key=self.key)
+
+
+@dataclass(frozen=True)
+class FlagPlan:
+    """What ``add_flag`` will write: the layout it recognised, and one insert per declaration."""
+
+    request: FlagRequest
+    layout: Layout
+    edits: tuple[tuple[str, EditSpec], ...]  # (file path, insert)
+
+
+# --------------------------------------------------------------------------- Python literals
+
+
+def py_string(value: str, quote: str = '"') -> str:
+    """``value`` as a Python string literal in ``quote``."""
+    if quote == '"':
+        return json.dumps(value, ensure_ascii=False)
+    body = json.dumps(value, ensure_ascii=False)[1:-1].replace('\\"', '"').replace("'", "\\'")
+    return f"'{body}'"
+
+
+def py_literal(value: Any, quote: str = '"') -> str:
+    if isinstance(value, str):
+        return py_string(value, quote)
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    raise ValueError(f"cannot write {value!r} as a Python literal")
+
+
+def type_hint(kind: str, default: Any, optional: str) -> str:
+    if kind == "bool" or default is not None:
+        return kind
+    return f"Optional[{kind}]" if optional == "Optional" else f"{kind} | None"
+
+
+def template_context(request: FlagRequest, layout: Layout) -> dict[str, Any]:
+    """What the ``flags/*`` templates see as ``flag``."""
+    style = layout.style
+    default = False if request.type == "bool" and request.default is None else request.default
+    keywords: dict[str, str] = {
+        "type": request.type,
+        "default": f"{layout.cls}.{request.name}",
+        "help": py_string(request.help, style.quote),
+    }
+    ordered = [(k, keywords[k]) for k in style.keywords if k in keywords]
+    if request.type == "bool":
+        ordered = [("action", py_string("store_true", style.quote)) if k == "type" else (k, v) for k, v in ordered]
+    return {
+        "name": request.name,
+        "flag": request.flag,
+        "type": request.type,
+        "default": default,
+        "help": request.help,
+        "near": request.near,
+        "layout": layout.kind,
+        "cls": layout.cls,
+        "type_hint": type_hint(request.type, default, style.optional),
+        "default_literal": py_literal(default, style.quote),
+        "help_literal": py_string(request.help, style.quote),
+        "flag_literal": py_string(request.flag, style.quote),
+        "alias": style.alias,
+        "metadata": list(style.metadata),
+        "one_line": style.one_line,
+        "receiver": style.receiver,
+        "keywords": ordered,
+    }
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _declared_outside_blocks(path: str, text: str, name: str, marker_prefix: str) -> int | None:
+    """Line of a field ``name`` in ``text`` that is not inside one of orch's blocks for this flag."""
+    src = PySource(path, text)
+    for info in field_statements(src, name):
+        above = src.line(info.start - 1).strip()
+        if not above.startswith("#") or f"orch {marker_prefix}" not in above:
+            return info.start
+    return None
+
+
+def plan_flag(
+    request: FlagRequest,
+    path: str,
+    text: str,
+    companions: Mapping[str, str],
+    renderer: Renderer,
+    variables: Mapping[str, Any],
+) -> FlagPlan:
+    """The inserts that declare ``request`` in the layout of ``path`` (or of the module holding
+    its fields, one of ``companions``). Raises ``EditError`` at the playbook key."""
+    try:
+        layout = find_layout(path, text, request.near, companions)
+    except LayoutError as exc:
+        raise request.error(str(exc)) from None
+    texts = {path: text, **companions}
+    for target in layout.paths:
+        line = _declared_outside_blocks(target, texts[target], request.name, request.marker_id)
+        if line is not None:
+            raise request.error(
+                f"{target} already declares {request.name} (line {line}); "
+                f"{request.flag} exists there, there is nothing to add"
+            )
+    context = {**variables, "flag": template_context(request, layout)}
+    edits: list[tuple[str, EditSpec]] = []
+    for declaration in layout.declarations:
+        body = renderer.render_template(
+            TEMPLATES[declaration.what], context, file=request.file, line=request.line, key=request.key
+        )
+        anchor = Anchor(
+            "after", declaration.anchor, kind=declaration.anchor_kind, arg=declaration.arg  # type: ignore[arg-type]
+        )
+        spec = EditSpec(
+            kind="insert",
+            text=body,
+            anchor=anchor,
+            markers=request.markers,
+            marker_id=f"{request.marker_id}.{declaration.what}",
+            file=request.file,
+            line=request.line,
+            key=request.key,
+        )
+        edits.append((declaration.path, spec))
+    return FlagPlan(request, layout, tuple(edits))
+
+
+def expand_edits(
+    path: str,
+    edits: Sequence[EditSpec | FlagRequest],
+    text: str,
+    companions: Mapping[str, str],
+    renderer: Renderer,
+    variables: Mapping[str, Any],
+) -> tuple[dict[str, list[EditSpec]], list[FlagPlan]]:
+    """A file entry's edits as plain inserts per file, in playbook order: each ``add_flag``
+    becomes the inserts of its layout (in ``path`` or in one of ``companions``)."""
+    out: dict[str, list[EditSpec]] = {path: []}
+    plans: list[FlagPlan] = []
+    for edit in edits:
+        if isinstance(edit, EditSpec):
+            out[path].append(edit)
+            continue
+        flag = plan_flag(edit, path, text, companions, renderer, variables)
+        plans.append(flag)
+        for target, spec in flag.edits:
+            out.setdefault(target, []).append(spec)
+    return out, plans

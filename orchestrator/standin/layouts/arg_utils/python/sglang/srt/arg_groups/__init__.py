@@ -1,0 +1,1 @@
+"""Stand-in server: the argument groups (fields declared as ``A[type, help]``)."""

@@ -1,0 +1,94 @@
+"""Planning and the structural check read a big target once, and only around the change.
+
+Not a timing (figures are in ``bench/bench_bigfile.py``): the mechanism. A
+module of ~4,000 top-level functions with the stand-in's ``server_args.py``
+at its END (the worst case: everything before the change must be read to
+know where statements begin). The story's two edits are planned and
+checked while ``tokenize`` and ``ast.parse`` are counted: the file is
+tokenized once in all (the lines fed to the tokenizer add up to the file
+plus the statement group the edits touch, re-read as it changes), and no
+parse or compile ever sees more than that group.
+"""
+
+from __future__ import annotations
+
+import ast
+import tokenize
+
+import pytest
+
+from orchestrator.core.edit_spec import Anchor, EditSpec
+from orchestrator.core.edits import plan_file
+from orchestrator.core.structure import check_structure
+from orchestrator.standin import TREE
+
+STANDIN = (TREE / "python" / "sglang" / "srt" / "server_args.py").read_text()
+FILLER = "\n\ndef helper_{i}(parser):\n    parser.add_argument(\n        '--x{i}',\n        type=int,\n    )\n    return parser\n"
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    seen: dict[str, list[int]] = {"tokenized_lines": [], "parsed_lines": [], "compiled_lines": []}
+    real_tokens, real_parse, real_compile = tokenize.generate_tokens, ast.parse, compile
+
+    def tokens(readline):  # type: ignore[no-untyped-def]
+        count = [0]
+
+        def counting() -> str:
+            line = readline()
+            count[0] += bool(line)
+            return line
+
+        try:
+            yield from real_tokens(counting)
+        finally:
+            seen["tokenized_lines"].append(count[0])
+
+    def parse(source, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen["parsed_lines"].append(source.count("\n") if isinstance(source, str) else -1)
+        return real_parse(source, *args, **kwargs)
+
+    def compile_(source, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(source, ast.Module):
+            rows = [n.end_lineno - n.lineno + 1 for n in source.body]  # type: ignore[operator]
+            seen["compiled_lines"].append(sum(rows))
+        elif isinstance(source, str):
+            seen["compiled_lines"].append(source.count("\n"))
+        return real_compile(source, *args, **kwargs)
+
+    monkeypatch.setattr(tokenize, "generate_tokens", tokens)
+    monkeypatch.setattr(ast, "parse", parse)
+    import builtins
+
+    monkeypatch.setattr(builtins, "compile", compile_)
+    return seen
+
+
+def test_a_big_target_is_tokenized_once_and_parsed_only_around_the_change(counted: dict[str, list[int]]) -> None:
+    text = "".join(FILLER.format(i=i) for i in range(4000)) + "\n\n" + STANDIN
+    total = text.count("\n")
+    edits = [
+        EditSpec(kind="insert", text="speculative_disable_batch_threshold: Optional[int] = None\n",
+                 anchor=Anchor("after", "ServerArgs.speculative_accept_threshold_acc", kind="field"), marker_id="f"),
+        EditSpec(kind="insert", text='parser.add_argument(\n    "--speculative-disable-batch-threshold",\n    type=int,\n)\n',
+                 anchor=Anchor("after", "parser.add_argument", kind="call", arg="--speculative-accept-threshold-acc"), marker_id="a"),
+    ]
+    plan = plan_file("big.py", text, edits)
+    check_structure(plan, edits)
+    assert plan.changed and len(plan.changes) == 2
+
+    group = len(STANDIN.splitlines())  # the class ServerArgs and its neighbours: the changed statement group
+    assert group * 10 < total  # the file is much bigger than what changes
+    assert max(counted["tokenized_lines"]) <= total  # one pass reads the file (at most)
+    assert sum(counted["tokenized_lines"]) <= total + 8 * group  # then only the group, as it changes
+    assert counted["parsed_lines"] and max(counted["parsed_lines"]) <= group  # never the whole file
+    assert counted["compiled_lines"] and max(counted["compiled_lines"]) <= group
+
+
+def test_the_same_plan_reads_a_small_edit_at_the_top_without_reading_the_rest(counted: dict[str, list[int]]) -> None:
+    text = STANDIN + "".join(FILLER.format(i=i) for i in range(4000))
+    total = text.count("\n")
+    edits = [EditSpec(kind="insert", text="X = 1\n", anchor=Anchor("after", "logger = logging.getLogger(__name__)"), marker_id="x")]
+    plan = plan_file("big.py", text, edits)
+    check_structure(plan, edits)
+    assert sum(counted["tokenized_lines"]) < total // 10  # reading stops after the statements it needs

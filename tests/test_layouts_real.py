@@ -1,0 +1,429 @@
+"""The layout matrix: the shipped flag playbooks on the REAL files of seven releases.
+
+SGLang 0.4.10.post2 and 0.5.13 (classic), 0.5.14 and 0.5.18 (annotated, NS()
+from 0.5.18), 0.5.23 (spec); vLLM 0.8.5.post1 and 0.33.0 (EngineArgs). The
+files come from the registry (``tests.fixtures.registry``, pinned, cached).
+For each: the unchanged shipped playbook (``speculative-disable.yaml`` on
+SGLang, ``vllm-add-flag.yaml`` on vLLM) is rendered and planned through
+orch's own code, the layout is recognised, the declarations land beside
+the neighbour (the parser call after the neighbour's *complete* call), the
+result passes the structural check and compiles, re-planning is a no-op —
+and the release's own parser, built from the patched file without torch
+(``tests.fixtures.flag_probe``), parses ``--speculative-disable-batch-threshold
+32`` to the int 32, while the unpatched file's parser refuses it.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.edit_spec import Anchor, EditSpec, FilePlan
+from orchestrator.core.edits import plan_file
+from orchestrator.core.flags import FlagPlan, expand_edits
+from orchestrator.core.hints import anchor_hints
+from orchestrator.core.rendering import render_playbook
+from orchestrator.core.structure import check_structure
+from orchestrator.errors import AnchorError
+from orchestrator.shell import agent
+from orchestrator.shell.config_files import load_playbook, make_renderer
+from tests.fixtures.flag_probe import TolerantParser, load_tolerant, parse
+from tests.fixtures.registry import sglang_tree, vllm_file
+from tests.fixtures.sshd import SshdServer
+
+REPO = Path(__file__).resolve().parents[1]
+FLAG = "--speculative-disable-batch-threshold"
+FIELD = "speculative_disable_batch_threshold"
+
+
+@dataclass(frozen=True)
+class Release:
+    product: str  # sglang or vllm
+    version: str
+    layout: str
+    near: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.product}-{self.version}"
+
+
+RELEASES = [
+    Release("sglang", "0.4.10.post2", "classic", "speculative_accept_threshold_acc"),
+    Release("sglang", "0.5.13", "classic", "speculative_accept_threshold_acc"),
+    Release("sglang", "0.5.14", "annotated", "speculative_accept_threshold_acc"),
+    Release("sglang", "0.5.18", "annotated", "speculative_accept_threshold_acc"),
+    Release("sglang", "0.5.23", "spec", "speculative_accept_threshold_acc"),
+    Release("vllm", "0.8.5.post1", "vllm", "speculative_config"),
+    Release("vllm", "0.33.0", "vllm", "speculative_config"),
+]
+
+
+def target_of(release: Release) -> Path:
+    if release.product == "sglang":
+        return sglang_tree(release.version) / "sglang" / "srt" / "server_args.py"
+    return vllm_file(release.version)
+
+
+def root_var(release: Release) -> dict[str, str]:
+    target = target_of(release)
+    if release.product == "sglang":
+        return {"sglang_root": str(target.parent.parent)}
+    return {"vllm_root": str(target.parent.parent)}
+
+
+def companions(path: Path, names: list[str]) -> dict[str, str]:
+    """What the helper on the host sends along: the modules ``path`` imports that mention ``names``."""
+    return {
+        info["path"]: base64.b64decode(info["data"]).decode("utf-8")
+        for info in agent.follow_imports(str(path), names)
+    }
+
+
+@dataclass
+class Applied:
+    flags: list[FlagPlan]
+    plans: dict[str, FilePlan]
+    edits: dict[str, list[EditSpec]]
+
+
+def apply_shipped(release: Release) -> Applied:
+    """The shipped playbook, rendered and planned by orch's own code (no host)."""
+    book = "speculative-disable.yaml" if release.product == "sglang" else "vllm-add-flag.yaml"
+    loaded = load_playbook(REPO / "playbooks" / book)
+    renderer = make_renderer(loaded)
+    variables = {**loaded.model.vars, **root_var(release), "python": "python3", "facts": {"packages": {}}}
+    rendered = render_playbook(loaded.model, loaded.locations, variables, renderer)
+    target = target_of(release)
+    assert rendered.files[0].path == str(target)
+    text = target.read_text()
+    related = companions(target, [release.near])
+    edits, flags = expand_edits(str(target), rendered.files[0].edits, text, related, renderer, variables)
+    plans = {}
+    for path, specs in edits.items():
+        if not specs:
+            continue
+        original = text if path == str(target) else related[path]
+        plan = plan_file(path, original, specs)
+        check_structure(plan, specs)
+        plans[path] = plan
+    return Applied(flags, plans, edits)
+
+
+@pytest.fixture(scope="module", params=RELEASES, ids=lambda r: r.id)
+def applied(request: pytest.FixtureRequest) -> tuple[Release, Applied]:
+    return request.param, apply_shipped(request.param)
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def _statement_end(text: str, predicate) -> int:  # type: ignore[no-untyped-def]
+    """Last line of the one statement of ``text`` that ``predicate`` picks."""
+    found = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.stmt) and predicate(n)]
+    assert len(found) == 1, found
+    return found[0].end_lineno  # type: ignore[return-value]
+
+
+def _is_field(name: str):  # type: ignore[no-untyped-def]
+    return lambda n: isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == name
+
+
+def _is_call_of(flag: str):  # type: ignore[no-untyped-def]
+    def pick(n: ast.stmt) -> bool:
+        if not isinstance(n, ast.Expr) or not isinstance(n.value, ast.Call):
+            return False
+        args = n.value.args
+        return bool(args) and isinstance(args[0], ast.Constant) and args[0].value == flag
+
+    return pick
+
+
+def test_the_layout_is_recognised(applied: tuple[Release, Applied]) -> None:
+    release, done = applied
+    assert [f.layout.kind for f in done.flags] == [release.layout]
+    paths = list(done.plans)
+    if release.layout == "spec":  # the field moved to the namespace module server_args.py imports
+        assert [Path(p).name for p in paths] == ["spec.py"]
+        assert Path(paths[0]).parent.name == "fields"
+    else:
+        assert paths == [str(target_of(release))]
+
+
+def test_declarations_land_beside_the_neighbour(applied: tuple[Release, Applied]) -> None:
+    release, done = applied
+    (path, plan), = done.plans.items()
+    original = plan.original.splitlines()
+    result = plan.result.splitlines()
+    field_end = _statement_end(plan.original, _is_field(release.near))
+    # the field block starts right after the neighbour field, at its indentation
+    assert result[field_end].strip().startswith("# >>> orch speculative-disable:0.0.") or result[
+        field_end
+    ].strip().startswith("# >>> orch vllm-add-flag:0.0.")
+    assert result[field_end + 1].startswith(f"    {FIELD}:")
+    assert result[: field_end] == original[:field_end]
+    if release.layout in ("classic", "vllm"):
+        neighbour = "--" + release.near.replace("_", "-")
+        call_end = _statement_end(plan.original, _is_call_of(neighbour))
+        shift = len(result) - len(original) - 8  # the call block is 8 lines; the rest is the field's
+        # the parser call starts after the line closing the neighbour's whole call, never inside it
+        assert result[call_end + shift - 1] == original[call_end - 1]
+        assert result[call_end + shift].strip().endswith(".argument")
+        call = result[call_end + shift + 1]
+        assert call.endswith(".add_argument(") and call.strip().startswith(("parser.", "speculative_group.", "vllm_group."))
+        quote = "'" if release.version == "0.8.5.post1" else '"'
+        assert result[call_end + shift + 2].strip() == f"{quote}{FLAG}{quote},"
+    else:  # one A[...] field, the style of its neighbours; NS() copied on 0.5.18
+        block = "\n".join(result[field_end : field_end + 8])
+        assert f"{FIELD}: A[" in block and "Optional[int]," in block
+        assert ('NS("spec")' in block) == (release.version == "0.5.18")
+    if release.version == "0.33.0":
+        assert f"{FIELD}: int | None = None" in plan.result  # X | None, like its neighbours
+
+
+def test_the_result_compiles_and_replanning_is_a_no_op(applied: tuple[Release, Applied]) -> None:
+    _, done = applied
+    for path, plan in done.plans.items():
+        compile(plan.result, path, "exec", dont_inherit=True)
+        again = plan_file(path, plan.result, done.edits[path])
+        assert not again.changed
+        assert all("already applied" in note for note in again.notes)
+
+
+# --------------------------------------------------------------------------- the flag parses
+
+
+def build_parser(release: Release, texts: dict[str, str]) -> TolerantParser:
+    """The release's own parser, from ``texts`` (path -> content; patched or not)."""
+    target = str(target_of(release))
+    parser = TolerantParser(prog="sglang serve" if release.product == "sglang" else "vllm serve")
+    if release.product == "vllm":
+        module = load_tolerant(texts[target], functions=["add_cli_args"], filename=target)
+        module.EngineArgs.add_cli_args(parser)
+        return parser
+    root = sglang_tree(release.version) / "sglang" / "srt"
+    if release.layout == "classic":
+        module = load_tolerant(texts[target], functions=["add_cli_args"], filename=target)
+        module.ServerArgs.add_cli_args(parser)
+        return parser
+    keep = ["msgspec"]
+    arg_utils = load_tolerant((root / "arg_groups" / "arg_utils.py").read_text(), keep=keep)
+    if release.layout == "annotated":
+        module = load_tolerant(
+            texts[target],
+            real={"sglang.srt.arg_groups.arg_utils": arg_utils},
+            functions=["add_cli_args"],
+            filename=target,
+        )
+        module.ServerArgs.add_cli_args(parser)
+        return parser
+    spec = str(root / "arg_groups" / "fields" / "spec.py")
+    choices = load_tolerant((root / "arg_groups" / "choices.py").read_text())
+    namespace = load_tolerant(
+        texts.get(spec) or Path(spec).read_text(),
+        keep=keep,
+        real={
+            "sglang.srt.arg_groups.arg_utils": arg_utils,
+            "sglang.srt.arg_groups.choices": choices,
+        },
+        filename=spec,
+    )
+    arg_utils.add_cli_args_from_dataclass(parser, namespace.Spec)
+    return parser
+
+
+def test_the_patched_file_parses_the_flag_and_the_original_refuses_it(
+    applied: tuple[Release, Applied],
+) -> None:
+    release, done = applied
+    target = str(target_of(release))
+    patched = {path: plan.result for path, plan in done.plans.items()}
+    patched.setdefault(target, Path(target).read_text())
+    parser = build_parser(release, patched)
+    assert all(FLAG not in args for args, _ in parser.skipped), parser.skipped
+    namespace, error = parse(parser, [FLAG, "32"])
+    assert namespace is not None, error
+    assert getattr(namespace, FIELD) == 32 and type(getattr(namespace, FIELD)) is int
+    default, _ = parse(parser, [])
+    assert default is not None and getattr(default, FIELD) is None
+
+    original = {path: plan.original for path, plan in done.plans.items()}
+    original.setdefault(target, Path(target).read_text())
+    refused, message = parse(build_parser(release, original), [FLAG, "32"])
+    assert refused is None
+    assert f"error: unrecognized arguments: {FLAG} 32" in message
+
+
+def test_on_the_annotated_layout_a_plain_field_compiles_and_is_not_a_flag() -> None:
+    """The trap add_flag avoids: only A[...] fields become flags from 0.5.14 on."""
+    release = RELEASES[2]
+    target = target_of(release)
+    text = target.read_text()
+    plain = EditSpec(
+        kind="insert",
+        text=f"{FIELD}: Optional[int] = None\n",
+        anchor=Anchor("after", f"ServerArgs.{release.near}", kind="field"),
+    )
+    plan = plan_file(str(target), text, [plain])
+    check_structure(plan, [plain])  # compiles, is structurally right...
+    refused, message = parse(build_parser(release, {str(target): plan.result}), [FLAG, "32"])
+    assert refused is None and f"unrecognized arguments: {FLAG} 32" in message  # ...and is no flag
+
+
+# --------------------------------------------------------------------------- messages on real files
+
+
+def test_the_storys_anchor_on_the_annotated_layout_says_what_it_means() -> None:
+    release = RELEASES[2]
+    target = target_of(release)
+    story = EditSpec(
+        kind="insert",
+        text="x = 1\n",
+        anchor=Anchor("after", '"--speculative-accept-threshold-acc"'),
+        file="playbooks/site.yaml",
+        line=11,
+        key="files[0].edits[1]",
+    )
+    with pytest.raises(AnchorError) as error:
+        plan_file(str(target), target.read_text(), [story], hints=anchor_hints({}))
+    message = str(error.value)
+    assert message.startswith("playbooks/site.yaml:11: files[0].edits[1].after: anchor matches 0 places")
+    field_line = _statement_end(target.read_text(), _is_field(release.near)) - 3
+    assert f"did you mean: line {field_line}: speculative_accept_threshold_acc: A[" in message
+    assert "after_field: ServerArgs.speculative_accept_threshold_acc" in message
+    assert "server_args.py uses the annotated layout (SGLang 0.5.14–0.5.19" in message
+    assert "use add_flag" in message
+    assert "aliases=" not in message  # what difflib pointed at before
+    assert "\n" not in message
+
+
+def test_on_the_spec_layout_the_hint_names_the_field_in_its_module() -> None:
+    release = RELEASES[4]
+    target = target_of(release)
+    story = EditSpec(kind="insert", text="x = 1\n", anchor=Anchor("after", "speculative_accept_threshold_acc:"))
+    related = companions(target, [release.near])
+    with pytest.raises(AnchorError) as error:
+        plan_file(str(target), target.read_text(), [story], hints=anchor_hints(related))
+    message = str(error.value)
+    spec = next(iter(related))
+    assert f"{spec} line 113: speculative_accept_threshold_acc: A[" in message
+    assert "(the field Spec.speculative_accept_threshold_acc, in another module)" in message
+    assert "uses the spec layout (SGLang ≥ 0.5.20" in message
+
+
+def test_error_lines_are_the_files_on_disk_after_earlier_edits() -> None:
+    """vLLM 0.8.5: '--speculative-config' is on lines 749 and 1065 of the file on disk."""
+    target = vllm_file("0.8.5.post1")
+    text = target.read_text()
+    lines = text.splitlines()
+    assert "'--speculative-config'" in lines[748] and "'--speculative-config'" in lines[1064]
+    edits = [
+        EditSpec(kind="insert", text="a: int = 1\nb: int = 2\n", anchor=Anchor("after", "EngineArgs.speculative_config", kind="field"), marker_id="m"),
+        EditSpec(kind="insert", text="x = 1\n", anchor=Anchor("after", "'--speculative-config'"), file="p.yaml", line=9, key="files[0].edits[1]"),
+    ]
+    with pytest.raises(AnchorError) as error:
+        plan_file(str(target), text, edits)
+    message = str(error.value)
+    assert "anchor matches 2 places" in message
+    assert "line 749: '--speculative-config'," in message
+    assert "line 1065: # '--speculative-config' and must be passed" in message
+    assert "line 753" not in message and "line 1069" not in message
+
+
+# --------------------------------------------------------------------------- orch deploy --check over sshd
+
+
+def check_over_ssh(tmp: Path, sshd: SshdServer, release: Release) -> tuple[int, str, dict]:
+    """``orch deploy --check`` with the unchanged shipped playbook on a host holding the release's files."""
+    source = target_of(release)
+    if release.product == "sglang":
+        host_root = tmp / "host" / "sglang"
+        shutil.copytree(source.parent.parent.parent / "sglang", host_root)
+        var = {"sglang_root": str(host_root)}
+        book = "speculative-disable.yaml"
+    else:
+        host_root = tmp / "host" / "vllm"
+        (host_root / "engine").mkdir(parents=True)
+        shutil.copy(source, host_root / "engine" / "arg_utils.py")
+        var = {"vllm_root": str(host_root)}
+        book = "vllm-add-flag.yaml"
+    host = {
+        "address": sshd.host, "port": sshd.port, "user": sshd.user,
+        "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts),
+        "state_dir": str(tmp / "state"), "python": sys.executable, "vars": var,
+    }
+    (tmp / "inventory.yaml").write_text(json.dumps({"hosts": {"gpu": host}}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "gpu",
+         "--ssh-config", str(sshd.ssh_config), str(REPO / "playbooks" / book)],
+        cwd=tmp, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, COLUMNS="200", NO_COLOR="1"),
+    )
+    report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    return proc.returncode, proc.stderr, report
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.id)
+def test_check_with_the_shipped_playbook_plans_the_right_place(
+    tmp_path: Path, sshd: SshdServer, release: Release
+) -> None:
+    code, err, report = check_over_ssh(tmp_path, sshd, release)
+    assert code == 0, err
+    host = report["hosts"]["gpu"]
+    assert host["outcome"] == "planned"
+    expected = {
+        "classic": ["srt/server_args.py"],
+        "annotated": ["srt/server_args.py"],
+        "spec": ["srt/arg_groups/fields/spec.py"],
+        "vllm": ["engine/arg_utils.py"],
+    }[release.layout]
+    assert [f.split("/host/")[1].split("/", 1)[1] for f in host["files"]] == expected
+    assert any(f"uses {'vLLM' if release.layout == 'vllm' else 'the ' + release.layout}" in n for n in host["notes"]), host["notes"]
+    # the read-back preview: the new declaration right after the neighbour
+    assert "❱" in err and FIELD in err
+    assert not (tmp_path / "state").exists()  # --check creates nothing on the host
+
+
+# --------------------------------------------------------------------------- an element of a tuple (0.5.23's field order)
+
+
+def test_an_after_on_an_element_of_positional_field_order_is_refused_with_the_fix() -> None:
+    path = sglang_tree("0.5.23") / "sglang" / "srt" / "arg_groups" / "field_order.py"
+    text = path.read_text()
+    row = text.splitlines().index('    "speculative_accept_threshold_acc",') + 1
+    spec = EditSpec(kind="insert", text="x = 1\n", anchor=Anchor("after", '"speculative_accept_threshold_acc",'))
+    with pytest.raises(AnchorError) as error:
+        plan_file(str(path), text, [spec])
+    message = str(error.value)
+    assert f"line {row} is an element of the tuple POSITIONAL_FIELD_ORDER" in message
+    assert "into: POSITIONAL_FIELD_ORDER with after_item: 'speculative_accept_threshold_acc'" in message
+
+
+def test_into_positional_field_order_lands_inside_the_tuple() -> None:
+    path = sglang_tree("0.5.23") / "sglang" / "srt" / "arg_groups" / "field_order.py"
+    text = path.read_text()
+    spec = EditSpec(
+        kind="insert",
+        text=f'"{FIELD}"\n',
+        anchor=Anchor("after", "POSITIONAL_FIELD_ORDER", kind="item", arg="speculative_accept_threshold_acc"),
+        marker_id="order",
+    )
+    plan = plan_file(str(path), text, [spec])
+    check_structure(plan, [spec])
+    before: dict = {}
+    after: dict = {}
+    exec(compile(text, str(path), "exec"), before)  # noqa: S102 - a stdlib-only module of constants
+    exec(compile(plan.result, str(path), "exec"), after)  # noqa: S102
+    old, new = before["POSITIONAL_FIELD_ORDER"], after["POSITIONAL_FIELD_ORDER"]
+    at = old.index("speculative_accept_threshold_acc") + 1
+    assert new == old[:at] + (FIELD,) + old[at:]
+    assert not plan_file(str(path), plan.result, [spec]).changed
