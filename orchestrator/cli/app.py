@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from orchestrator import __version__
-from orchestrator.errors import NotImplementedYetError, OrchError
+from orchestrator.errors import OrchError
 
 COMMON_HELP = {
     "inventory": "Inventory file (default: ./inventory.yaml if present).",
@@ -159,12 +159,7 @@ def status(hosts: tuple[str, ...], inventory: str | None, cli_vars: tuple[str, .
         click.echo(json.dumps({"exit_code": 0, "hosts": out}, indent=2, sort_keys=True, default=str))
 
 
-@cli.command()
-@click.argument("spec", required=False)
-@click.option("--host", "hosts", multiple=True, metavar="H")
-def nightly(spec: str | None, hosts: tuple[str, ...]) -> None:
-    """Reproducible rebuild from a pinned spec (not built yet)."""
-    raise NotImplementedYetError("orch nightly is not built yet (its issue has not landed)")
+import orchestrator.cli.nightly_cmd  # noqa: E402, F401  (registers `orch nightly`)
 
 
 @cli.command()

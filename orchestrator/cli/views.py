@@ -155,18 +155,23 @@ def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
     table = Table(title=f"history of {host}", show_lines=False)
     table.add_column("id", no_wrap=True)
     table.add_column("when", no_wrap=True)
-    for col in ("playbook", "files", "flag changes", "outcome"):
+    table.add_column("kind", no_wrap=True)
+    for col in ("playbook", "source", "files", "flag changes", "outcome"):
         table.add_column(col, overflow="fold")
+    table.add_column("tok/s", justify="right", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
     for r in rows:
         style = "bold green" if r.current else ("yellow" if "rolled back" in r.outcome else "")
         table.add_row(
             r.id,
             fmt_time(r.when),
+            r.kind,
             r.playbook,
+            r.source or "-",
             "\n".join(short_path(f) for f in r.files) or "-",
             "\n".join(r.flag_changes) or "-",
             r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
+            f"{r.tokens_per_s:.0f}" if r.tokens_per_s is not None else "-",
             f"{r.duration:.1f}s" if r.duration is not None else "-",
             style=style,
         )

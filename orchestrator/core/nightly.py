@@ -63,7 +63,8 @@ class GitSource(_Model):
     @field_validator("repo")
     @classmethod
     def _not_an_option(cls, value: str) -> str:
-        if value.startswith("-") or any(c.isspace() for c in value):
+        templated = "{{" in value
+        if value.startswith("-") or (not templated and any(c.isspace() for c in value)):
             raise ValueError(f"a repository URL or path (got: {value!r})")
         return value
 
@@ -506,3 +507,19 @@ def record_tokens_per_s(record: Mapping[str, Any]) -> float | None:
     summary = probe.get("summary") if isinstance(probe, dict) else None
     value = summary.get("output_tokens_per_s") if isinstance(summary, dict) else None
     return float(value) if isinstance(value, int | float) else None
+
+
+def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int) -> list[str]:
+    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one."""
+    protected = {b for b in (current, previous) if b}
+    ordered = sorted(set(builds))
+    excess = len(ordered) - max(keep, len(protected))
+    out: list[str] = []
+    for name in ordered:
+        if excess <= 0:
+            break
+        if name in protected:
+            continue
+        out.append(name)
+        excess -= 1
+    return out

@@ -53,6 +53,7 @@ access_logger = logging.getLogger("sglang.access")
 
 DEFAULT_STARTUP_DELAY = 0.5
 DEFAULT_MAX_NEW_TOKENS = 128
+BATCH_WINDOW_S = 0.02
 HEALTH_PATHS = ("/health", "/health_generate", "/ping")
 FLUSH_CACHE_MESSAGE = (
     "Cache flushed.\nPlease check backend logs for more details. "
@@ -157,8 +158,12 @@ class DecodeEngine:
     def _loop(self) -> None:
         while True:
             with self.cond:
+                idle = not self.active
                 while not self.pending and not self.active:
                     self.cond.wait()
+            if idle:  # the scheduler's first poll: requests sent together start together
+                time.sleep(BATCH_WINDOW_S)
+            with self.cond:
                 joined, self.pending = self.pending, []
                 self.active.extend(joined)
                 batch = list(self.active)
