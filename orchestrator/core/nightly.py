@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.core.cmdline import flag_changes
 from orchestrator.core.models import (
     Health,
     LocatedProblem,
@@ -452,7 +453,12 @@ def manifest_changes(before: NightManifest, after: NightManifest) -> list[Change
             out.append(Change("file", f"{path}: sha256 {o.sha256_before[:12]}→{o.sha256_after[:12]} "
                                       f"now {n.sha256_before[:12]}→{n.sha256_after[:12]}"))
     if before.server.argv != after.server.argv:
-        out.append(Change("server", f"command line: {' '.join(before.server.argv)} -> {' '.join(after.server.argv)}"))
+        flags = flag_changes(before.server.argv, after.server.argv)
+        if flags:
+            out.extend(Change("server", f"flag {c}") for c in flags)
+        else:
+            out.append(Change("server", f"command line: {' '.join(before.server.argv)} -> "
+                                        f"{' '.join(after.server.argv)}"))
     if before.server.env != after.server.env or before.server.cwd != after.server.cwd:
         out.append(Change("server", "server environment or working directory changed"))
     if before.install != after.install:

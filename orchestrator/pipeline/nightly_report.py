@@ -146,9 +146,10 @@ def draw_trend(nights: Sequence[dict[str, Any]], out: Path) -> int:
             right.set_ylabel("p99 latency (ms)", color="#d1242f")
             right.set_ylim(bottom=0)
             left.set_xticks(xs, labels, fontsize=7)
+            left.margins(x=0.08)
             left.set_title(f"{probed[0]['host'] if probed else ''}: nightly probe, {len(probed)} night(s)")
             left.grid(alpha=0.3)
-            fig.legend(loc="lower left", fontsize=8)
+            left.legend(handles=[line, line2], loc="lower center", fontsize=8, ncols=2)
             fig.tight_layout()
             fig.savefig(out, format=out.suffix.lstrip(".") or "svg", metadata={"Date": None}
                         if out.suffix == ".svg" else None)

@@ -54,6 +54,7 @@ access_logger = logging.getLogger("sglang.access")
 DEFAULT_STARTUP_DELAY = 0.5
 DEFAULT_MAX_NEW_TOKENS = 128
 BATCH_WINDOW_S = 0.02
+MAX_LAG_S = 0.5
 HEALTH_PATHS = ("/health", "/health_generate", "/ping")
 FLUSH_CACHE_MESSAGE = (
     "Cache flushed.\nPlease check backend logs for more details. "
@@ -139,6 +140,7 @@ class DecodeEngine:
         self.pending: List[_Job] = []
         self.active: List[_Job] = []
         self.thread: Optional[threading.Thread] = None
+        self.clock = 0.0  # when the last step ends on the modelled timeline (monotonic)
 
     def run(self, max_new_tokens: int) -> _Job:
         """Decode one request; returns when it is finished."""
@@ -163,6 +165,7 @@ class DecodeEngine:
                     self.cond.wait()
             if idle:  # the scheduler's first poll: requests sent together start together
                 time.sleep(BATCH_WINDOW_S)
+                self.clock = time.monotonic()
             with self.cond:
                 joined, self.pending = self.pending, []
                 self.active.extend(joined)
@@ -185,7 +188,15 @@ class DecodeEngine:
             out = self.worker.forward_batch_generation(ScheduleBatch.of(ForwardMode.DECODE, size))
             speculative = bool(getattr(out, "verified", False))
             tokens = max(1, int(out.num_new_tokens))
-        time.sleep(self.model.step_seconds(size, speculative, joined))
+        # Steps follow the modelled timeline: a step that woke late (a busy
+        # machine) is caught up by the next ones instead of adding up, unless
+        # it fell so far behind that the timeline restarts from now.
+        self.clock += self.model.step_seconds(size, speculative, joined)
+        now = time.monotonic()
+        if self.clock > now:
+            time.sleep(self.clock - now)
+        elif now - self.clock > MAX_LAG_S:
+            self.clock = now
         for job in batch:
             job.tokens = min(job.max_new_tokens, job.tokens + tokens)
             job.spec_verify_ct += 1 if speculative else 0
@@ -505,14 +516,20 @@ class Handler(BaseHTTPRequestHandler):
         logger.warning(format % args)
 
 
+class _Server(ThreadingHTTPServer):
+    # A probe opens dozens of connections at once; socketserver's default
+    # listen backlog of 5 would drop or reset most of them.
+    request_queue_size = 1024
+
+
 def _server_class(host: str):
     if ":" in host:
 
-        class V6Server(ThreadingHTTPServer):
+        class V6Server(_Server):
             address_family = socket.AF_INET6
 
         return V6Server
-    return ThreadingHTTPServer
+    return _Server
 
 
 def _env_float(name: str, default: float) -> float:
