@@ -355,6 +355,9 @@ def test_drift_is_named_and_blocks_the_next_night_and_frozen_names_a_template(ni
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert nightbox.current() != before
 
+    flags, data = nightbox.night("--frozen", "--var", "threshold=24")
+    assert flags.returncode == 2, flags.stdout + flags.stderr
+    assert "flag --speculative-disable-batch-threshold: 16 -> 24" in data["hosts"]["gpu"]["error"]
     template = box.root / "templates" / "sglang" / "server_args_field.py.j2"
     template.write_text(template.read_text().replace("= None", "= None  # changed"))
     refused, data = nightbox.night("--frozen")

@@ -38,9 +38,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.cmdline import render_words
+from orchestrator.core.cmdline import flag_changes, render_words
 from orchestrator.core.models import Playbook
 from orchestrator.core.nightly import (
+    Change,
     FileRecord,
     NightManifest,
     PackageRecord,
@@ -319,14 +320,17 @@ class Night:
             for path in drift:
                 self.reporter.warn(self.label, f"drift in the current build: {path} (--force: building anyway)")
         if self.options.frozen:
-            self.refuse_unless_frozen()
+            self.refuse_unless_frozen(server)
         return got[2]
 
-    def refuse_unless_frozen(self) -> None:
+    def refuse_unless_frozen(self, server: Any) -> None:
+        """Inputs, source and the server's command line as the last good night had them, or refuse."""
         if self.last_good is None:
             raise RefusedError(f"{self.label}: --frozen: no last good night on this host to compare with")
         changes = input_changes(self.last_good.inputs, self.loaded.inputs)
         changes += source_changes(self.last_good.source, self.source_record())
+        argv = redact_argv(relative_to_build(server.desired_argv() or [], self.build_dir), self.secret_list)
+        changes += [Change("server", f"flag {c}") for c in flag_changes(self.last_good.server.argv, argv)]
         if changes:
             raise RefusedError(f"{self.label}: --frozen: inputs differ from night {self.last_good.build}: "
                                + "; ".join(c.text for c in changes))
