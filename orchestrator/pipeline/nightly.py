@@ -197,6 +197,12 @@ class Night:
     switch_begun: bool = False
     manifest: NightManifest | None = None
     repo: str = ""
+    # filled by build() and patch(), read by make_manifest()
+    existing_builds: list[str] = field(default_factory=list)
+    resolved_source: SourceRecord | None = None
+    install_argvs: list[list[str]] = field(default_factory=list)
+    stack_records: list[StackRecord] = field(default_factory=list)
+    file_records: list[FileRecord] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -411,7 +417,7 @@ class Night:
             self.resolved_source = self.source_record()
             self.reporter.step(self.label, f"installed {len(self.loaded.requirements.pins)} pinned package(s) "
                                            "with --require-hashes")
-        self.install_argvs: list[list[str]] = []
+        self.install_argvs = []
         steps = []
         for i, command in enumerate(self.spec.install):
             argv = render_words(command, self.variables, self.renderer(),
@@ -427,7 +433,7 @@ class Night:
         """The stack, in order, each playbook committed into the build before the next is planned."""
         firsts: dict[str, str] = {}
         lasts: dict[str, str] = {}
-        self.stack_records: list[StackRecord] = []
+        self.stack_records = []
         for i, loaded in enumerate(self.loaded.stack):
             entry = self.loaded.stack_names[i]
             files_only = replace(loaded, model=loaded.model.model_copy(update={"server": None, "health": None}))
@@ -461,7 +467,7 @@ class Night:
         env = redact_env(relative_to_build(dict(start.env or {}), rel)) or {}
         return NightManifest(
             spec=self.spec.name, host=self.label, inputs=list(self.loaded.inputs),
-            source=self.resolved_source,
+            source=self.resolved_source or self.source_record(),
             install=[redact_argv(relative_to_build(a, rel), self.secret_list) for a in self.install_argvs],
             stack=self.stack_records, files=self.file_records,
             server=ServerRecord(argv=redact_argv(relative_to_build(start.argv, rel), self.secret_list),
@@ -582,7 +588,7 @@ class Night:
         finished = time.time()
         self.manifest = self.manifest.model_copy(update={
             "finished": finished, "probe": probe.to_json() if probe else None})
-        builds = [*getattr(self, "existing_builds", []), self.name]
+        builds = [*self.existing_builds, self.name]
         prune = builds_to_prune(builds, self.name, self.previous_build, self.spec.keep_builds)
         results = self.session.call("batch", steps=[
             {"op": "put_json", "args": {"path": f"{self.build_dir}/manifest.json",
