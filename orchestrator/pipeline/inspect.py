@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.nightly import record_source, record_tokens_per_s
 from orchestrator.core.releases import describe_release
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
+from orchestrator.pipeline.nightly_drift import night_drift
 from orchestrator.pipeline.session import ConnectOptions, HostSession
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
@@ -32,6 +34,8 @@ class HistoryRow:
     duration: float | None
     current: bool
     error: str | None = None
+    source: str | None = None  # nights: git <commit> / pip <n> packages
+    tokens_per_s: float | None = None  # where the record has a probe
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -53,6 +57,8 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
                 duration=m.get("duration"),
                 current=bool(applied and m["id"] == applied[-1]),
                 error=m.get("error"),
+                source=record_source(m),
+                tokens_per_s=record_tokens_per_s(m),
             )
         )
     return rows
@@ -160,6 +166,7 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
             files = current.get("files", [])
             shas = session.run(ops.sha256([f["path"] for f in files]))
             drift = [f["path"] for f in files if shas.get(f["path"]) != f["sha256_after"]]
+        drift += night_drift(session, target.state_dir)
         return HostStatus(
             host=target.name,
             current=current["id"] if current else None,

@@ -2042,6 +2042,374 @@ def _run_exact_env(argv, cwd, env, timeout):
 # ================================================================ end of facts, files and imports; pre-flight
 
 
+# ================================================================ nightly: builds, the link switch, the probe
+#
+# Ops added for `orch nightly` (and the probe a performance gate builds on).
+# They touch nothing above: a night builds into a fresh directory beside the
+# live one, and only `nightly_link_swap` changes what is live, by one rename.
+
+
+def nightly_git_env():
+    """Never prompt for credentials on the host: a night runs unattended."""
+    return {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C"}
+
+
+def stream_argv(argv, cwd=None, env=None, log=None, timeout=3600.0):
+    """Run ``argv``, sending each output line as a progress event and to ``log``.
+
+    The build's own output is what a person watches during a night, and what
+    they read the next morning in the log; the last lines come back with a
+    failure. Cancel (Ctrl-C on the controller) and ``timeout`` end the whole
+    process group.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    tail = []
+    log_file = open(log, "ab") if log else None
+    try:
+        if log_file is not None:
+            log_file.write(("$ %s\n" % " ".join(argv)).encode())
+            log_file.flush()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise AgentError("build", "cannot run %s: %s" % (argv[0], e.strerror or e), argv=argv)
+
+        def pump():
+            for raw in iter(proc.stdout.readline, b""):
+                if log_file is not None:
+                    log_file.write(raw)
+                    log_file.flush()
+                line = raw.decode("utf-8", "replace").rstrip("\r\n").split("\r")[-1]
+                tail.append(line)
+                del tail[:-LOG_TAIL_LINES]
+                if SESSION is not None:
+                    SESSION.event("progress", msg=line, stream="build")
+
+        reader = threading.Thread(target=pump)
+        reader.daemon = True
+        reader.start()
+        deadline = time.time() + timeout
+        why = None
+        while proc.poll() is None:
+            if SESSION is not None and SESSION.cancelled:
+                why = "cancelled by the controller"
+            elif time.time() >= deadline:
+                why = "timed out after %ss" % timeout
+            if why:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
+                break
+            time.sleep(0.05)
+        reader.join(5.0)
+        if why:
+            raise AgentError("build", "%s %s" % (" ".join(argv[:3]), why), log_tail=list(tail), argv=argv)
+        if proc.returncode != 0:
+            raise AgentError("build", "%s exited %d" % (" ".join(argv[:3]), proc.returncode),
+                             log_tail=list(tail), argv=argv, rc=proc.returncode)
+        return {"rc": 0, "tail": list(tail)}
+    finally:
+        if log_file is not None:
+            log_file.close()
+
+
+def capture_argv(argv, cwd=None, env=None, timeout=600.0):
+    res = run_argv(argv, cwd=cwd, env=env, timeout=timeout)
+    if res["rc"] != 0:
+        raise AgentError("build", "%s exited %d: %s" % (" ".join(argv[:3]), res["rc"],
+                                                      (res["stderr"] or res["stdout"]).strip()[-300:]))
+    return res["stdout"]
+
+
+def build_path(builds_dir, name):
+    """A build's directory: a plain name directly inside ``builds_dir``."""
+    if not name or "/" in name or name in (".", "..") or name.startswith("."):
+        raise AgentError("build", "not a build name: %r" % name)
+    return os.path.join(expand(builds_dir), name)
+
+
+def read_link(link):
+    try:
+        return os.readlink(link)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise AgentError("switch", "%s exists and is not a symlink" % link)
+        raise
+
+
+@op("nightly_prepare")
+def op_nightly_prepare(builds_dir, build):
+    """Make ``builds_dir`` (and its ``logs/``), say what ``current`` points to.
+
+    The new build's directory must not exist yet: a night never builds over
+    anything.
+    """
+    root = expand(builds_dir)
+    for d in (root, os.path.join(root, "logs")):
+        if not os.path.isdir(d):
+            os.makedirs(d, 0o755)
+    dest = build_path(root, build)
+    if os.path.lexists(dest):
+        raise AgentError("build", "%s already exists" % dest)
+    current = read_link(os.path.join(root, "current"))
+    builds = sorted(n for n in os.listdir(root)
+                    if not n.startswith(".") and n not in ("current", "logs")
+                    and os.path.isdir(os.path.join(root, n)) and not os.path.islink(os.path.join(root, n)))
+    return {"builds_dir": root, "build_dir": dest, "current": current, "builds": builds,
+            "log": os.path.join(root, "logs", build + ".log"), "python_version": sys.version.split()[0]}
+
+
+@op("nightly_fetch_git")
+def op_nightly_fetch_git(repo, commit, builds_dir, build, log, timeout=3600.0):
+    """Fetch ``repo`` into a mirror cache on the host, check out exactly ``commit``.
+
+    The cache (``builds_dir/.cache/git/<hash of the URL>.git``) makes the
+    next night a fetch, not a clone; the build itself is a local clone of the
+    cache, checked out detached at the commit, and ``HEAD`` is read back.
+    """
+    root = expand(builds_dir)
+    dest = build_path(root, build)
+    env = nightly_git_env()
+    cache = os.path.join(root, ".cache", "git", sha256_bytes(repo.encode())[:16] + ".git")
+    if not os.path.isdir(cache):
+        os.makedirs(os.path.dirname(cache), 0o755) if not os.path.isdir(os.path.dirname(cache)) else None
+        partial = cache + ".partial-%d" % os.getpid()
+        if os.path.isdir(partial):
+            shutil.rmtree(partial)
+        stream_argv(["git", "clone", "--mirror", "--quiet", "--", repo, partial], env=env, log=log,
+                    timeout=timeout)
+        os.rename(partial, cache)
+    else:
+        stream_argv(["git", "-C", cache, "fetch", "--quiet", "--prune", "origin"], env=env, log=log,
+                    timeout=timeout)
+    have = run_argv(["git", "-C", cache, "cat-file", "-e", commit + "^{commit}"], env=env)
+    if have["rc"] != 0:
+        stream_argv(["git", "-C", cache, "fetch", "--quiet", "origin", commit], env=env, log=log,
+                    timeout=timeout)
+        if run_argv(["git", "-C", cache, "cat-file", "-e", commit + "^{commit}"], env=env)["rc"] != 0:
+            raise AgentError("source", "commit %s is not in %s" % (commit, repo))
+    stream_argv(["git", "clone", "--quiet", "--no-checkout", "--", cache, dest], env=env, log=log,
+                timeout=timeout)
+    stream_argv(["git", "-C", dest, "checkout", "--quiet", "--detach", commit], env=env, log=log,
+                timeout=timeout)
+    head = capture_argv(["git", "-C", dest, "rev-parse", "HEAD"], env=env).strip()
+    if head != commit:
+        raise AgentError("source", "HEAD of %s is %s after checking out %s" % (dest, head, commit))
+    return {"commit": head, "cache": cache}
+
+
+@op("nightly_pip")
+def op_nightly_pip(builds_dir, build, requirements, python, pip_args, log, timeout=3600.0):
+    """A fresh venv in the build, then ``pip install --require-hashes``.
+
+    ``requirements`` is the hash-locked file's text; it is written into the
+    build (``requirements.lock.txt``) so the build says what it was made of.
+    Returns every installed distribution's name and version.
+    """
+    dest = build_path(builds_dir, build)
+    os.makedirs(dest, 0o755)
+    req = os.path.join(dest, "requirements.lock.txt")
+    write_atomic(req, requirements.encode("utf-8"), 0o644)
+    venv = os.path.join(dest, ".venv")
+    stream_argv([python, "-m", "venv", venv], log=log, timeout=timeout)
+    vpython = os.path.join(venv, "bin", "python")
+    stream_argv([vpython, "-m", "pip", "install", "--require-hashes", "--no-input",
+                 "--disable-pip-version-check", "-r", req] + list(pip_args), cwd=dest, log=log,
+                timeout=timeout)
+    listed = capture_argv([vpython, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"])
+    return {"packages": json.loads(listed), "venv": venv}
+
+
+@op("nightly_run")
+def op_nightly_run(argv, cwd, env=None, log=None, timeout=3600.0):
+    """One ``install`` command in the build's directory, its output streamed."""
+    return stream_argv(argv, cwd=expand(cwd), env=env, log=log, timeout=timeout)
+
+
+@op("nightly_remove_build")
+def op_nightly_remove_build(builds_dir, build):
+    """Remove a half-built build (never the one ``current`` points to)."""
+    root = expand(builds_dir)
+    dest = build_path(root, build)
+    if read_link(os.path.join(root, "current")) == build:
+        raise AgentError("build", "refusing to remove %s: current points to it" % dest)
+    if os.path.isdir(dest) and not os.path.islink(dest):
+        shutil.rmtree(dest)
+        return True
+    return False
+
+
+@op("nightly_prune")
+def op_nightly_prune(builds_dir, remove):
+    """Remove old builds and their logs; never the one ``current`` points to."""
+    root = expand(builds_dir)
+    current = read_link(os.path.join(root, "current"))
+    removed = []
+    for name in remove:
+        dest = build_path(root, name)
+        if name == current or not os.path.isdir(dest) or os.path.islink(dest):
+            continue
+        shutil.rmtree(dest)
+        try:
+            os.unlink(os.path.join(root, "logs", name + ".log"))
+        except OSError:
+            pass
+        removed.append(name)
+    return removed
+
+
+@op("nightly_link_swap")
+def op_nightly_link_swap(link, to, expect):
+    """Point the symlink ``link`` at ``to``, only if it points at ``expect`` now.
+
+    Compare-and-swap: ``expect`` None means "no link yet", ``to`` None
+    removes the link. A link already at ``to`` is left alone (so a retried
+    undo is harmless). The new link is made beside the old one and renamed
+    over it: a reader sees the old build or the new one, never no link.
+    """
+    link = expand(link)
+    now = read_link(link)
+    if now == to:
+        return {"changed": False, "was": now}
+    if now != expect:
+        raise AgentError("switch", "%s points to %s, expected %s; not switching" % (link, now, expect))
+    if to is None:
+        os.unlink(link)
+    else:
+        tmp = "%s.orch-new-%d" % (link, os.getpid())
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.symlink(to, tmp)
+        os.replace(tmp, link)
+    fsync_dir(os.path.dirname(link))
+    return {"changed": True, "was": now}
+
+
+# ---------------------------------------------------------------- the probe
+
+
+def probe_tokens(doc):
+    """Only what counts output tokens: OpenAI ``usage`` or SGLang ``meta_info``."""
+    if isinstance(doc, dict):
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            return {"usage": {"completion_tokens": usage.get("completion_tokens")}}
+        meta = doc.get("meta_info")
+        if isinstance(meta, dict):
+            return {"meta_info": [{"completion_tokens": meta.get("completion_tokens")}]}
+        return None
+    if isinstance(doc, list):
+        metas = [d.get("meta_info") for d in doc if isinstance(d, dict) and isinstance(d.get("meta_info"), dict)]
+        return {"meta_info": [{"completion_tokens": m.get("completion_tokens")} for m in metas]} if metas else None
+    return None
+
+
+def probe_request(url, payload, headers, timeout, keep_doc=False):
+    """One POST, bounded by ``timeout`` (connect, each read, and in total)."""
+    started = time.time()
+    req = urllib.request.Request(url, data=payload, method="POST", headers=headers)
+    status, raw, error = None, b"", None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status = resp.status
+            raw = resp.read(4 << 20)
+    except urllib.error.HTTPError as e:
+        status = e.code
+        error = "HTTP %d" % e.code
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        error = str(getattr(e, "reason", e)) or type(e).__name__
+    latency = time.time() - started
+    if error is None and latency > timeout:
+        error = "no answer within %ss" % timeout
+    doc = None
+    if raw:
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            if error is None:
+                error = "the answer is not JSON"
+    out = {"latency": latency, "status": status, "error": error, "tokens": probe_tokens(doc)}
+    if keep_doc:
+        out["doc"] = doc
+    return out
+
+
+def probe_batch(url, payload, headers, timeout, count, concurrency):
+    """``count`` requests from ``concurrency`` threads; a sample per request, in order."""
+    samples = [None] * count
+    lock = threading.Lock()
+    state = {"next": 0, "done": 0}
+
+    def worker():
+        while True:
+            with lock:
+                i = state["next"]
+                if i >= count or (SESSION is not None and SESSION.cancelled):
+                    return
+                state["next"] = i + 1
+            samples[i] = probe_request(url, payload, headers, timeout)
+            with lock:
+                state["done"] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, min(concurrency, count)))]
+    started = time.time()
+    for t in threads:
+        t.daemon = True
+        t.start()
+    # Every request is bounded by ``timeout``; the batch by the worst case of that.
+    deadline = started + timeout * (count // max(1, concurrency) + 2)
+    said = started
+    for t in threads:
+        while t.is_alive() and time.time() < deadline:
+            t.join(0.2)
+            if SESSION is not None and time.time() - said >= 2.0:
+                said = time.time()
+                SESSION.event("progress", msg="probe: %d/%d requests answered" % (state["done"], count))
+    if SESSION is not None:
+        SESSION.check_cancel()
+    duration = time.time() - started
+    for i, s in enumerate(samples):
+        if s is None:
+            samples[i] = {"latency": duration, "status": None, "error": "no answer before the probe's deadline",
+                          "tokens": None}
+    return samples, duration
+
+
+@op("probe_http")
+def op_probe_http(base_url, path, body, requests, concurrency, timeout, headers=None, warmup=0,
+                  greedy_body=None):
+    """Send ``requests`` POSTs of ``body`` to ``path`` at ``concurrency``; time each.
+
+    First ``warmup`` requests (not counted), then, when ``greedy_body`` is
+    given, that one request alone (its whole answer comes back: the
+    controller fingerprints its text), then the measured batch. Returns the
+    raw samples; the figures are computed on the controller
+    (``core.probe``), where they can be tested without a server.
+    """
+    url = base_url.rstrip("/") + path
+    hdrs = {"Content-Type": "application/json"}
+    hdrs.update(headers or {})
+    payload = json.dumps(body if body is not None else {}).encode("utf-8")
+    if warmup:
+        SESSION.event("progress", msg="probe: %d warm-up request(s)" % warmup)
+        probe_batch(url, payload, hdrs, timeout, warmup, concurrency)
+    greedy = None
+    if greedy_body is not None:
+        greedy = probe_request(url, json.dumps(greedy_body).encode("utf-8"), hdrs, timeout, keep_doc=True)
+    SESSION.event("progress", msg="probe: %d request(s) to %s at concurrency %d" % (requests, path, concurrency))
+    samples, duration = probe_batch(url, payload, hdrs, timeout, requests, concurrency)
+    return {"samples": samples, "duration": duration, "greedy": greedy}
+
+
 def main(argv):
     if len(argv) >= 3 and argv[1] == "watchdog":
         sys.exit(watchdog_main(argv[2]))

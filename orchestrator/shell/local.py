@@ -40,8 +40,11 @@ class LocalProcess(PumpedProcess):
         super().__init__(label)
         self._popen = popen
         assert popen.stdin and popen.stdout and popen.stderr
-        out_fd, err_fd = popen.stdout.fileno(), popen.stderr.fileno()
-        self._start_pumps(lambda: os.read(out_fd, 65536), lambda: os.read(err_fd, 65536))
+        out, err = popen.stdout, popen.stderr
+        # The pumps hold the file objects, not bare fd numbers: once this process
+        # object is collected its pipes would be closed and their numbers reused
+        # by the next process's pipes, which an old pump would then read from.
+        self._start_pumps(lambda: os.read(out.fileno(), 65536), lambda: os.read(err.fileno(), 65536))
 
     @property
     def pid(self) -> int:

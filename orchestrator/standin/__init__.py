@@ -57,6 +57,12 @@ ENV_NEVER_READY = "STANDIN_NEVER_READY"
 """``1``: the health paths answer 503 forever (a server that never becomes healthy)."""
 ENV_IGNORE_SIGTERM = "STANDIN_IGNORE_SIGTERM"
 """``1``: SIGTERM is ignored, so a manager has to SIGKILL after its stop_timeout."""
+ENV_SLOWDOWN = "STANDIN_SLOWDOWN"
+"""A factor (default 1): every modelled decode step takes this many times longer."""
+ENV_GREEDY_SALT = "STANDIN_GREEDY_SALT"
+"""Any text: changes what greedy (temperature 0) requests generate."""
+ENV_CRASH_AT_START = "STANDIN_CRASH_AT_START"
+"""``1``: the server fails at start (exit 1), after parsing its arguments."""
 
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
 
@@ -139,7 +145,10 @@ def launch_argv(
 
 __all__ = [
     "LAYOUTS",
+    "ENV_CRASH_AT_START",
+    "ENV_GREEDY_SALT",
     "ENV_IGNORE_SIGTERM",
+    "ENV_SLOWDOWN",
     "ENV_NEVER_READY",
     "ENV_STARTUP_DELAY",
     "READY_LINE",

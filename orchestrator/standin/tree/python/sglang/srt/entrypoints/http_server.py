@@ -13,6 +13,16 @@ guards everything except ``/health*`` and ``/metrics``. SIGTERM and SIGINT
 stop it cleanly (exit 0) unless ``STANDIN_IGNORE_SIGTERM=1``, which makes a
 manager fall back to SIGKILL.
 
+``/generate``, ``/v1/completions`` and ``/v1/chat/completions`` decode on a
+modelled clock (``sglang.srt.standin_speed``): one decode loop advances every
+request in flight together, one step at a time, and sleeps each step's
+modelled time, computed from the batch size and from whether the step
+speculated; so concurrency, speculation and the batch threshold show in the
+throughput a probe measures, the same on every machine. A greedy request
+(temperature 0) gets text that is a function of its prompt alone
+(``STANDIN_GREEDY_SALT`` changes it); other requests get the fixed hello text.
+``STANDIN_SLOWDOWN=F`` makes every step F times slower;
+
 Fault switches (environment variables), so tests can make the server fail
 the ways real ones do without an unknown flag:
 ``STANDIN_CRASH_AT_START=1`` exits with code 1 and a traceback line before
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -43,6 +54,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.standin_speed import SpeedModel, greedy_salt
 from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -50,12 +62,18 @@ access_logger = logging.getLogger("sglang.access")
 
 DEFAULT_STARTUP_DELAY = 0.5
 DEFAULT_MAX_NEW_TOKENS = 128
+BATCH_WINDOW_S = 0.02
+MAX_LAG_S = 0.5
 HEALTH_PATHS = ("/health", "/health_generate", "/ping")
 FLUSH_CACHE_MESSAGE = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
 _WORDS = (" The", " stand", "-in", " server", " says", " hello", ".")
+_VOCAB = (
+    " the", " a", " model", " token", " batch", " draft", " verify", " server", " fast",
+    " slow", " night", " build", " patch", " flag", " GPU", " probe", " is", " and", ".", ",",
+)
 
 
 class BadRequest(Exception):
@@ -85,6 +103,7 @@ class ServerState:
         self.in_flight = 0
         self.ready_since: Optional[float] = None
         self.worker = _make_spec_worker(server_args)
+        self.engine = DecodeEngine(SpeedModel.for_server(server_args), self.worker)
 
     def healthy(self) -> bool:
         if not self.ready.is_set() or self.shutting_down.is_set():
@@ -108,24 +127,125 @@ def _make_spec_worker(server_args: ServerArgs):
     return EAGLEWorkerV2(server_args)
 
 
-def _generate_one(state: ServerState, prompt_tokens: int, max_new_tokens: int) -> Dict[str, Any]:
-    """Produce deterministic text; with a speculative worker, count its verify steps."""
+class _Job:
+    """One request in the decode loop."""
+
+    def __init__(self, max_new_tokens: int):
+        self.max_new_tokens = max_new_tokens
+        self.tokens = 0
+        self.spec_verify_ct = 0
+        self.done = threading.Event()
+
+
+class DecodeEngine:
+    """Continuous batching on a modelled clock.
+
+    One thread runs decode steps over every request in flight: requests that
+    arrived since the last step join the batch (a prefill, via the worker's
+    extend branch), the speculative worker (if any) decides whether this step
+    drafts for this batch size, the thread sleeps the step's modelled time,
+    and every request gets its tokens. A request leaves when it has
+    ``max_new_tokens``.
+    """
+
+    def __init__(self, model: SpeedModel, worker):
+        self.model = model
+        self.worker = worker
+        self.cond = threading.Condition()
+        self.pending: List[_Job] = []
+        self.active: List[_Job] = []
+        self.thread: Optional[threading.Thread] = None
+        self.clock = 0.0  # when the last step ends on the modelled timeline (monotonic)
+
+    def run(self, max_new_tokens: int) -> _Job:
+        """Decode one request; returns when it is finished."""
+        job = _Job(max_new_tokens)
+        if max_new_tokens <= 0:
+            job.done.set()
+            return job
+        with self.cond:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="decode", daemon=True)
+                self.thread.start()
+            self.pending.append(job)
+            self.cond.notify()
+        job.done.wait()
+        return job
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                idle = not self.active
+                while not self.pending and not self.active:
+                    self.cond.wait()
+            if idle:  # the scheduler's first poll: requests sent together start together
+                time.sleep(BATCH_WINDOW_S)
+                self.clock = time.monotonic()
+            with self.cond:
+                joined, self.pending = self.pending, []
+                self.active.extend(joined)
+                batch = list(self.active)
+            self._step(batch, len(joined))
+            with self.cond:
+                for job in batch:
+                    if job.tokens >= job.max_new_tokens:
+                        self.active.remove(job)
+                        job.done.set()
+
+    def _step(self, batch: List[_Job], joined: int) -> None:
+        size = len(batch)
+        tokens, speculative = 1, False
+        if self.worker is not None:
+            from sglang.srt.speculative.eagle_worker_v2 import ForwardMode, ScheduleBatch
+
+            if joined:
+                self.worker.forward_batch_generation(ScheduleBatch.of(ForwardMode.EXTEND, joined))
+            out = self.worker.forward_batch_generation(ScheduleBatch.of(ForwardMode.DECODE, size))
+            speculative = bool(getattr(out, "verified", False))
+            tokens = max(1, int(out.num_new_tokens))
+        # Steps follow the modelled timeline: a step that woke late (a busy
+        # machine) is caught up by the next ones instead of adding up, unless
+        # it fell so far behind that the timeline restarts from now.
+        self.clock += self.model.step_seconds(size, speculative, joined)
+        now = time.monotonic()
+        if self.clock > now:
+            time.sleep(self.clock - now)
+        elif now - self.clock > MAX_LAG_S:
+            self.clock = now
+        for job in batch:
+            job.tokens = min(job.max_new_tokens, job.tokens + tokens)
+            job.spec_verify_ct += 1 if speculative else 0
+
+
+def _greedy(params: Any, key: str = "temperature") -> bool:
+    value = params.get(key) if isinstance(params, dict) else None
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _greedy_text(prompt: Any, max_new_tokens: int) -> str:
+    """What greedy decoding of ``prompt`` gives: a function of the prompt alone."""
+    seed = hashlib.sha256((greedy_salt() + "\x00" + json.dumps(prompt)).encode("utf-8")).digest()
+    words = []
+    for i in range(max_new_tokens):
+        if i % 32 == 0:
+            seed = hashlib.sha256(seed).digest()
+        words.append(_VOCAB[seed[i % 32] % len(_VOCAB)])
+    return "".join(words)
+
+
+def _generate_one(
+    state: ServerState, prompt: Any, prompt_tokens: int, max_new_tokens: int, greedy: bool = False
+) -> Dict[str, Any]:
+    """Decode one request in the modelled batch; deterministic text."""
     tic = time.time()
     with state.lock:
         state.in_flight += 1
     try:
-        spec_verify_ct = 0
-        produced = 0
-        if state.worker is not None:
-            from sglang.srt.speculative.eagle_worker_v2 import ForwardMode, ScheduleBatch
-
-            state.worker.forward_batch_generation(ScheduleBatch.of(ForwardMode.EXTEND, 1))
-            while produced < max_new_tokens:
-                batch = ScheduleBatch.of(ForwardMode.DECODE, state.in_flight)
-                out = state.worker.forward_batch_generation(batch)
-                produced += max(1, int(out.num_new_tokens))
-                spec_verify_ct += 1 if getattr(out, "verified", False) else 0
-        text = "".join(_WORDS[i % len(_WORDS)] for i in range(max_new_tokens))
+        job = state.engine.run(max_new_tokens)
+        if greedy:
+            text = _greedy_text(prompt, max_new_tokens)
+        else:
+            text = "".join(_WORDS[i % len(_WORDS)] for i in range(max_new_tokens))
     finally:
         with state.lock:
             state.in_flight -= 1
@@ -138,7 +258,7 @@ def _generate_one(state: ServerState, prompt_tokens: int, max_new_tokens: int) -
         "e2e_latency": round(time.time() - tic, 6),
     }
     if state.worker is not None:
-        meta_info["spec_verify_ct"] = spec_verify_ct
+        meta_info["spec_verify_ct"] = job.spec_verify_ct
     return {"text": text, "output_ids": list(range(max_new_tokens)), "meta_info": meta_info}
 
 
@@ -222,6 +342,7 @@ def models(state: ServerState, body: bytes) -> Reply:
 def generate(state: ServerState, body: bytes) -> Reply:
     req = _json_body(body)
     max_new_tokens = _max_new_tokens(req.get("sampling_params"))
+    greedy = _greedy(req.get("sampling_params"))
     if req.get("text") is not None:
         prompts = req["text"]
         counts = [_count_tokens(p) for p in prompts] if isinstance(prompts, list) else None
@@ -235,9 +356,15 @@ def generate(state: ServerState, body: bytes) -> Reply:
         single = None if batched else len(ids)
     else:
         raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    prompt = req.get("text") if req.get("text") is not None else req.get("input_ids")
     if counts is not None:
-        return Reply.json([_generate_one(state, n, max_new_tokens) for n in counts])
-    return Reply.json(_generate_one(state, single or 0, max_new_tokens))
+        return Reply.json(
+            [
+                _generate_one(state, p, n, max_new_tokens, greedy)
+                for p, n in zip(prompt, counts)
+            ]
+        )
+    return Reply.json(_generate_one(state, prompt, single or 0, max_new_tokens, greedy))
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
@@ -252,7 +379,7 @@ def completions(state: ServerState, body: bytes) -> Reply:
     req = _json_body(body)
     n = _max_new_tokens(req, "max_tokens")
     prompt_tokens = _count_tokens(req.get("prompt", ""))
-    out = _generate_one(state, prompt_tokens, n)
+    out = _generate_one(state, req.get("prompt", ""), prompt_tokens, n, _greedy(req))
     return Reply.json(
         {
             "id": out["meta_info"]["id"],
@@ -276,7 +403,7 @@ def chat_completions(state: ServerState, body: bytes) -> Reply:
     prompt_tokens = sum(
         _count_tokens(m.get("content", "")) for m in messages if isinstance(m, dict)
     )
-    out = _generate_one(state, prompt_tokens, n)
+    out = _generate_one(state, messages, prompt_tokens, n, _greedy(req))
     return Reply.json(
         {
             "id": out["meta_info"]["id"],
@@ -417,14 +544,20 @@ class Handler(BaseHTTPRequestHandler):
         logger.warning(format % args)
 
 
+class _Server(ThreadingHTTPServer):
+    # A probe opens dozens of connections at once; socketserver's default
+    # listen backlog of 5 would drop or reset most of them.
+    request_queue_size = 1024
+
+
 def _server_class(host: str):
     if ":" in host:
 
-        class V6Server(ThreadingHTTPServer):
+        class V6Server(_Server):
             address_family = socket.AF_INET6
 
         return V6Server
-    return ThreadingHTTPServer
+    return _Server
 
 
 def _env_float(name: str, default: float) -> float:
@@ -461,6 +594,8 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
     access_level = (server_args.log_level_http or server_args.log_level).upper()
     access_logger.setLevel(getattr(logging, access_level, logging.INFO))
     logger.info(f"server_args={server_args!r}")
+    if os.environ.get("STANDIN_CRASH_AT_START") == "1":
+        raise RuntimeError("STANDIN_CRASH_AT_START=1: the server fails at start")
     args = list(argv if argv is not None else sys.argv[1:])
     launch_command = " ".join(
         shlex.quote(w) for w in [sys.executable, "-m", "sglang.launch_server"] + args

@@ -11,6 +11,11 @@ branch that starts with ``self.activate_step_by_batch(batch.seq_lens.shape[0])``
 follows SGLang's, so a per-batch gate patched in here changes numbers visible
 in ``/generate``'s ``meta_info`` (``spec_verify_ct``), and a patch that breaks
 this file crashes the stand-in server at start as it would crash SGLang.
+
+The server's decode loop calls ``forward_batch_generation`` once per step with
+the whole batch in flight, and the step's modelled time depends on whether it
+verified (``sglang.srt.standin_speed``): that is where
+``--speculative-disable-batch-threshold`` shows as throughput.
 """
 
 from __future__ import annotations
@@ -103,7 +108,11 @@ class EAGLEWorkerV2:
             return batch_output
 
     def activate_step_by_batch(self, batch_size: int) -> None:
-        self.enable_drafting = True
+        # The per-batch gate: once a patch adds --speculative-disable-batch-threshold
+        # to server_args.py, drafting stops while the batch is above it (as
+        # 0.5.23's adaptive table turns it off at large batches).
+        threshold = getattr(self.server_args, "speculative_disable_batch_threshold", None)
+        self.enable_drafting = threshold is None or batch_size <= threshold
 
     def draft(self, batch: ScheduleBatch):
         return {"num_draft_tokens": self.speculative_num_draft_tokens}

@@ -1,0 +1,418 @@
+"""``orch nightly`` end to end: the real CLI over real sshd, a git repository the test
+makes from the stand-in tree, the real stand-in server started from ``current/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+
+from orchestrator.core.nightly import NightManifest
+from orchestrator.standin import make_tree
+from tests.fixtures.sandbox import REPO, Sandbox, cmdline, get_json, health_status
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+ANCHOR = "server_args = prepare_server_args(sys.argv[1:])"
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          env={**os.environ, **GIT_ENV}, check=True)
+    return done.stdout.strip()
+
+
+def spec_text(commit: str, *, extra_server_env: str = "", notify: str | None = None,
+              source: str | None = None, sglang_root: str = "{{ build }}/python/sglang",
+              python: str = "python3") -> str:
+    source = source or f"git: {{repo: \"{{{{ source_repo }}}}\", commit: {commit}}}"
+    return f"""\
+name: test-nightly
+source:
+  {source}
+builds_dir: "{{{{ builds_root }}}}"
+vars:
+  sglang_root: "{sglang_root}"
+  threshold: 16
+  crash: "0"
+stack:
+  - speculative-disable.yaml
+  - local-logging.yaml
+server:
+  manager: process
+  command: "{python} -m sglang.launch_server --model-path {{{{ model }}}} --port {{{{ port }}}} --speculative-algorithm EAGLE"
+  flags: {{"--speculative-disable-batch-threshold": "{{{{ threshold }}}}"}}
+  workdir: "{{{{ builds_dir }}}}/current"
+  env: {{PYTHONPATH: "{{{{ builds_dir }}}}/current/python", PYTHONDONTWRITEBYTECODE: "1", STANDIN_CRASH_AT_START: "{{{{ crash }}}}"{extra_server_env}}}
+health:
+  base_url: "http://127.0.0.1:{{{{ port }}}}"
+  timeout: 1m
+  interval: 0.2s
+  checks:
+    - get: /health
+    - get: /get_server_info
+      expect: {{speculative_disable_batch_threshold: "{{{{ threshold }}}}", log_requests: true}}
+probe:
+  post: /generate
+  json: {{text: "night probe", sampling_params: {{max_new_tokens: 4}}}}
+  requests: 16
+  concurrency: 8
+keep_builds: 2
+{f"notify: {notify}" if notify else ""}
+"""
+
+
+@dataclass
+class NightBox:
+    box: Sandbox
+    src: Path
+    builds: Path
+    spec: Path
+    commit: str
+
+    @property
+    def reports(self) -> Path:
+        return self.box.root / "reports" / "gpu"
+
+    def write_spec(self, commit: str | None = None, **kw: Any) -> None:
+        if commit:
+            self.commit = commit
+        self.spec.write_text(spec_text(self.commit, **kw))
+
+    def night(self, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        proc = self.box.orch("nightly", str(self.spec), "--host", "gpu", "--json",
+                             "--ssh-config", str(self.box.sshd.ssh_config), *args, timeout=300)
+        try:
+            data = json.loads(proc.stdout)
+        except ValueError:
+            raise AssertionError(proc.stdout + proc.stderr) from None
+        return proc, data
+
+    def commit_change(self, rel: str, old: str, new: str, message: str) -> str:
+        path = self.src / rel
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+        git(self.src, "commit", "-qam", message)
+        return git(self.src, "rev-parse", "HEAD")
+
+    def current(self) -> str:
+        return os.readlink(self.builds / "current")
+
+    def manifest(self, report: dict[str, Any]) -> NightManifest:
+        data = json.loads((self.reports / f"{report['build']}.json").read_text())
+        return NightManifest.model_validate(data["manifest"])
+
+
+@pytest.fixture
+def nightbox(sandbox: Sandbox) -> Iterator[NightBox]:
+    src = sandbox.root / "src"
+    make_tree(src)
+    git(src, "init", "-q")
+    git(src, "add", "-A")
+    git(src, "commit", "-qm", "the stand-in tree")
+    commit = git(src, "rev-parse", "HEAD")
+    builds = sandbox.root / "builds"
+    sandbox.write_inventory(vars={"model": "/models/standin", "port": sandbox.port, "source_repo": str(src),
+                                  "builds_root": str(builds)})
+    playbooks = sandbox.root / "playbooks"
+    playbooks.mkdir()
+    for name in ("speculative-disable.yaml", "local-logging.yaml"):
+        shutil.copy(REPO / "playbooks" / name, playbooks / name)
+    shutil.copytree(REPO / "templates", sandbox.root / "templates")
+    nb = NightBox(sandbox, src, builds, playbooks / "nightly.yaml", commit)
+    nb.write_spec()
+    yield nb
+
+
+def svg_points(svg: Path, gid: str) -> int:
+    """How many points the line with ``gid`` has in matplotlib's SVG."""
+    root = ElementTree.parse(svg).getroot()
+    for element in root.iter():
+        if element.get("id") == gid:
+            path = next(p for p in element.iter() if p.tag.endswith("path"))
+            d = path.get("d", "")
+            return d.count("L") + d.count("M")
+    raise AssertionError(f"no element {gid} in {svg}")
+
+
+def test_three_nights_same_manifest_flag_from_current_changes_named_and_charted(nightbox: NightBox) -> None:
+    box = nightbox.box
+    first, rep1 = nightbox.night()
+    assert first.returncode == 0, first.stdout + first.stderr
+    one = rep1["hosts"]["gpu"]
+    assert one["outcome"] == "changed"
+    assert nightbox.current() == one["build"]
+    # the server runs from current/ with the patched code: the new flag and the second patch
+    info = get_json(box.port, "/get_server_info")
+    assert info["speculative_disable_batch_threshold"] == 16 and info["log_requests"] is True
+    pid = box.server_pid()
+    assert pid is not None
+    assert Path(f"/proc/{pid}/cwd").resolve() == (nightbox.builds / one["build"]).resolve()
+    assert cmdline(pid)[-2:] == ["--speculative-disable-batch-threshold", "16"]
+    # stdout/stderr show the build streamed and every step
+    assert "stack[1] local-logging.yaml" in first.stderr and "switching" in first.stderr
+
+    second, rep2 = nightbox.night()
+    assert second.returncode == 0, second.stdout + second.stderr
+    two = rep2["hosts"]["gpu"]
+    assert two["build"] != one["build"] and nightbox.current() == two["build"]
+    m1, m2 = nightbox.manifest(one), nightbox.manifest(two)
+    assert m1.comparable() == m2.comparable()  # identical but times, build name and probe
+    assert (m1.build, m1.started) != (m2.build, m2.started)
+    assert m1.probe and m2.probe and m1.probe["greedy_sha256"] == m2.probe["greedy_sha256"]
+    assert [f.path for f in m2.files] == ["python/sglang/srt/server_args.py", "python/sglang/launch_server.py"]
+    host_manifest = json.loads((nightbox.builds / two["build"] / "manifest.json").read_text())
+    assert NightManifest.model_validate(host_manifest).comparable() == m2.comparable()
+    svg = nightbox.reports / "trend.svg"
+    svg_after_two = svg.read_bytes()
+    assert svg_points(svg, "tokens_per_s") == 2
+
+    new_commit = nightbox.commit_change("python/sglang/version.py", "0.0.0-standin", "0.0.1-standin",
+                                        "a new upstream version")
+    nightbox.write_spec(new_commit)
+    third, rep3 = nightbox.night()
+    assert third.returncode == 0, third.stdout + third.stderr
+    three = rep3["hosts"]["gpu"]
+    report = json.loads((nightbox.reports / f"{three['build']}.json").read_text())
+    assert f"commit {m2.source.commit} -> {new_commit}" in report["changes"]
+    assert any(c.startswith("spec test-nightly changed") for c in report["changes"])
+    assert get_json(box.port, "/get_server_info")["version"] == "0.0.1-standin"
+    page = (nightbox.reports / "index.html").read_text()
+    assert new_commit in page and "trend.svg" in page
+    nights = sorted(nightbox.reports.glob("*.json"))
+    assert [p.stem for p in nights] == sorted([one["build"], two["build"], three["build"]])
+    assert svg.read_bytes() != svg_after_two and svg_points(svg, "tokens_per_s") == 3
+    assert svg_points(svg, "p99_ms") == 3
+    # keep_builds: 2 -> the first night's build is pruned, never current or the previous good one
+    kept = sorted(p.name for p in nightbox.builds.iterdir() if p.name not in ("current", "logs", ".cache"))
+    assert kept == sorted([two["build"], three["build"]])
+    # orch history lists the nights: kind, source, tokens/s
+    hist = box.orch("history", "--host", "gpu", "--json")
+    rows = json.loads(hist.stdout)["hosts"]["gpu"]
+    assert [r["kind"] for r in rows] == ["night"] * 3
+    assert rows[-1]["source"] == f"git {new_commit[:12]}"
+    assert all(isinstance(r["tokens_per_s"], float) and r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_anchor_that_moved_fails_before_the_switch_while_the_old_night_serves(nightbox: NightBox) -> None:
+    box = nightbox.box
+    ok, rep = nightbox.night()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    good = rep["hosts"]["gpu"]["build"]
+    pid = box.server_pid()
+    moved = nightbox.commit_change("python/sglang/launch_server.py", ANCHOR,
+                                   "server_args = prepare_server_args(list(sys.argv[1:]))",
+                                   "upstream moves on")
+    notified = box.root / "notified.txt"
+    nightbox.write_spec(moved, notify=f"\"sh -c 'env | grep ^ORCH_NIGHT_ > {notified}'\"")
+
+    statuses: list[int | None] = []
+    pids: list[int | None] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            statuses.append(health_status(box.port))
+            pids.append(box.server_pid())
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        bad, data = nightbox.night()
+    finally:
+        stop.set()
+        poller.join()
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    host = data["hosts"]["gpu"]
+    assert host["outcome"] == "failed"
+    assert "local-logging.yaml" in host["error"] and "files[0].edits[0].after" in host["error"]
+    assert "launch_server.py" in host["error"] and ANCHOR in host["error"]
+    assert len(statuses) > 5 and set(statuses) == {200} and set(pids) == {pid}  # served the whole time
+    assert nightbox.current() == good
+    assert sorted(p.name for p in nightbox.builds.iterdir() if p.name[0].isdigit()) == [good]
+    report = json.loads((nightbox.reports / f"{host['build']}.json").read_text())
+    assert report["outcome"] == "failed" and ANCHOR in report["error"]
+    assert (nightbox.reports / f"{host['build']}.log").is_file()  # the build's log, kept beside the reports
+    env = dict(line.split("=", 1) for line in notified.read_text().splitlines())
+    assert env["ORCH_NIGHT_OUTCOME"] == "failed" and env["ORCH_NIGHT_EXIT_CODE"] == "2"
+    assert env["ORCH_NIGHT_REPORT"] == str((nightbox.reports / f"{host['build']}.json").resolve())
+    assert "local-logging.yaml" in env["ORCH_NIGHT_SUMMARY"]
+
+
+def test_a_new_server_that_crashes_at_start_is_switched_back(nightbox: NightBox) -> None:
+    box = nightbox.box
+    ok, rep = nightbox.night()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    good = rep["hosts"]["gpu"]["build"]
+    good_argv = cmdline(box.server_pid())
+
+    bad, data = nightbox.night("--var", "crash=1")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    host = data["hosts"]["gpu"]
+    assert host["outcome"] == "rolled_back" and "server exited during start (code 1)" in host["error"]
+    assert "STANDIN_CRASH_AT_START=1: the server fails at start" in bad.stderr  # its log, shown
+    assert nightbox.current() == good
+    assert health_status(box.port) == 200
+    pid = box.server_pid()
+    assert cmdline(pid) == good_argv
+    assert Path(f"/proc/{pid}/environ").read_bytes().count(b"STANDIN_CRASH_AT_START=0") == 1
+    switch = json.loads((box.state_dir / "releases" / host["build"] / "switch.json").read_text())
+    assert switch["previous_build"] == good and switch["previous_start"]["argv"] == good_argv
+    rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+    assert [r["outcome"] for r in rows] == ["good", "switched back"]
+
+
+def make_wheel(folder: Path, tree: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of ``tree/sglang`` (the stand-in package), by hand."""
+    stem = name.replace("-", "_")  # a wheel's file and dist-info names use underscores
+    dist = f"{stem}-{version}.dist-info"
+    files: dict[str, bytes] = {}
+    for path in sorted((tree / "sglang").rglob("*.py")):
+        files[path.relative_to(tree).as_posix()] = path.read_bytes()
+    files[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: orch-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for rel, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{rel},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = folder / f"{stem}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for rel, data in files.items():
+            info = zipfile.ZipInfo(rel, date_time=(2026, 1, 1, 0, 0, 0))
+            archive.writestr(info, data)
+    return wheel
+
+
+def test_pip_source_pinned_with_hashes_installs_without_an_index(nightbox: NightBox) -> None:
+    box = nightbox.box
+    wheels = box.root / "wheels"
+    wheels.mkdir()
+    wheel = make_wheel(wheels, nightbox.src / "python", "standin-sglang", "0.0.1")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (nightbox.spec.parent / "requirements.lock.txt").write_text(
+        f"# the stand-in, as a wheel\nstandin-sglang==0.0.1 \\\n    --hash=sha256:{digest}\n")
+    site = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    nightbox.write_spec(
+        source=("pip: {requirements: requirements.lock.txt, no_index: true, "
+                f"find_links: [{wheels}], python: {sys.executable}}}"),
+        sglang_root=f"{{{{ build }}}}/.venv/{site}/sglang",
+        python="{{ builds_dir }}/current/.venv/bin/python",
+    )
+    proc, data = nightbox.night()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    host = data["hosts"]["gpu"]
+    manifest = nightbox.manifest(host)
+    assert manifest.source.kind == "pip"
+    assert [(p.name, p.version, p.hashes) for p in manifest.source.packages] == [
+        ("standin-sglang", "0.0.1", [digest])]
+    assert [f.path for f in manifest.files] == [f".venv/{site}/sglang/srt/server_args.py",
+                                                f".venv/{site}/sglang/launch_server.py"]
+    pid = box.server_pid()
+    assert cmdline(pid)[0] == str(nightbox.builds / "current" / ".venv" / "bin" / "python")
+    assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == 16
+    assert (nightbox.builds / host["build"] / "requirements.lock.txt").read_text().count(digest) == 1
+
+
+def test_drift_is_named_and_blocks_the_next_night_and_frozen_names_a_template(nightbox: NightBox) -> None:
+    box = nightbox.box
+    ok, rep = nightbox.night()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    frozen, _ = nightbox.night("--frozen")
+    assert frozen.returncode == 0, frozen.stdout + frozen.stderr  # nothing differs: --frozen builds
+
+    patched = nightbox.builds / "current" / "python" / "sglang" / "launch_server.py"
+    patched.write_text(patched.read_text() + "# a hand edit on the box\n")
+    status = box.orch("status", "--host", "gpu", "--json")
+    drift = json.loads(status.stdout)["hosts"]["gpu"]["drift"]
+    assert drift == [f"{nightbox.builds}/current/python/sglang/launch_server.py"]
+
+    before = nightbox.current()
+    blocked, data = nightbox.night()
+    assert blocked.returncode == 2, blocked.stdout + blocked.stderr
+    assert "python/sglang/launch_server.py" in data["hosts"]["gpu"]["error"]
+    assert "--force" in data["hosts"]["gpu"]["error"] and nightbox.current() == before
+    forced, _ = nightbox.night("--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert nightbox.current() != before
+
+    flags, data = nightbox.night("--frozen", "--var", "threshold=24")
+    assert flags.returncode == 2, flags.stdout + flags.stderr
+    assert "flag --speculative-disable-batch-threshold: 16 -> 24" in data["hosts"]["gpu"]["error"]
+    template = box.root / "templates" / "sglang" / "server_args_field.py.j2"
+    template.write_text(template.read_text().replace("= None", "= None  # changed"))
+    refused, data = nightbox.night("--frozen")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "template sglang/server_args_field.py.j2 changed" in data["hosts"]["gpu"]["error"]
+
+
+def test_bad_spec_is_refused_before_any_host_is_touched(nightbox: NightBox) -> None:
+    nightbox.spec.write_text(spec_text("main"))
+    proc, data = nightbox.night()
+    assert proc.returncode == 2
+    assert data["exit_code"] == 2 and data["hosts"] == {}
+    assert "nightly.yaml:3: source.git.commit: a full 40-hex commit id (got: 'main')" in data["error"]
+    assert not nightbox.builds.exists() and not nightbox.box.state_dir.exists()
+
+
+@pytest.fixture
+def saved_crontab() -> Iterator[bytes | None]:
+    got = subprocess.run(["crontab", "-l"], capture_output=True)
+    original = got.stdout if got.returncode == 0 else None
+    try:
+        yield original
+    finally:
+        if original is None:
+            subprocess.run(["crontab", "-r"], capture_output=True)
+        else:
+            subprocess.run(["crontab", "-"], input=original, check=True)
+
+
+def test_schedule_runs_under_cron_bare_env_and_unschedule_restores_the_crontab(
+    nightbox: NightBox, saved_crontab: bytes | None
+) -> None:
+    box = nightbox.box
+    mine = b"# someone's own lines, kept byte for byte\nMAILTO=\"\"\n0  4 * * *   /bin/true  # odd  spacing\n"
+    subprocess.run(["crontab", "-"], input=mine, check=True)
+    inventory = box.root / "inventory.yaml"
+    sched = box.orch("nightly", "--schedule", "0 3 31 2 *", str(nightbox.spec), "--host", "gpu",
+                     "-i", str(inventory), "--ssh-config", str(box.sshd.ssh_config), "--json")
+    assert sched.returncode == 0, sched.stdout + sched.stderr
+    installed = subprocess.run(["crontab", "-l"], capture_output=True, check=True).stdout
+    assert installed.startswith(mine)
+    listed = json.loads(box.orch("nightly", "--list-schedules", "--json").stdout)["schedules"]
+    assert len(listed) == 1 and listed[0]["schedule"] == "0 3 31 2 *"
+    command = listed[0]["command"]
+    assert command.split()[0] == "cd" and sys.executable in command
+
+    home = os.environ.get("HOME", "/root")
+    ran = subprocess.run(["env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "sh", "-c", command],
+                         cwd="/", capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr + (box.root / "reports" / "cron.log").read_text()
+    nights = list(nightbox.reports.glob("*.json"))
+    assert len(nights) == 1 and json.loads(nights[0].read_text())["outcome"] == "changed"
+    assert health_status(box.port) == 200
+
+    unsched = box.orch("nightly", "--unschedule", str(nightbox.spec), "--host", "gpu")
+    assert unsched.returncode == 0, unsched.stdout + unsched.stderr
+    assert subprocess.run(["crontab", "-l"], capture_output=True, check=True).stdout == mine
+    assert shlex.split(command)  # the entry was one shell line
