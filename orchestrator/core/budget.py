@@ -70,7 +70,10 @@ def deploy_budget(
 
 def restore_budget(server: Server | None, health: Health | None) -> list[BudgetItem]:
     """How long the controller's own rollback may take before the watchdog backs it up."""
-    return [BudgetItem("files", COMMIT_ALLOWANCE, "fixed"), *restart_items(server, health)]
+    items = [BudgetItem("files", COMMIT_ALLOWANCE, "fixed"), *restart_items(server, health)]
+    if server is not None and server.after_healthy:
+        items.append(BudgetItem("put back", server.hook_timeout, "server.hook_timeout"))
+    return items
 
 
 def total(items: Sequence[BudgetItem]) -> float:

@@ -400,6 +400,8 @@ class Server(_Model):
 
     ``command`` is optional: without it, ``flags`` are applied to the command
     line of the server running now (found by pidfile or health port).
+    ``before_stop``/``after_healthy`` are hooks around the restart (drain the
+    host from a router, put it back).
     ``preflight`` is a command that runs the server's own argument parser on
     the new command line without starting a server (``{{ argv }}`` as a word
     of its own is the new command line's words, ``{{ command }}`` the same,
@@ -423,6 +425,12 @@ class Server(_Model):
     status: str | None = Field(None, min_length=1)
     preflight: str | None = Field(None, min_length=1)
     preflight_timeout: Duration = 120.0  # the parser imports the server's modules: seconds, on a big box
+    # Hooks around the restart, rendered like ``start`` (``{{ command }}``: the command
+    # line): take the host out of a router before the stop, put it back once healthy
+    # (a restore puts it back too). A failing before_stop stops nothing.
+    before_stop: str | None = Field(None, min_length=1)
+    after_healthy: str | None = Field(None, min_length=1)
+    hook_timeout: Duration = 300.0
 
     @field_validator("flags", mode="after")
     @classmethod

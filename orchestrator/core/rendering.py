@@ -169,6 +169,8 @@ class RenderedServer:
     stop: list[str] | None = None
     pid: list[str] | None = None
     status: list[str] | None = None
+    before_stop: list[str] | None = None  # checked here; rendered with {{ command }} when planned
+    after_healthy: list[str] | None = None
     # rendered once the new command line is known (``core.preflight``): the raw
     # ``server.preflight`` and where it is in the playbook
     preflight: str | None = None
@@ -457,6 +459,8 @@ def _server(server: Server, ctx: _Ctx) -> RenderedServer:
         stop=words("stop"),
         pid=words("pid"),
         status=words("status"),
+        before_stop=words("before_stop"),
+        after_healthy=words("after_healthy"),
         preflight=server.preflight,
         preflight_where=tuple(ctx.where((*base, "preflight")).values()),  # type: ignore[arg-type]
     )

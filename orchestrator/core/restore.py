@@ -67,6 +67,8 @@ class ServerTarget:
     stop_cmd: list[str] | None = None
     start_cmd: list[str] | None = None
     pid_cmd: list[str] | None = None
+    after_healthy: list[str] | None = None  # run once the restored server is healthy, if the host was drained
+    hook_timeout: float = 300.0
 
     @classmethod
     def from_wire(cls, data: dict[str, Any], *, keep_before: bool = True) -> ServerTarget:
@@ -89,6 +91,8 @@ class ServerTarget:
             stop_cmd=data.get("stop") if commands else None,
             start_cmd=start if commands else None,
             pid_cmd=data.get("pid_cmd") if commands else None,
+            after_healthy=data.get("after_healthy"),
+            hook_timeout=float(data.get("hook_timeout", 300.0)),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -101,6 +105,8 @@ class ServerTarget:
             "free_timeout": self.free_timeout,
             "before": {"pid": self.before_pid, "starttime": self.before_starttime} if self.before_pid else None,
             "start": self.start.to_wire() if self.start else None,
+            "after_healthy": self.after_healthy,
+            "hook_timeout": self.hook_timeout,
         }
         if self.manager == "commands":
             wire.update(stop=self.stop_cmd, start=self.start_cmd, pid_cmd=self.pid_cmd)

@@ -114,6 +114,9 @@ class Deployment:
         change = self.plan.server
         extra = ([BudgetItem("pre-flight", self._preflight_timeout(), "server.preflight_timeout")]
                  if change and change.preflight else [])
+        hooks = [h for h in (change.before_stop, change.after_healthy) if h] if change else []
+        if hooks and pb.server is not None:
+            extra.append(BudgetItem("hooks", len(hooks) * pb.server.hook_timeout, "server.hook_timeout"))
         self.deadline = time.time() + total(deploy_budget(pb.server, pb.health, extra))
         files = [
             {"path": f.path, "n": f.index,
@@ -187,10 +190,12 @@ class Deployment:
         t = time.time()
         spec = self._server_target()
         assert spec is not None
-        steps = [
-            ops.put_json(self._journal_path(), self._journal("restarting")),
-            ops.mark(f"{self.release_dir}/server.touched"),
-        ]
+        hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
+        steps = [ops.put_json(self._journal_path(), self._journal("restarting"))]
+        if change.before_stop:
+            # drain first; a failing hook stops the batch here: nothing is stopped
+            steps += [ops.mark(f"{self.release_dir}/drained"), ops.run_ok(change.before_stop, timeout=hook_timeout)]
+        steps.append(ops.mark(f"{self.release_dir}/server.touched"))
         if change.manager == "commands":
             if change.before is not None and change.stop:
                 steps.append(ops.run_ok(change.stop, timeout=spec.stop_timeout + 60))
@@ -209,11 +214,13 @@ class Deployment:
         if health is not None:
             # In the same round trip: poll health while watching the process just started.
             steps.append(ops.health_wait(health, pid="started"))
+        if change.after_healthy:
+            steps.append(ops.run_ok(change.after_healthy, timeout=hook_timeout))
         self.reached = Step.RESTARTING
         results = self.session.batch(steps, on_event=lambda ev: self.reporter.progress(self.label, ev))
         self._timed("restart", t)
         if health is not None:
-            got = results[-1]
+            got = results[-2] if change.after_healthy else results[-1]
             stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
             self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
 
@@ -383,6 +390,7 @@ class Deployment:
         start = None
         if change.manager == "process" and before.get("argv"):
             start = ServerStart(list(before["argv"]), before.get("cwd"), dict(before.get("env") or {}), True)
+        hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
         return ServerTarget(
             manager=change.manager,
             start=start,
@@ -396,6 +404,8 @@ class Deployment:
             stop_cmd=list(change.stop or []) if change.manager == "commands" else None,
             start_cmd=list(change.restore_start or []) if change.manager == "commands" and change.before else None,
             pid_cmd=list(rendered.pid or []) if rendered.pid else None,
+            after_healthy=list(change.restore_after_healthy) if change.restore_after_healthy else None,
+            hook_timeout=hook_timeout,
         )
 
     def _started_record(self) -> dict[str, Any] | None:

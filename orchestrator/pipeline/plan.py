@@ -140,6 +140,11 @@ class ServerChange:
     # step 7: the command that runs the server's own parser on ``after_argv``
     # (``server.preflight`` rendered, or ``core.preflight``'s default; None: none known)
     preflight: list[str] | None = None
+    # hooks around the restart (either manager), ``{{ command }}`` = the new command
+    # line; ``restore_after_healthy`` is rendered with the previous one, for a restore
+    before_stop: list[str] | None = None
+    after_healthy: list[str] | None = None
+    restore_after_healthy: list[str] | None = None
 
 
 @dataclass
@@ -272,7 +277,7 @@ def make_plan(
     variables = merge_vars(
         pb.vars, target.vars, cli_vars, {"python": python, "facts": facts.as_var(), **facts.root_vars()}
     )
-    # ``{{ command }}`` (commands manager) is only known after planning; see render_commands.
+    # ``{{ command }}`` (commands manager) is only known after planning; see render_server_commands.
     try:
         rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
     except TemplateError as e:
@@ -299,8 +304,8 @@ def make_plan(
             redact_argv(before_argv, values), redact_argv(server.after_argv or [], values)
         )
         server.preflight = preflight_argv(rendered.server, server.after_argv, variables, renderer)
-    if server is not None and server.manager == "commands":
-        render_commands(server, loaded, renderer, variables)
+    if server is not None:
+        render_server_commands(server, loaded, renderer, variables)
     return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal, facts)
 
 
@@ -449,13 +454,14 @@ def preflight_argv(
     return default_preflight(argv, server.python if server.python != "python3" else None)
 
 
-def render_commands(
+def render_server_commands(
     change: ServerChange, loaded: LoadedPlaybook, renderer: Renderer, variables: dict[str, Any]
 ) -> None:
-    """Render ``start``/``stop`` with ``{{ command }}``: the new command line for
-    the deploy, the recorded previous one for a restore."""
+    """Render the user's commands with ``{{ command }}``: the new command line for
+    the deploy, the recorded previous one for a restore. ``start``/``stop`` are
+    the ``commands`` manager's; the hooks are any manager's."""
     spec = loaded.model.server
-    assert spec is not None and spec.start and spec.stop
+    assert spec is not None
 
     def words(key: str, raw: str, argv: list[str] | None) -> list[str]:
         where = loaded.locations.where(("server", key))
@@ -463,9 +469,16 @@ def render_commands(
         return render_words(raw, {**variables, "command": command}, renderer, **where)
 
     before_argv = change.before.get("argv") if change.before else None
-    change.start = words("start", spec.start, change.after_argv)
-    change.restore_start = words("start", spec.start, before_argv or change.after_argv)
-    change.stop = words("stop", spec.stop, before_argv)
+    if change.manager == "commands":
+        assert spec.start and spec.stop
+        change.start = words("start", spec.start, change.after_argv)
+        change.restore_start = words("start", spec.start, before_argv or change.after_argv)
+        change.stop = words("stop", spec.stop, before_argv)
+    if spec.before_stop:
+        change.before_stop = words("before_stop", spec.before_stop, before_argv or change.after_argv)
+    if spec.after_healthy:
+        change.after_healthy = words("after_healthy", spec.after_healthy, change.after_argv)
+        change.restore_after_healthy = words("after_healthy", spec.after_healthy, before_argv or change.after_argv)
 
 
 def find_commands_server(session: HostSession, server: RenderedServer) -> dict[str, Any] | None:

@@ -1659,6 +1659,10 @@ def run_restore(release_dir, spec, by):
             started = record["server"]
             if started.get("action") in ("restarted", "already running") and plan.get("health"):
                 record["health"] = op_health_wait(pid=started.get("pid"), log=started.get("log"), **plan["health"])
+            if server.get("after_healthy") and os.path.exists(os.path.join(release_dir, "drained")):
+                # the deploy took the host out of its router: put it back, the server is healthy again
+                run_server_cmd(server["after_healthy"], server.get("hook_timeout", 300.0))
+                record["put_back"] = True
         if plan.get("on_success"):
             op_batch(plan["on_success"])
         record["ok"] = record["completed"] = True
