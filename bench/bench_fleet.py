@@ -479,6 +479,7 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
     patched = {h.name: patched_files(h, book, pdir / h.name)[0] for h in fleet.hosts}  # type: ignore[arg-type]
     expected = {name: Path(p["patched"]).read_bytes() for name, p in patched.items()}
     rows: list[Row] = []
+    loads: dict[int, str] = {}
     for n in args.ns:
         hosts = fleet.first(n)
         forks = min(n, args.max_forks)
@@ -486,20 +487,25 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
         invs = make_invocations(args.tools, hosts, fleet, work / f"n{n}", args, jobs, forks, orch_forks, notes)
         timeout = 120 + 20 * n
         by_tool = {t: Row(t, n) for t in args.tools}
+        load_before, n_started = os.getloadavg()[0], time.perf_counter()
         for rnd in range(args.rounds):
             order = list(args.tools) if rnd % 2 == 0 else list(reversed(args.tools))
             print(f"N={n} (forks {forks}) round {rnd + 1}/{args.rounds}: {', '.join(order)}", flush=True)
             for tool in order:
                 run_tool(tool, invs[tool], by_tool[tool], fleet, hosts, expected, threshold, work, timeout, args)
         rows.extend(by_tool.values())
+        loads[n] = (f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; "
+                    f"{time.perf_counter() - n_started:.0f} s")
         print()
-        print(f"N={n}, forks {forks}, {args.rounds} round(s), medians:")
+        print(f"N={n}, forks {forks}, {args.rounds} round(s), medians ({loads[n]}):")
         print(detail_table([by_tool[t] for t in args.tools]), flush=True)
         print()
     notes.extend(book_notes)
     info = machine()
     info.update(versions)
     info["bench wall time"] = f"{time.perf_counter() - started:.0f} s"
+    for n, load in loads.items():
+        info[f"N={n}"] = load
     header = "\n".join(f"- {k}: {v}" for k, v in info.items())
     return rows, list(dict.fromkeys(notes)), header
 
