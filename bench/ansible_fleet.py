@@ -101,6 +101,7 @@ def write_project(workdir: Path, jobs: list[dict[str, Any]], *, forks: int, ssh_
         "gathering = explicit",
         "retry_files_enabled = False",
         f"forks = {forks}",
+        "timeout = 60",  # connect timeout: 10 s by default, which a loaded 2-core box can exceed
         f"local_tmp = {workdir / 'local-tmp'}",
         f"remote_tmp = {workdir / 'remote-tmp'}",
         "",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -259,18 +260,43 @@ def padded(source: str, lines: int) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def distinct_free_ports(count: int) -> list[int]:
-    """``count`` different free ports on 127.0.0.1 (each probe stays bound until all are chosen)."""
-    probes: list[socket.socket] = []
+PORT_RANGE = (20000, 32000)
+"""Where the fleet's ports come from: below Linux's ephemeral range (32768-60999).
+
+Other test runs on the machine take ports with ``bind(0)``, i.e. from the
+ephemeral range, and some of their clean-ups stop "whatever listens on port
+P" whatever the address (``tests/fixtures/sandbox.py``'s ``listening_pid``).
+A fleet sshd on 127.0.10.14:44341 was killed so once, by a test whose server
+had port 44341 on 127.0.0.1. Ports outside that range cannot collide so."""
+
+
+def port_plan(count: int, seed: int | None = None) -> list[tuple[int, int]]:
+    """``(sshd port, HTTP port)`` for hosts 1..count: free now, all different, in ``PORT_RANGE``.
+
+    The sshd port is checked on the host's own address and on 127.0.0.1, the
+    HTTP port on 127.0.0.1. The scan starts at a random place so two benches
+    at once are unlikely to race for the same ports.
+    """
+    low, high = PORT_RANGE
+    span = high - low
+    offset = random.Random(seed).randrange(span)
+    candidates = (low + (offset + k) % span for k in range(span))
+    plan: list[tuple[int, int]] = []
+    for index in range(1, count + 1):
+        ssh = next(p for p in candidates if _bindable(p, (address_of(index), "127.0.0.1")))
+        http = next(p for p in candidates if _bindable(p, ("127.0.0.1", address_of(index))))
+        plan.append((ssh, http))
+    return plan
+
+
+def _bindable(port: int, addresses: Sequence[str]) -> bool:
     try:
-        for _ in range(count):
-            probe = socket.socket()
-            probes.append(probe)
-            probe.bind(("127.0.0.1", 0))
-        return [p.getsockname()[1] for p in probes]
-    finally:
-        for probe in probes:
-            probe.close()
+        for address in addresses:
+            with socket.socket() as probe:
+                probe.bind((address, port))
+    except OSError:
+        return False
+    return True
 
 
 def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay: float,
@@ -287,18 +313,19 @@ def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay
     client_key = workdir / "client_ed25519"
     keygen(client_key, "orch-bench-client")
     lock = threading.Lock()
-    http_ports = distinct_free_ports(count)
+    ports = port_plan(count)
 
     def start_one(index: int) -> FleetHost:
         hdir = workdir / host_name(index)
         address = address_of(index)
+        ssh_port, http_port = ports[index - 1]
         sshd = start_sshd(
-            hdir / "sshd", host_key=host_key, client_key=client_key, addresses=[address],
+            hdir / "sshd", port=ssh_port, host_key=host_key, client_key=client_key, addresses=[address],
             extra_config=[f"SetEnv HOME={home}", "Match all", "    LogLevel VERBOSE"],
         )
         root = hdir / "box"
         root.mkdir(parents=True, exist_ok=True)
-        box = Sandbox(root, sshd, http_ports[index - 1], make_tree(root / "tree"), root / "state")
+        box = Sandbox(root, sshd, http_port, make_tree(root / "tree"), root / "state")
         host = FleetHost(index, sshd, box)
         with lock:
             registry.append(host)
