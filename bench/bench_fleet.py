@@ -50,7 +50,7 @@ import ansible_fleet  # noqa: E402
 import yaml  # noqa: E402
 from bench_deploy import FLAG, SHIPPED, patched_files  # noqa: E402
 from box import Counts  # noqa: E402
-from fleet import REPO, Fleet, FleetHost, in_parallel, start_fleet  # noqa: E402
+from fleet import REPO, Fleet, FleetHost, end_leftovers, in_parallel, start_fleet  # noqa: E402
 
 from orchestrator.errors import ConfigError  # noqa: E402
 from orchestrator.shell.config_files import load_playbook  # noqa: E402
@@ -609,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
         in_parallel(lambda h: h.stop(), list(registry))
+        left = end_leftovers(work)  # host-side work an interrupted tool left behind
+        if left:
+            print(f"ended {left} leftover process(es) of the fleet", file=sys.stderr)
         if args.keep:
             print(f"work directory kept: {work}")
         else:

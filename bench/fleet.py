@@ -46,7 +46,7 @@ from orchestrator.standin import launch_argv, launch_env, make_tree
 from tests.fixtures.sandbox import Sandbox, health_status, listening_pid
 from tests.fixtures.sshd import SshdServer, keygen, start_sshd
 
-__all__ = ["REPO", "Fleet", "FleetHost", "address_of", "host_name", "in_parallel", "start_fleet"]
+__all__ = ["REPO", "Fleet", "FleetHost", "address_of", "end_leftovers", "host_name", "in_parallel", "start_fleet"]
 
 START_WORKERS = 16
 """Threads that start sshd and servers at once (each start mostly waits on a port)."""
@@ -212,6 +212,55 @@ class FleetHost:
         self.sshd.stop()
 
 
+def leftovers(workdir: Path) -> list[int]:
+    """Pids of processes that belong to this fleet by their command line or environment.
+
+    Host-side work that outlives its tool: a minimal-Fabric script still in its
+    health loop when the bench was interrupted (its SSH session gone, the shell
+    goes on), or a server a tool started that had not bound its port yet. They
+    name the fleet's unique work dir in their argv or (servers) ``PYTHONPATH``.
+    """
+    mark = str(workdir).encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if mark in cmdline or mark in environ:
+            found.append(int(name))
+    return found
+
+
+def end_leftovers(workdir: Path) -> int:
+    """SIGTERM, then SIGKILL, what ``leftovers`` finds; how many there were."""
+    pids = leftovers(workdir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.05)
+    return len(pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie is not: it is only waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
 @dataclass
 class Fleet:
     """The hosts, the shared keys, and one ``known_hosts`` naming every host."""
@@ -231,6 +280,7 @@ class Fleet:
 
     def stop(self) -> None:
         in_parallel(lambda h: h.stop(), self.hosts, START_WORKERS)
+        end_leftovers(self.workdir)
 
 
 def padded(source: str, lines: int) -> str:
