@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -427,6 +428,57 @@ def ratio_table(rows: Sequence[Row], ns: Sequence[int], tools: Sequence[str]) ->
 # -- main ---------------------------------------------------------------------------------
 
 
+def targets_table(rows: Sequence[Row], ns: Sequence[int]) -> str:
+    """Issue 10's targets, each with the figure measured here and whether it is met.
+
+    A target whose tools or N were not run shows ``-``. Ratios are of medians.
+    """
+    by = {(r.tool, r.n): r for r in rows if r.deploys}
+
+    def wall(tool: str, n: int) -> float | None:
+        r = by.get((tool, n))
+        return med([s.wall for s in r.deploys]) if r else None
+
+    def noop(tool: str, n: int) -> float | None:
+        r = by.get((tool, n))
+        return med([s.wall for s in r.noops]) if r and r.noops else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    out = [("target (issue 10)", "measured", "met")]
+
+    def add(target: str, value: float | None, limit: float, unit: str = "x") -> None:
+        if value is None:
+            shown = "-"
+        elif unit == "x":
+            shown = f"{value:.3f}x"
+        else:
+            shown = f"{value:.3g} {unit}"
+        out.append((target, shown, "-" if value is None else ("yes" if value <= limit else "no")))
+
+    for n in ns:
+        limit = 1.2 if n == 1 else 1.1
+        add(f"orch <= {limit} x fabric-minimal, N={n}", ratio(wall("orch", n), wall("fabric-minimal", n)), limit)
+    for n in ns:
+        add(f"orch below pyinfra, N={n}", ratio(wall("orch", n), wall("pyinfra", n)), 0.9995)
+    if 25 in ns:
+        add("orch <= 0.3 x ansible, N=25", ratio(wall("orch", 25), wall("ansible", 25)), 0.3)
+    for n in ns:
+        add(f"no-op <= 1.1 x fabric-minimal's no-op, N={n}", ratio(noop("orch", n), noop("fabric-minimal", n)), 1.1)
+    if 25 in ns and 50 in ns:
+        add("orch N=50 <= 2.2 x orch N=25", ratio(wall("orch", 50), wall("orch", 25)), 2.2)
+    orch_rows = [r for r in rows if r.tool == "orch" and r.deploys]
+    if orch_rows:
+        last = orch_rows[-1]
+        add(f"controller tree <= 100 MB, N={last.n}", med([s.peak_pss_mb for s in last.deploys]), 100, "MB")
+        add(f"controller CPU per host <= 0.3 s, N={last.n}",
+            med([s.cpu for s in last.deploys]) / last.n, 0.3, "s")
+        worst = max(med([s.channels_per_host for s in r.deploys]) for r in orch_rows)
+        add("SSH channels per host per deploy = 1 (worst N)", worst, 1, "channels")
+    return render(out)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ns", default="1,10,25,50", help="fleet sizes, comma separated (default 1,10,25,50)")
@@ -444,6 +496,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--write", type=Path, default=None, metavar="PATH", help="also write the results (Markdown)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
     args = p.parse_args(argv)
+    args.command = shlex.join(["python", "bench/bench_fleet.py", *(sys.argv[1:] if argv is None else argv)])
     if args.quick:
         args.ns, args.rounds = "1,2", 1
     args.ns = sorted({int(n) for n in args.ns.split(",")})
@@ -462,7 +515,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -> tuple[list[Row], list[str], str]:
     notes = preflight(args.ns[-1])
-    versions = baseline_versions(args.tools, args.baselines_venv)
+    info = machine()  # before the fleet starts: the load average is the machine's, not ours
+    info.update(baseline_versions(args.tools, args.baselines_venv))
     orch_forks = orch_has_forks()
     if not orch_forks:
         notes.append("orch has no --forks yet: it deploys the hosts one after another")
@@ -501,8 +555,6 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
         print(detail_table([by_tool[t] for t in args.tools]), flush=True)
         print()
     notes.extend(book_notes)
-    info = machine()
-    info.update(versions)
     info["bench wall time"] = f"{time.perf_counter() - started:.0f} s"
     for n, load in loads.items():
         info[f"N={n}"] = load
@@ -549,11 +601,9 @@ def results_markdown(args: argparse.Namespace, rows: list[Row], notes: list[str]
     parts = [
         "# Fleet bench results",
         "",
-        "Produced by `python bench/bench_fleet.py "
-        + ("--quick " if args.quick else "")
-        + (f"--ns {','.join(map(str, args.ns))} --rounds {args.rounds} " if not args.quick else "")
-        + f"--tools {','.join(tools)} --write {args.write}` (see bench/README.md). "
-        "Medians over the rounds; every tool ran in every round, in alternating order.",
+        f"Written by `{args.command}` (see bench/README.md): N = {', '.join(map(str, args.ns))}, "
+        f"{args.rounds} round(s), tools {', '.join(tools)}. Medians over the rounds; every tool ran "
+        "in every round, in alternating order. Nothing here is edited by hand.",
         "",
         "## Machine",
         "",
@@ -563,6 +613,12 @@ def results_markdown(args: argparse.Namespace, rows: list[Row], notes: list[str]
         "",
         "```",
         summary_table(rows, args.ns, tools),
+        "```",
+        "",
+        "## Issue 10's targets",
+        "",
+        "```",
+        targets_table(rows, args.ns),
         "```",
         "",
         "## orch's wall time over each tool's (below 1: orch is faster)",
@@ -594,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("orch / tool (wall):")
         print(ratio_table(rows, args.ns, args.tools))
+        print()
+        print(targets_table(rows, args.ns))
         for r in rows:
             for f in dict.fromkeys(r.failures):
                 print(f"note: {r.tool} N={r.n} failed: {f}")
