@@ -328,6 +328,10 @@ class Session(object):
                 return self.requests.pop(0)
             return None
 
+    def stop_asked(self):
+        """The running op should stop: cancelled, or the controller is gone (unless a restore runs)."""
+        return self.cancel_requested or ((self.eof or self.silent()) and not self.finishing)
+
     def check_cancel(self):
         if self.cancel_requested:
             raise AgentError("cancelled", "cancelled by the controller")
@@ -2111,7 +2115,7 @@ def stream_argv(argv, cwd=None, env=None, log=None, timeout=3600.0):
         deadline = time.time() + timeout
         why = None
         while proc.poll() is None:
-            if SESSION is not None and SESSION.cancelled:
+            if SESSION is not None and SESSION.stop_asked():
                 why = "cancelled by the controller"
             elif time.time() >= deadline:
                 why = "timed out after %ss" % timeout
@@ -2370,7 +2374,7 @@ def probe_batch(url, payload, headers, timeout, count, concurrency):
         while True:
             with lock:
                 i = state["next"]
-                if i >= count or (SESSION is not None and SESSION.cancelled):
+                if i >= count or (SESSION is not None and SESSION.stop_asked()):
                     return
                 state["next"] = i + 1
             samples[i] = probe_request(url, payload, headers, timeout)
