@@ -96,9 +96,10 @@ def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) ->
     bad = run(sandbox, "deploy", "--host", "gpu", "bad-flag.yaml")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     out = bad.stdout.splitlines()
-    assert "  | sglang serve: error: unrecognized arguments: --speculative-disable-batch-treshold 8" in out
     assert "gpu: rolled_back" in " ".join(out)
-    assert "  server exited during start (code 2)" in out  # the error, on one line
+    refusal = ("the pre-flight refused the new command line (exit 2): sglang serve: error: unrecognized "
+               "arguments: --speculative-disable-batch-treshold 8; the running server was not touched")
+    assert "  " + refusal in out  # the error, on one line, whole
     no_boxes(bad.stdout + bad.stderr)
 
     history = run(sandbox, "history", "--host", "gpu")
@@ -107,7 +108,7 @@ def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) ->
     assert rows[0] == "history of gpu (2 releases)"
     assert len(rows) == 3  # one line per release
     assert rows[1].split()[4] == "current" and f"files: {sandbox.server_args}" in rows[1]
-    assert rows[2].endswith("error: server exited during start (code 2)")
+    assert rows[2].endswith("error: " + refusal)
     no_boxes(history.stdout)
 
     status = run(sandbox, "status", "--host", "gpu")
@@ -375,7 +376,7 @@ def test_history_under_a_terminal_at_80_columns_breaks_no_word(sandbox: Sandbox)
         "speculative-disable", "bad-flag", "(rollback)", "…/sglang/srt/server_args.py",
         "--speculative-disable-batch-threshold: (absent) -> 32",
         "--speculative-disable-batch-treshold: (absent) -> 8",
-        "server exited during start (code 2)", f"undone by {rows[2]['id']}", f"undid {rows[0]['id']}",
+        "pre-flight", "unrecognized", f"undone by {rows[2]['id']}", f"undid {rows[0]['id']}",
     ]
     for words in whole:
         assert any(words in line for line in lines), f"{words!r} is broken or missing in:\n{text}"
