@@ -28,6 +28,7 @@ from orchestrator.core.nightly import NightManifest
 from orchestrator.standin import make_tree
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sandbox import REPO, Sandbox, cmdline, get_json, health_status, wait_healthy
+from tests.test_cli import run_in_pty
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.invalid"}
@@ -357,6 +358,21 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
     assert [r["outcome"] for r in rows[:4]] == ["good", "current", f"undone by {rows[5]['id']}",
                                                  f"undone by {rows[4]['id']}"]
     assert [r["kind"] for r in rows] == ["night"] * 4 + ["rollback"] * 2
+    source = f"git {nightbox.commit[:12]}"
+    assert all(r["source"] == source and r["tokens_per_s"] > 0 for r in rows[:4])
+
+    # off a terminal: one line per release, kind after the outcome, then source and tok/s
+    lines = box.orch("history", "--host", "gpu").stdout.splitlines()
+    assert lines[0] == "history of gpu (6 releases)"
+    assert lines[2].split()[4:6] == ["current", "night"] and f"source: {source}  tok/s: " in lines[2]
+    # on an 80-column terminal: nothing wider, and no word broken
+    code, text = run_in_pty(box, "history", "--host", "gpu")
+    assert code == 0, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    whole = [r["id"] for r in rows] + ["test-nightly", source, f"undone by {rows[4]['id']}",
+                                       f"{rows[1]['tokens_per_s']:.1f} tok/s", f"undid {builds[3]}"]
+    for words in whole:
+        assert words in text, f"{words!r} is broken or missing in:\n{text}"
 
 
 def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: NightBox) -> None:

@@ -235,6 +235,7 @@ class Night:
     manifest: NightManifest | None = None
     deadline: float = 0.0
     running: dict[str, Any] | None = None  # the server found just before arming
+    last_started: dict[str, Any] | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
     previous_build: str | None = None
@@ -532,13 +533,15 @@ class Night:
             steps.append(ops.get_json(f"{current}/restore.json"))
         got = self.session.batch(steps)
         self.running = got[0]
+        started = (got[1] or {}).get("started") if len(got) > 1 else None
+        self.last_started = started if started and started.get("argv") else None
         if self.running and self.running.get("argv"):
             r = self.running
             return ServerStart(list(r["argv"]), r.get("cwd"), dict(r.get("env") or {}), True)
-        started = (got[1] or {}).get("started") if len(got) > 1 else None
-        if started and started.get("argv"):
-            return ServerStart(list(started["argv"]), started.get("cwd"), dict(started.get("env") or {}),
-                               bool(started.get("replace_env", True)))
+        if self.last_started:
+            s = self.last_started
+            return ServerStart(list(s["argv"]), s.get("cwd"), dict(s.get("env") or {}),
+                               bool(s.get("replace_env", True)))
         return None
 
     def new_start(self) -> ServerStart:
@@ -759,6 +762,10 @@ class Night:
             check["headers"] = {k: self._redact(str(v)) for k, v in check["headers"].items()}
         before = redact_argv(previous.argv, self.secret_list) if previous else None
         after = redact_argv(new_start.argv, self.secret_list)
+        # Flags compare with the command line the current release asked for, not with the
+        # process's argv: an interpreter found through a shim (pyenv) shows its real path there.
+        asked = self.last_started["argv"] if self.last_started else (previous.argv if previous else None)
+        changes = flag_changes(redact_argv(asked, self.secret_list), after) if asked else []
         return {
             "link": {"path": self.link, "before": self.previous_build, "after": self.name},
             "restarted": True,
@@ -769,7 +776,7 @@ class Night:
             "server_before": ({"argv": before, "cwd": previous.cwd, "env": redact_env(previous.env)}
                               if previous else None),
             "server_after": {"argv": after, "cwd": new_start.cwd, "env": redact_env(new_start.env)},
-            "flag_changes": flag_changes(before, after) if before else [],
+            "flag_changes": changes,
             "watchdog_deadline": self.deadline,
         }
 
