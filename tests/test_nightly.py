@@ -557,3 +557,38 @@ def test_schedule_runs_under_cron_bare_env_and_unschedule_restores_the_crontab(
     assert unsched.returncode == 0, unsched.stdout + unsched.stderr
     assert subprocess.run(["crontab", "-l"], capture_output=True, check=True).stdout == mine
     assert shlex.split(command)  # the entry was one shell line
+
+
+def demo_servers() -> set[int]:
+    """Stand-in servers whose environment names a nightly demo's sandbox."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes()
+            env = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"sglang.launch_server" in argv and b"orch-nightly-demo-" in env:
+            found.add(int(name))
+    return found
+
+
+def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) -> None:
+    before = demo_servers()
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    steps = report["steps"]
+    assert [steps[k]["outcome"] for k in ("night 1", "night 2", "night 3", "night 4", "rollback")] == [
+        "changed", "changed", "changed", "rolled_back", "rolled_back"]
+    assert steps["night 4"]["exit_code"] == 1 and "server exited during start" in steps["night 4"]["error"]
+    err = proc.stderr
+    assert "the two manifests are identical but for times, build name and probe: True" in err
+    assert "changed since the last good night: commit " in err
+    assert f"current -> {steps['night 2']['build']} (night 2)" in err
+    assert "demo finished as expected" in err
+    assert demo_servers() - before == set(), "the demo left a server running"
