@@ -39,7 +39,12 @@ from orchestrator.core.probe import (
     probe_result,
     response_text,
 )
-from orchestrator.core.releases import LinkState, describe_release, rollback_target
+from orchestrator.core.releases import (
+    LinkState,
+    describe_release,
+    prune_candidates,
+    rollback_target,
+)
 from orchestrator.core.restore import RestoreRecord
 from orchestrator.core.schedule import (
     add_entry,
@@ -385,6 +390,14 @@ def test_rolling_back_nights_switches_current_back_one_night_at_a_time() -> None
     both = rollback_target(["n1", "n2", "d4"], {**releases, "d4": deploy}, "/s/releases", to="n1")
     assert [f.path for f in both.files] == ["/opt/builds/current/x.py"]
     assert both.links == (LinkState("/opt/builds/current", "n1", "n2"),)
+
+
+def test_pruning_releases_never_removes_a_night_a_rollback_needs() -> None:
+    nights = [f"2026010{i}T020000000-abc" for i in range(1, 6)]
+    failed = "20260103T030000000-abc"  # a night switched back: never in effect
+    assert prune_candidates(sorted([*nights, failed]), nights, keep=2) == [failed]  # a soft cap
+    undone = [nights[2], failed, nights[3], nights[4]]  # rolled back by `orch rollback`: no longer needed
+    assert prune_candidates(sorted([*nights, failed]), nights[:2], keep=2) == undone
 
 
 def test_nights_are_described_in_their_own_words() -> None:
