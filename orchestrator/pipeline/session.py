@@ -85,6 +85,10 @@ class HostSession:
         if self.transport is not None:
             self.transport.close()
 
+    def call(self, op: str, **args: Any) -> Any:
+        assert self.agent is not None
+        return self.agent.call(op, **args)
+
     def run(self, op: Op, on_event: EventHandler | None = None) -> Any:
         """One typed op, one round trip; the answer read by the op's ``parse``."""
         assert self.agent is not None
