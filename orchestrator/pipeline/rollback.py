@@ -6,6 +6,9 @@ unfinished release's own ``restore.json``; undoing writes a new release of
 kind ``rollback`` whose ``restore.json`` is the state asked for, then runs
 it. The live content a rollback replaces is kept as that release's
 "before" copies, so a rollback over hand edits (drift) loses nothing.
+Undoing a night switches ``builds_dir/current`` back (the plan's links) and
+restarts the command line that ran before it; a build that ``keep_builds``
+removed is refused before anything is touched.
 """
 
 from __future__ import annotations
