@@ -10,12 +10,13 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ import pytest
 
 from orchestrator.core.nightly import NightManifest
 from orchestrator.standin import make_tree
-from tests.fixtures.sandbox import REPO, Sandbox, cmdline, get_json, health_status
+from tests.fixtures.proxy import TcpProxy
+from tests.fixtures.sandbox import REPO, Sandbox, cmdline, get_json, health_status, wait_healthy
+from tests.test_cli import run_in_pty
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.invalid"}
@@ -38,9 +41,21 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+PROBE = """\
+probe:
+  post: /generate
+  json: {text: "night probe", sampling_params: {max_new_tokens: 4}}
+  requests: 16
+  concurrency: 8
+"""
+
+
 def spec_text(commit: str, *, extra_server_env: str = "", notify: str | None = None,
               source: str | None = None, sglang_root: str = "{{ build }}/python/sglang",
-              python: str = "python3") -> str:
+              python: str = "python3", keep_builds: int = 2, health_timeout: str = "1m",
+              server_timeouts: str = "", probe: bool = True) -> str:
+    """The test's spec. Every night's server takes two switches from ``--var``: ``crash=1``
+    (it fails at start) and ``never_ready=1`` (its health stays 503)."""
     source = source or f"git: {{repo: \"{{{{ source_repo }}}}\", commit: {commit}}}"
     return f"""\
 name: test-nightly
@@ -51,6 +66,7 @@ vars:
   sglang_root: "{sglang_root}"
   threshold: 16
   crash: "0"
+  never_ready: "0"
 stack:
   - speculative-disable.yaml
   - local-logging.yaml
@@ -59,21 +75,20 @@ server:
   command: "{python} -m sglang.launch_server --model-path {{{{ model }}}} --port {{{{ port }}}} --speculative-algorithm EAGLE"
   flags: {{"--speculative-disable-batch-threshold": "{{{{ threshold }}}}"}}
   workdir: "{{{{ builds_dir }}}}/current"
-  env: {{PYTHONPATH: "{{{{ builds_dir }}}}/current/python", PYTHONDONTWRITEBYTECODE: "1", STANDIN_CRASH_AT_START: "{{{{ crash }}}}"{extra_server_env}}}
+  env: {{PYTHONPATH: "{{{{ builds_dir }}}}/current/python", PYTHONDONTWRITEBYTECODE: "1", STANDIN_CRASH_AT_START: "{{{{ crash }}}}", STANDIN_NEVER_READY: "{{{{ never_ready }}}}"{extra_server_env}}}
+  {server_timeouts}
 health:
   base_url: "http://127.0.0.1:{{{{ port }}}}"
-  timeout: 1m
+  timeout: {health_timeout}
   interval: 0.2s
+  stable_for: 1s
+  confirm_timeout: 1s
   checks:
     - get: /health
     - get: /get_server_info
       expect: {{speculative_disable_batch_threshold: "{{{{ threshold }}}}", log_requests: true}}
-probe:
-  post: /generate
-  json: {{text: "night probe", sampling_params: {{max_new_tokens: 4}}}}
-  requests: 16
-  concurrency: 8
-keep_builds: 2
+{PROBE if probe else ""}
+keep_builds: {keep_builds}
 {f"notify: {notify}" if notify else ""}
 """
 
@@ -132,7 +147,7 @@ def nightbox(sandbox: Sandbox) -> Iterator[NightBox]:
     sandbox.write_inventory(vars={"model": "/models/standin", "port": sandbox.port, "source_repo": str(src),
                                   "builds_root": str(builds)})
     playbooks = sandbox.root / "playbooks"
-    playbooks.mkdir()
+    playbooks.mkdir(exist_ok=True)
     for name in ("speculative-disable.yaml", "local-logging.yaml"):
         shutil.copy(REPO / "playbooks" / name, playbooks / name)
     shutil.copytree(REPO / "templates", sandbox.root / "templates")
@@ -274,10 +289,136 @@ def test_a_new_server_that_crashes_at_start_is_switched_back(nightbox: NightBox)
     pid = box.server_pid()
     assert cmdline(pid) == good_argv
     assert Path(f"/proc/{pid}/environ").read_bytes().count(b"STANDIN_CRASH_AT_START=0") == 1
-    switch = json.loads((box.state_dir / "releases" / host["build"] / "switch.json").read_text())
-    assert switch["previous_build"] == good and switch["previous_start"]["argv"] == good_argv
+    # the restore machine ran the night's own plan, written before the switch
+    release = box.state_dir / "releases" / host["build"]
+    plan = json.loads((release / "restore.json").read_text())["plan"]
+    assert plan["links"] == [{"path": str(nightbox.builds / "current"), "target": good, "expect": host["build"]}]
+    assert plan["server"]["start"]["argv"] == good_argv
+    record = json.loads((release / "restored.json").read_text())
+    assert record["by"] == "controller" and record["ok"] and record["links"][0]["action"] == "restored"
+    assert host["restore"].startswith(f"{nightbox.builds}/current points at {good} again")
+    assert box.journal()["finished"] is True and box.journal()["step"] == "rolled_back"
+    assert not (nightbox.builds / host["build"] / "manifest.json").exists()  # never a good night
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
-    assert [r["outcome"] for r in rows] == ["good", "switched back"]
+    assert [r["outcome"] for r in rows] == ["current", "switched back"]
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
+    """Poll ``check`` until it holds: a state to wait for, never a sleep to hope on."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def server_build(box: Sandbox, builds: Path) -> tuple[list[str], str]:
+    """The running server's argv, and the build its working directory is."""
+    pid = box.server_pid()
+    assert pid is not None
+    return cmdline(pid), Path(f"/proc/{pid}/cwd").resolve().name
+
+
+def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pruned_build(
+    nightbox: NightBox,
+) -> None:
+    box = nightbox.box
+    nightbox.write_spec(keep_builds=3)
+    builds: list[str] = []
+    argvs: list[list[str]] = []
+    for threshold in (16, 24, 32, 40):  # each night its own flag: which one serves is plain to see
+        proc, data = nightbox.night("--var", f"threshold={threshold}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        builds.append(data["hosts"]["gpu"]["build"])
+        argvs.append(cmdline(box.server_pid()))
+    assert not (nightbox.builds / builds[0]).exists()  # keep_builds: 3
+
+    for back, threshold in ((2, 32), (1, 24)):
+        proc = box.orch("rollback", "--host", "gpu", "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        host = json.loads(proc.stdout)["hosts"]["gpu"]
+        assert host["outcome"] == "rolled_back" and host["current"] == builds[back]
+        assert nightbox.current() == builds[back]
+        wait_healthy(box.port, 60)
+        argv, cwd = server_build(box, nightbox.builds)
+        assert argv == argvs[back] and cwd == builds[back]
+        assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == threshold
+        assert f"{nightbox.builds}/current points at {builds[back]} again" in host["restore"]
+
+    # one further back is the first night, whose build keep_builds removed: refused, nothing touched
+    pid = box.server_pid()
+    refused = box.orch("rollback", "--host", "gpu", "--json")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    error = json.loads(refused.stdout)["hosts"]["gpu"]["error"]
+    assert f"build {builds[0]} is no longer in {nightbox.builds}" in error
+    assert nightbox.current() == builds[1] and box.server_pid() == pid and health_status(box.port) == 200
+    rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+    assert [r["outcome"] for r in rows[:4]] == ["good", "current", f"undone by {rows[5]['id']}",
+                                                 f"undone by {rows[4]['id']}"]
+    assert [r["kind"] for r in rows] == ["night"] * 4 + ["rollback"] * 2
+    source = f"git {nightbox.commit[:12]}"
+    assert all(r["source"] == source and r["tokens_per_s"] > 0 for r in rows[:4])
+
+    # off a terminal: one line per release, kind after the outcome, then source and tok/s
+    lines = box.orch("history", "--host", "gpu").stdout.splitlines()
+    assert lines[0] == "history of gpu (6 releases)"
+    assert lines[2].split()[4:6] == ["current", "night"] and f"source: {source}  tok/s: " in lines[2]
+    # on an 80-column terminal: nothing wider, and no word broken
+    code, text = run_in_pty(box, "history", "--host", "gpu")
+    assert code == 0, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    whole = [r["id"] for r in rows] + ["test-nightly", source, f"undone by {rows[4]['id']}",
+                                       f"{rows[1]['tokens_per_s']:.1f} tok/s", f"undid {builds[3]}"]
+    for words in whole:
+        assert words in text, f"{words!r} is broken or missing in:\n{text}"
+
+
+def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: NightBox) -> None:
+    """kill -9 of the controller after the switch, its new server held unhealthy: the host's
+    watchdog points ``current`` back and restarts the previous command line by itself."""
+    box = nightbox.box
+    proxy = TcpProxy(box.sshd.port, delay=0.02)  # a link with real latency, as the fault suite's
+    try:
+        known = box.root / "known_hosts_proxy"
+        known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
+        box.write_inventory(port=proxy.port, known_hosts=str(known), vars={
+            "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
+            "builds_root": str(nightbox.builds)})
+        nightbox.write_spec(health_timeout="20s", server_timeouts="stop_timeout: 5s\n  free_timeout: 5s",
+                            probe=False)
+        ok, rep = nightbox.night()
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        good = rep["hosts"]["gpu"]["build"]
+        good_argv, _ = server_build(box, nightbox.builds)
+
+        proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json", "--var", "never_ready=1")
+
+        def switched_and_held() -> bool:
+            return (box.journal().get("step") == "switching" and nightbox.current() != good
+                    and health_status(box.port) == 503)
+
+        wait_until(switched_and_held, "the new server up and held unhealthy")
+        proc.send_signal(signal.SIGKILL)  # the controller dies: nobody but the host can switch back
+        proc.wait()
+        bad = box.journal()["release"]
+        assert nightbox.current() == bad
+        wait_until(lambda: box.journal().get("step") == "restored_by_watchdog", "the watchdog", 240)
+
+        assert nightbox.current() == good
+        wait_healthy(box.port, 60)
+        argv, cwd = server_build(box, nightbox.builds)
+        assert argv == good_argv and cwd == good
+        assert Path(f"/proc/{box.server_pid()}/environ").read_bytes().count(b"STANDIN_NEVER_READY=0") == 1
+        record = json.loads((box.state_dir / "releases" / bad / "restored.json").read_text())
+        assert record["by"] == "watchdog" and record["ok"] is True
+        assert record["links"][0]["action"] == "restored" and record["server"]["action"] == "restarted"
+        assert box.journal()["finished"] is True
+        rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+        assert [r["outcome"] for r in rows] == ["current", "switched back (watchdog)"]
+    finally:
+        proxy.close()
 
 
 def make_wheel(folder: Path, tree: Path, name: str, version: str) -> Path:
@@ -358,11 +499,11 @@ def test_drift_is_named_and_blocks_the_next_night_and_frozen_names_a_template(ni
     flags, data = nightbox.night("--frozen", "--var", "threshold=24")
     assert flags.returncode == 2, flags.stdout + flags.stderr
     assert "flag --speculative-disable-batch-threshold: 16 -> 24" in data["hosts"]["gpu"]["error"]
-    template = box.root / "templates" / "sglang" / "server_args_field.py.j2"
-    template.write_text(template.read_text().replace("= None", "= None  # changed"))
+    template = box.root / "templates" / "flags" / "field.py.j2"  # what add_flag renders the field from
+    template.write_text(template.read_text().rstrip("\n") + "  # changed\n")
     refused, data = nightbox.night("--frozen")
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "template sglang/server_args_field.py.j2 changed" in data["hosts"]["gpu"]["error"]
+    assert "template flags/field.py.j2 changed" in data["hosts"]["gpu"]["error"]
 
 
 def test_bad_spec_is_refused_before_any_host_is_touched(nightbox: NightBox) -> None:
@@ -416,3 +557,38 @@ def test_schedule_runs_under_cron_bare_env_and_unschedule_restores_the_crontab(
     assert unsched.returncode == 0, unsched.stdout + unsched.stderr
     assert subprocess.run(["crontab", "-l"], capture_output=True, check=True).stdout == mine
     assert shlex.split(command)  # the entry was one shell line
+
+
+def demo_servers() -> set[int]:
+    """Stand-in servers whose environment names a nightly demo's sandbox."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes()
+            env = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"sglang.launch_server" in argv and b"orch-nightly-demo-" in env:
+            found.add(int(name))
+    return found
+
+
+def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) -> None:
+    before = demo_servers()
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    steps = report["steps"]
+    assert [steps[k]["outcome"] for k in ("night 1", "night 2", "night 3", "night 4", "rollback")] == [
+        "changed", "changed", "changed", "rolled_back", "rolled_back"]
+    assert steps["night 4"]["exit_code"] == 1 and "server exited during start" in steps["night 4"]["error"]
+    err = proc.stderr
+    assert "the two manifests are identical but for times, build name and probe: True" in err
+    assert "changed since the last good night: commit " in err
+    assert f"current -> {steps['night 2']['build']} (night 2)" in err
+    assert "demo finished as expected" in err
+    assert demo_servers() - before == set(), "the demo left a server running"

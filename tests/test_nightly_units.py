@@ -1,5 +1,6 @@
 """The pure parts of ``orch nightly``: the spec's errors, the probe's figures, the
-stand-in's speed model, the crontab edits, what changed between two nights.
+stand-in's speed model, the crontab edits, what changed between two nights, and what
+rolling nights back restores.
 No host, except one live stand-in for the probe's two APIs and the greedy text.
 """
 
@@ -29,6 +30,7 @@ from orchestrator.core.nightly import (
     relative_to_build,
 )
 from orchestrator.core.probe import (
+    ProbeConfig,
     ProbeResult,
     Sample,
     figures,
@@ -37,6 +39,13 @@ from orchestrator.core.probe import (
     probe_result,
     response_text,
 )
+from orchestrator.core.releases import (
+    LinkState,
+    describe_release,
+    prune_candidates,
+    rollback_target,
+)
+from orchestrator.core.restore import RestoreRecord
 from orchestrator.core.schedule import (
     add_entry,
     check_schedule,
@@ -45,7 +54,6 @@ from orchestrator.core.schedule import (
     remove_entry,
 )
 from orchestrator.errors import ConfigError
-from orchestrator.pipeline.nightly_switch import ServerStart, SwitchRecord
 from orchestrator.standin import TREE, launch_argv, launch_env, make_tree
 from tests.fixtures.sandbox import wait_healthy
 from tests.fixtures.sshd import free_port
@@ -361,13 +369,64 @@ def test_relative_to_build_and_pruning_never_current_or_previous() -> None:
     assert builds_to_prune(names[:2], names[1], None, keep=5) == []
 
 
-def test_switch_record_round_trips_through_json() -> None:
-    record = SwitchRecord(
-        link="/opt/builds/current", new_build="b2", previous_build="b1",
-        new_start=ServerStart(["python3", "-m", "x"], "/opt/builds/current", {"A": "1"}),
-        previous_start=ServerStart(["python3", "-m", "x"], "/opt/builds/b1", {"A": "0"}, True),
-        previous_pid=10, previous_pgid=10, pidfile="/s/server.pid", log="/s/server.log", port=30000,
-        stop_timeout=30.0, health={"base_url": "http://x", "checks": []}, restore_health={"checks": []},
-    )
-    assert SwitchRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
-    assert record.server_wire(record.previous_start)["start"]["replace_env"] is True
+def night_record(rid: str, before: str | None, **fields: object) -> dict[str, object]:
+    return {"id": rid, "kind": "night", "outcome": "deployed", "files": [], "restarted": True,
+            "link": {"path": "/opt/builds/current", "before": before, "after": rid},
+            "server_before": {"argv": ["python3", "-m", "x"]}, **fields}
+
+
+def test_rolling_back_nights_switches_current_back_one_night_at_a_time() -> None:
+    releases = {"n1": night_record("n1", None), "n2": night_record("n2", "n1"), "n3": night_record("n3", "n2")}
+    one = rollback_target(["n1", "n2", "n3"], releases, "/s/releases")
+    assert one.undo == ("n3",) and one.new_applied == ("n1", "n2") and one.files == () and one.restart
+    assert one.links == (LinkState("/opt/builds/current", "n2", "n3"),)
+    two = rollback_target(["n1", "n2", "n3"], releases, "/s/releases", to="n1")
+    assert two.links == (LinkState("/opt/builds/current", "n1", "n3"),)  # the oldest undone's before wins
+    first = rollback_target(["n1"], releases, "/s/releases")
+    assert first.links == (LinkState("/opt/builds/current", None, "n1"),)  # no link before the first night
+    # a deploy on top of a night: its files, and the night's link, in one target
+    deploy = {"id": "d4", "kind": "deploy", "outcome": "deployed", "restarted": False,
+              "files": [{"path": "/opt/builds/current/x.py", "n": 0, "sha256_before": "a", "sha256_after": "b"}]}
+    both = rollback_target(["n1", "n2", "d4"], {**releases, "d4": deploy}, "/s/releases", to="n1")
+    assert [f.path for f in both.files] == ["/opt/builds/current/x.py"]
+    assert both.links == (LinkState("/opt/builds/current", "n1", "n2"),)
+
+
+def test_pruning_releases_never_removes_a_night_a_rollback_needs() -> None:
+    nights = [f"2026010{i}T020000000-abc" for i in range(1, 6)]
+    failed = "20260103T030000000-abc"  # a night switched back: never in effect
+    assert prune_candidates(sorted([*nights, failed]), nights, keep=2) == [failed]  # a soft cap
+    undone = [nights[2], failed, nights[3], nights[4]]  # rolled back by `orch rollback`: no longer needed
+    assert prune_candidates(sorted([*nights, failed]), nights[:2], keep=2) == undone
+
+
+def test_nights_are_described_in_their_own_words() -> None:
+    assert describe_release(night_record("n2", "n1"), ["n1", "n2"]) == "current"
+    assert describe_release(night_record("n1", None), ["n1", "n2"]) == "good"
+    assert describe_release(night_record("n1", None, undone_by="r9"), []) == "undone by r9"
+    assert describe_release(night_record("n3", "n2", outcome="rolled_back", restored_by="controller"), []) == \
+        "switched back"
+    assert describe_release(night_record("n3", "n2", outcome="rolled_back", restored_by="watchdog"), []) == \
+        "switched back (watchdog)"
+    assert describe_release(night_record("n3", "n2", outcome="failed"), []) == "failed"
+
+
+def test_a_restore_record_names_the_link_it_switched_back() -> None:
+    record = RestoreRecord.from_wire({
+        "by": "watchdog", "ok": True, "completed": True, "files": [],
+        "links": [{"path": "/b/current", "target": "n1", "action": "restored", "was": "n2"}],
+        "server": {"action": "restarted", "pid": 7}, "health": {"elapsed": 1.0}})
+    assert record.changed_anything
+    assert record.describe() == ("/b/current points at n1 again; the previous server was restarted (pid 7) "
+                                 "and is healthy")
+    removed = RestoreRecord.from_wire({"by": "controller", "ok": True, "completed": True, "files": [],
+                                       "links": [{"path": "/b/current", "target": None, "action": "removed",
+                                                  "was": "n1"}]})
+    assert removed.describe() == "/b/current removed (there was none before)"
+
+
+def test_the_probe_is_bounded_for_the_watchdogs_deadline() -> None:
+    config = ProbeConfig.model_validate({"post": "/generate", "requests": 16, "concurrency": 8, "timeout": "5s"})
+    assert config.budget_seconds() == 5 + 5 * (16 // 8 + 2)  # the greedy request, then one batch
+    more = config.model_copy(update={"rounds": 3, "warmup": 8, "greedy": False})
+    assert more.budget_seconds() == 5 * (8 // 8 + 2) + 3 * 5 * (16 // 8 + 2)

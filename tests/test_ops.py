@@ -45,6 +45,20 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "preflight": (ops.preflight(["python3", "-c", "pass"], cwd=None, env={}, replace_env=True, timeout=5.0),),
     "health_wait": (ops.health_wait({"base_url": "http://h", "checks": [], "timeout": 1.0, "interval": 1.0,
                                      "stable_for": 0.0}, pid="started"),),
+    "nightly_prepare": (ops.nightly_prepare("/b", "n1"),),
+    "nightly_builds": (ops.nightly_builds("/b"),),
+    "nightly_fetch_git": (ops.nightly_fetch_git("/src.git", "a" * 40, "/b", "n1", "/b/logs/n1.log"),),
+    "nightly_pip": (ops.nightly_pip("/b", "n1", "x==1 --hash=sha256:" + "a" * 64, "python3", ["--no-index"],
+                                    "/b/logs/n1.log"),),
+    "nightly_run": (ops.nightly_run(["true"], "/b/n1", "/b/logs/n1.log"),),
+    "nightly_remove_build": (ops.nightly_remove_build("/b", "n1"),),
+    "nightly_prune": (ops.nightly_prune("/b", ["n0"]),),
+    "nightly_link_swap": (ops.nightly_link_swap("/b/current", "n1", None),
+                          ops.nightly_link_swap("/b/current", None, "n1")),
+    "probe_http": (ops.probe_http("http://h", "/generate", {"text": "x"}, requests=2, concurrency=1, timeout=5.0,
+                                  headers={}, warmup=1, greedy_body={"text": "x"}),
+                   ops.probe_http("http://h", "/generate", None, requests=1, concurrency=1, timeout=5.0,
+                                  headers={})),
 }
 
 

@@ -28,6 +28,7 @@ from orchestrator.cli.commands.demo import demo
 from orchestrator.cli.commands.deploy import deploy
 from orchestrator.cli.commands.history import history
 from orchestrator.cli.commands.lint import lint
+from orchestrator.cli.commands.nightly import nightly
 from orchestrator.cli.commands.rollback import rollback
 from orchestrator.cli.commands.status import status
 from orchestrator.errors import OrchError
@@ -45,7 +46,7 @@ def cli() -> None:
     """
 
 
-for command in (deploy, rollback, history, status, lint, demo):
+for command in (deploy, rollback, history, status, nightly, lint, demo):
     cli.add_command(command)
 
 

@@ -92,6 +92,12 @@ class HostFlags:
         return resolve_hosts(inv, list(self.hosts), filename=filename,
                              ssh_aliases=lambda: ssh_host_aliases(self.ssh_config))
 
+    def require(self) -> None:
+        """Fail as Click does for a missing required ``--host`` (see ``host_options``)."""
+        if not self.hosts:
+            raise click.MissingParameter(ctx=click.get_current_context(silent=True), param_type="option",
+                                         param_hint="'--host'")
+
     def variables(self) -> dict[str, Any]:
         from orchestrator.core.rendering import parse_cli_vars
 
@@ -104,23 +110,32 @@ class HostFlags:
                               ssh_config_path=self.ssh_config, break_lock=break_lock)
 
 
-def host_options(fn: F) -> F:
-    """The options of every command that talks to hosts, gathered into ``where: HostFlags``."""
-    fn = click.option("--ssh-config", "ssh_config", default=None, metavar="PATH",
-                      type=click.Path(dir_okay=False),
-                      help="ssh_config file to read instead of ~/.ssh/config.")(fn)
-    fn = click.option("--accept-new-host-key", is_flag=True,
-                      help="Add an unknown SSH host key to known_hosts (never a changed one).")(fn)
-    fn = click.option("--var", "cli_vars", multiple=True, metavar="K=V",
-                      help="Set a variable, k=v (value read as YAML); repeatable; wins over "
-                           "every other source.")(fn)
-    fn = click.option("-i", "--inventory", default=None, metavar="PATH",
-                      type=click.Path(dir_okay=False),
-                      help="Inventory file (default: ./inventory.yaml if present).")(fn)
-    fn = click.option("--host", "hosts", multiple=True, required=True, metavar="H",
-                      shell_complete=complete_hosts, help=HOST_HELP)(fn)
-    return _collect(fn, ("hosts", "inventory", "cli_vars", "ssh_config", "accept_new_host_key"),
-                    "where", HostFlags)
+def host_options(fn: F | None = None, *, required: bool = True) -> Any:
+    """The options of every command that talks to hosts, gathered into ``where: HostFlags``.
+
+    ``@host_options(required=False)``: for a command with a mode that needs no
+    host (``orch nightly --list-schedules``); it calls ``where.require()``
+    where a host is needed, which fails as a missing ``--host`` does.
+    """
+
+    def decorate(fn: F) -> F:
+        fn = click.option("--ssh-config", "ssh_config", default=None, metavar="PATH",
+                          type=click.Path(dir_okay=False),
+                          help="ssh_config file to read instead of ~/.ssh/config.")(fn)
+        fn = click.option("--accept-new-host-key", is_flag=True,
+                          help="Add an unknown SSH host key to known_hosts (never a changed one).")(fn)
+        fn = click.option("--var", "cli_vars", multiple=True, metavar="K=V",
+                          help="Set a variable, k=v (value read as YAML); repeatable; wins over "
+                               "every other source.")(fn)
+        fn = click.option("-i", "--inventory", default=None, metavar="PATH",
+                          type=click.Path(dir_okay=False),
+                          help="Inventory file (default: ./inventory.yaml if present).")(fn)
+        fn = click.option("--host", "hosts", multiple=True, required=required, metavar="H",
+                          shell_complete=complete_hosts, help=HOST_HELP)(fn)
+        return _collect(fn, ("hosts", "inventory", "cli_vars", "ssh_config", "accept_new_host_key"),
+                        "where", HostFlags)
+
+    return decorate(fn) if fn is not None else decorate
 
 
 def _collect(fn: F, names: Sequence[str], into: str, build: Callable[..., Any]) -> F:

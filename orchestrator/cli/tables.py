@@ -6,8 +6,9 @@
   labelled lines whose values wrap at word boundaries under their column,
   so nothing is broken mid-word at 80 columns.
 - Off a terminal: no box-drawing at all. ``history`` is one line per
-  release (aligned columns first, then files, flags and the error in full,
-  never cut); ``status`` is ``host label: value`` lines, like a deploy's.
+  release (aligned columns first: id, time, duration, outcome, kind,
+  playbook; then a night's source and tokens/s, files, flags and the error
+  in full, never cut); ``status`` is ``host label: value`` lines, like a deploy's.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def short_path(path: str, keep: int = 3) -> str:
 
 
 def row_style(r: HistoryRow) -> str:
-    return "bold green" if r.current else ("yellow" if "rolled back" in r.outcome else "")
+    failed = "rolled back" in r.outcome or "switched back" in r.outcome
+    return "bold green" if r.current else ("yellow" if failed else "")
+
+
+def fmt_tokens(r: HistoryRow) -> str:
+    """The probe's output tokens/s, where the release has a probe (a night)."""
+    return f"{r.tokens_per_s:.1f}" if r.tokens_per_s is not None else "-"
 
 
 # ------------------------------------------------------------------- history
@@ -65,22 +72,30 @@ def draw_history(out: Output, history: HostHistory) -> None:
 
 
 def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
-    cells = [
-        (r.id, fmt_time(r.when), r.playbook,
-         "\n".join(short_path(f) for f in r.files) or "-",
-         "\n".join(r.flag_changes) or "-",
-         r.outcome + (f"\n{r.error}" if r.error and "rolled back" in r.outcome else ""),
-         fmt_duration(r.duration))
-        for r in rows
-    ]
+    """Nights bring two columns, source and tok/s; a history of deploys only has none."""
+    nights = any(r.source or r.tokens_per_s is not None for r in rows)
+    columns = ["id", "when", "kind", "playbook", *(["source"] if nights else []), "files",
+               "flag changes", "outcome", *(["tok/s"] if nights else []), "duration"]
+    whole_columns = {"id", "when", "kind", "tok/s", "duration"}  # never wrapped at all
+    cells = []
+    for r in rows:
+        failed = "rolled back" in r.outcome or "switched back" in r.outcome
+        by_column = {
+            "id": r.id, "when": fmt_time(r.when), "kind": r.kind, "playbook": r.playbook,
+            "source": r.source or "-",
+            "files": "\n".join(short_path(f) for f in r.files) or "-",
+            "flag changes": "\n".join(r.flag_changes) or "-",
+            "outcome": r.outcome + (f"\n{r.error}" if r.error and failed else ""),
+            "tok/s": fmt_tokens(r), "duration": fmt_duration(r.duration),
+        }
+        cells.append(tuple(by_column[c] for c in columns))
     table = Table(title=f"history of {host}")
-    for i, col in enumerate(("id", "when", "playbook", "files", "flag changes", "outcome",
-                             "duration")):
-        whole = i in (0, 1, 6)  # never wrapped at all
+    for i, col in enumerate(columns):
+        whole = col in whole_columns
         longest = max((len(part) for c in cells
                        for part in (c[i].splitlines() if whole else c[i].split())), default=1)
         table.add_column(col, min_width=max(longest, len(col)), no_wrap=whole, overflow="fold",
-                         justify="right" if col == "duration" else "left")
+                         justify="right" if col in ("duration", "tok/s") else "left")
     for r, row in zip(rows, cells, strict=True):
         table.add_row(*row, style=row_style(r))
     return table
@@ -89,13 +104,17 @@ def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
 def _history_blocks(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
     out.console.print(Text(f"history of {host}", style="bold"))
     for r in rows:
-        title = Text.assemble((r.id, "bold"), "  ", fmt_time(r.when), "  ", r.playbook,
+        title = Text.assemble((r.id, "bold"), "  ", fmt_time(r.when), "  ", r.kind, " ", r.playbook,
                               "  ", fmt_duration(r.duration))
         out.console.print(title)
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
         grid.add_row("  outcome", Text(r.outcome, style=row_style(r)))
+        if r.source:
+            grid.add_row("  source", Text(r.source))
+        if r.tokens_per_s is not None:
+            grid.add_row("  probe", Text(f"{fmt_tokens(r)} tok/s"))
         if r.files:
             grid.add_row("  files", Text("\n".join(short_path(f) for f in r.files)))
         if r.flag_changes:
@@ -107,12 +126,17 @@ def _history_blocks(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
 
 def _history_lines(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
     out.line(f"history of {host} ({len(rows)} release{'s' if len(rows) != 1 else ''})")
-    cells = [(r.id, fmt_time(r.when, full=True), fmt_duration(r.duration), r.outcome, r.playbook)
+    cells = [(r.id, fmt_time(r.when, full=True), fmt_duration(r.duration), r.outcome, r.kind, r.playbook)
              for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     for r, row in zip(rows, cells, strict=True):
         text = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-        text = text if (r.files or r.flag_changes or r.error) else text.rstrip()
+        more = r.files or r.flag_changes or r.error or r.source or r.tokens_per_s is not None
+        text = text if more else text.rstrip()
+        if r.source:
+            text += "  source: " + r.source
+        if r.tokens_per_s is not None:
+            text += f"  tok/s: {fmt_tokens(r)}"
         if r.files:
             text += "  files: " + ", ".join(r.files)
         if r.flag_changes:

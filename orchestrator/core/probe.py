@@ -72,6 +72,19 @@ class ProbeConfig(_Model):
             raise ValueError("timeout must be more than 0")
         return self
 
+    def budget_seconds(self) -> float:
+        """The longest the probe can take on the host, for the watchdog's deadline.
+
+        The helper bounds every batch of ``count`` requests by ``timeout`` ×
+        (``count`` ÷ ``concurrency`` + 2), and the greedy request by ``timeout``.
+        """
+
+        def batch(count: int) -> float:
+            return self.timeout * (count // self.concurrency + 2)
+
+        first = (batch(self.warmup) if self.warmup else 0.0) + (self.timeout if self.greedy else 0.0)
+        return first + self.rounds * batch(self.requests)
+
 
 # ------------------------------------------------------------ the two APIs
 

@@ -1,13 +1,16 @@
 """Releases and what "roll back" means, as pure functions over manifests.
 
-A release is one deploy (or one rollback) recorded on the host: for every
-file it touched, the content before and after (stored beside the manifest
-as ``files/<n>.before`` / ``files/<n>.after``), and the server's command
-line before and after. The host's ``state.json`` keeps ``applied``: the
-stack of deploy releases in effect, oldest first; its top is the current
-release. ``orch rollback`` pops it (like ``cap deploy:rollback``: a second
-rollback goes one further back, it never toggles); ``--to R`` pops down to R.
-Deploys rolled back automatically are never pushed, so never current.
+A release is one deploy, one night (``orch nightly``) or one rollback
+recorded on the host: for every file it touched, the content before and
+after (stored beside the manifest as ``files/<n>.before`` /
+``files/<n>.after``), and the server's command line before and after; a
+night records instead where it pointed the ``builds_dir/current`` link and
+where that link pointed before. The host's ``state.json`` keeps
+``applied``: the stack of deploy and night releases in effect, oldest
+first; its top is the current release. ``orch rollback`` pops it (like
+``cap deploy:rollback``: a second rollback goes one further back, it never
+toggles); ``--to R`` pops down to R. Deploys and nights that failed are
+never pushed, so never current.
 """
 
 from __future__ import annotations
@@ -58,14 +61,28 @@ class FileState:
 
 
 @dataclass(frozen=True)
+class LinkState:
+    """A symlink as a restore should leave it (a night's ``current``):
+    pointing at ``target``, or absent when ``target`` is None."""
+
+    path: str
+    target: str | None
+    expect: str | None  # where orch pointed it
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"path": self.path, "target": self.target, "expect": self.expect}
+
+
+@dataclass(frozen=True)
 class TargetState:
-    """The state a rollback moves the host to: files plus the server record."""
+    """The state a rollback moves the host to: files, links, plus the server record."""
 
     undo: tuple[str, ...]  # release ids undone, newest first
     files: tuple[FileState, ...]
     server_before: dict[str, Any] | None  # the server record to restart, or None
     restart: bool
     new_applied: tuple[str, ...] = field(default_factory=tuple)
+    links: tuple[LinkState, ...] = field(default_factory=tuple)
 
 
 def file_state(release_root: str, entry: dict[str, Any], side: str) -> FileState:
@@ -107,6 +124,8 @@ def describe_release(manifest: dict[str, Any], applied: list[str]) -> str:
     is no longer in effect.
     """
     outcome = manifest.get("outcome", "?")
+    if manifest.get("kind") == "night":
+        return _describe_night(manifest, applied)
     if manifest.get("kind") == "rollback":
         if outcome == "done":
             return "undid " + ", ".join(manifest.get("undid", []))
@@ -121,6 +140,24 @@ def describe_release(manifest: dict[str, Any], applied: list[str]) -> str:
         return "deployed"
     if outcome == "rolled_back":
         return "rolled back (watchdog)" if manifest.get("restored_by") == "watchdog" else "rolled back"
+    return outcome.replace("_", " ")
+
+
+def _describe_night(manifest: dict[str, Any], applied: list[str]) -> str:
+    """A night in the same words, but for nights: ``good`` (in effect under the current
+    one), ``switched back`` (by its own run, the watchdog, or ``orch rollback``)."""
+    outcome = manifest.get("outcome", "?")
+    if outcome == "deployed":
+        if applied and manifest["id"] == applied[-1]:
+            return "current"
+        if manifest.get("undone_by"):
+            return f"undone by {manifest['undone_by']}"
+        return "good" if manifest["id"] in applied else "not in effect"
+    if outcome == "rolled_back":
+        by = manifest.get("restored_by")
+        return "switched back" + (f" ({by})" if by in ("watchdog", "rollback") else "")
+    if outcome == "rollback_failed":
+        return "switch back failed"
     return outcome.replace("_", " ")
 
 
@@ -166,6 +203,7 @@ def rollback_target(
     if missing:
         raise RefusedError(f"release {missing[0]} has been pruned from the host; cannot undo it")
     files: dict[str, FileState] = {}
+    links: dict[str, LinkState] = {}
     server_before: dict[str, Any] | None = None
     restart = False
     for rid in undo:  # newest first: older releases overwrite, the oldest wins
@@ -173,11 +211,17 @@ def rollback_target(
         root = posixpath.join(releases_dir, rid)
         for entry in manifest.get("files", []):
             files[entry["path"]] = file_state(root, entry, "before")
+        link = manifest.get("link")  # a night: builds_dir/current, before and after its switch
+        if link:
+            newest = links.get(link["path"])
+            expect = newest.expect if newest else link.get("after")  # where the newest night left it
+            links[link["path"]] = LinkState(link["path"], link.get("before"), expect)
         if manifest.get("restarted"):
             restart = True
             server_before = manifest.get("server_before")
     remaining = tuple(applied[: len(applied) - len(undo)])
-    return TargetState(tuple(undo), tuple(files.values()), server_before, restart, remaining)
+    return TargetState(tuple(undo), tuple(files.values()), server_before, restart, remaining,
+                       tuple(links.values()))
 
 
 def prune_candidates(

@@ -16,19 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.releases import FileState
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """A symlink as a restore should leave it (a night's ``current``)."""
-
-    path: str
-    target: str
-    expect: str | None  # where orch pointed it
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"path": self.path, "target": self.target, "expect": self.expect}
+from orchestrator.core.releases import FileState, LinkState
 
 
 @dataclass(frozen=True)
@@ -210,7 +198,7 @@ class RestoreRecord:
     def changed_anything(self) -> bool:
         """Whether the restore had to write or restart anything at all."""
         wrote = any(f.action in ("restored", "removed") for f in self.files)
-        relinked = any(link.get("action") == "restored" for link in self.links)
+        relinked = any(link.get("action") in ("restored", "removed") for link in self.links)
         restarted = bool(self.server and self.server.get("action") in ("restarted", "stopped"))
         return wrote or relinked or restarted
 
@@ -230,7 +218,7 @@ class RestoreRecord:
             parts.append("untouched (never written): " + ", ".join(by_action["unchanged"]))
         if by_action.get("left"):
             parts.append("changed by someone else, left as is: " + ", ".join(by_action["left"]))
-        if not self.files and not planned:
+        if not self.files and not planned and not self.links:
             parts.append("no file to restore")
         reached = {f.path for f in self.files}
         missed = [p for p in planned if p not in reached]
@@ -241,6 +229,10 @@ class RestoreRecord:
         for link in self.links:
             if link.get("action") == "restored":
                 parts.append(f"{link['path']} points at {link['target']} again")
+            elif link.get("action") == "removed":
+                parts.append(f"{link['path']} removed (there was none before)")
+            if link.get("drift"):
+                parts.append(f"drift: {link['path']} pointed at {link['drift']}, not where orch had pointed it")
         if self.server:
             parts.append(_describe_server(self.server, self.health))
         if self.error:

@@ -166,7 +166,7 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
             files = current.get("files", [])
             shas = session.run(ops.sha256([f["path"] for f in files]))
             drift = [f["path"] for f in files if shas.get(f["path"]) != f["sha256_after"]]
-        drift += night_drift(session, target.state_dir)
+        drift += night_drift(session, state)
         return HostStatus(
             host=target.name,
             current=current["id"] if current else None,

@@ -3,9 +3,9 @@
 One night on one host, as steps:
 
 1. **lock and journal** as a deploy does (``open_state``, ``refuse_unfinished``);
-   read what runs now and the last good night's manifest (nothing written);
-   refuse over drift in the current build (unless ``--force``) and, with
-   ``--frozen``, over any input that differs from the last good night;
+   read the last good night's manifest (nothing written); refuse over drift
+   in the current build (unless ``--force``) and, with ``--frozen``, over any
+   input that differs from the last good night;
 2. **build** into a fresh ``builds_dir/<UTC stamp>-<short id>/`` while the old
    night keeps serving: the pinned source (git: a mirror cache on the host,
    then exactly the commit, ``HEAD`` read back; pip: a fresh venv and
@@ -15,29 +15,38 @@ One night on one host, as steps:
    staged validation and structural check (``make_plan``,
    ``stage_and_validate``); each playbook is committed into the build (which
    nothing runs from) before the next one is planned, so it sees its result;
-4. **switch** (``nightly_switch``): stop the old server, point
-   ``builds_dir/current`` at the new build, start the server once from
-   ``current/``, health with crash detection; then **probe** it;
-5. any failure before the switch: nothing running was touched, the build is
-   removed (its log kept), exit 2. After it: switch back and start the
-   previous command line (exit 1, or 3 if that fails too).
+4. **arm**: the night's ``restore.json`` — ``builds_dir/current`` back to the
+   previous build, the previous command line started again and health-checked
+   — is written whole, and the host-side watchdog armed, before anything live
+   is touched (the restore machine of ``shell/agent.py``, as for a deploy);
+5. **switch**: mark ``server.touched``, stop the old server, point ``current``
+   at the new build (compare-and-swap on the link), start the server once
+   from ``current/``, health and stability with crash detection; **probe**;
+   then **confirm** (the watchdog leaves; the night is pushed on the host's
+   ``applied`` stack, so ``orch rollback`` switches it back);
+6. any failure before the switch: nothing running was touched, the build is
+   removed (its log kept), exit 2. After it: the restore machine runs the
+   night's ``restore.json``, and ``core.outcomes.verdict`` turns the cause,
+   the step reached and the restore's record into the outcome (exit 1, or 3
+   when the host is not known to be healthy).
 
 The manifest (``core.nightly.NightManifest``) goes into the build and into
-the controller's report; the host's records get a ``kind: night`` entry for
-``orch history``/``orch status``, and ``nightly.json`` names the current and
-previous good builds.
+the controller's report; the host's record of the night (``kind: night``)
+is what ``orch history``, ``orch status`` and ``orch rollback`` read.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core.budget import BudgetItem, deploy_budget, restore_budget, total
 from orchestrator.core.cmdline import flag_changes, render_words
 from orchestrator.core.models import Playbook
 from orchestrator.core.nightly import (
@@ -55,9 +64,23 @@ from orchestrator.core.nightly import (
     relative_to_build,
     source_changes,
 )
+from orchestrator.core.outcomes import Step, verdict
 from orchestrator.core.probe import ProbeResult
-from orchestrator.core.releases import new_release_id
-from orchestrator.core.rendering import RenderedHealth, merge_vars, render_playbook
+from orchestrator.core.releases import LinkState, new_release_id, prune_candidates
+from orchestrator.core.rendering import (
+    RenderedHealth,
+    RenderedPlaybook,
+    RenderedServer,
+    merge_vars,
+    render_playbook,
+)
+from orchestrator.core.restore import (
+    RestorePlan,
+    RestoreRecord,
+    ServerStart,
+    ServerTarget,
+    restore_spec,
+)
 from orchestrator.core.secrets import (
     redact_argv,
     redact_env,
@@ -70,19 +93,29 @@ from orchestrator.core.templating import Renderer
 from orchestrator.errors import (
     AnchorError,
     ConfigError,
-    HostUnsafeError,
     LinkLostError,
     OrchError,
     RefusedError,
     RemoteError,
 )
-from orchestrator.pipeline.deploy import open_state, refuse_unfinished, release_lock
 from orchestrator.pipeline.events import Reporter, RunLog
-from orchestrator.pipeline.nightly_switch import ServerStart, SwitchRecord, switch, switch_back
-from orchestrator.pipeline.plan import health_port, make_plan, stage_and_validate
+from orchestrator.pipeline.locking import (
+    current_release_dir,
+    open_state,
+    refuse_unfinished,
+    release_lock,
+)
+from orchestrator.pipeline.plan import (
+    health_port,
+    make_plan,
+    server_log,
+    server_pidfile,
+    stage_and_validate,
+)
 from orchestrator.pipeline.probe import run_probe
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import (
     LoadedPlaybook,
@@ -113,6 +146,7 @@ class NightResult:
     manifest: NightManifest | None = None
     last_good: NightManifest | None = None
     build_log: str = ""
+    restore: str | None = None  # what the switch back did, from the host's record
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -126,6 +160,8 @@ class NightResult:
             extra["probe"] = self.manifest.probe.get("summary")
         if self.manifest is not None:
             extra["source"] = self.manifest.source.label
+        if self.restore is not None:
+            extra["restore"] = self.restore
         return HostReport(self.host, self.outcome, self.exit_code, release=self.name,  # type: ignore[arg-type]
                           files=[f.path for f in self.manifest.files] if self.manifest else [],
                           error=self.error, notes=list(self.notes), extra=extra)
@@ -138,11 +174,13 @@ def night_name(loaded: LoadedNightly, now: datetime) -> str:
     return new_release_id(now, short)
 
 
-class PreSwitchFailure(Exception):
-    """A failure before anything live was touched: the build is removed, exit 2."""
+def at(when: float) -> str:
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC")
 
 
 def health_wire(health: RenderedHealth, *, for_restore: bool) -> dict[str, Any]:
+    """``health_wait``'s arguments; a restore checks the previous server without the
+    new night's expectations (it need not know the new flag)."""
     checks = []
     for c in health.checks:
         check: dict[str, Any] = {"method": c.method, "path": c.path, "json": c.json, "status": c.status,
@@ -152,13 +190,11 @@ def health_wire(health: RenderedHealth, *, for_restore: bool) -> dict[str, Any]:
             check["body"] = c.body
         checks.append(check)
     return {"base_url": health.base_url, "checks": checks, "timeout": health.timeout,
-            "interval": health.interval}
+            "interval": health.interval, "stable_for": health.stable_for}
 
 
 def _anchor_named(error: ConfigError, loaded: LoadedPlaybook) -> ConfigError:
     """An anchor error with the anchor's own text added, so the message names it."""
-    import re
-
     found = re.fullmatch(r"files\[(\d+)\]\.edits\[(\d+)\]\.(\w+)", error.key or "")
     if not found or not isinstance(error, AnchorError):
         return error
@@ -184,20 +220,25 @@ class Night:
     name: str
     started: float
     break_lock: bool = False
+    reached: Step = Step.PLANNING
     state_dir: str = ""
+    state: dict[str, Any] = field(default_factory=dict)
     builds_dir: str = ""
     build_dir: str = ""
     log_path: str = ""
+    repo: str = ""
     variables: dict[str, Any] = field(default_factory=dict)
     stack_vars: dict[str, Any] = field(default_factory=dict)
     secret_list: list[str] = field(default_factory=list)
+    rendered: RenderedPlaybook | None = None
     last_good: NightManifest | None = None
-    previous_build: str | None = None
-    prepared: bool = False
-    switch_begun: bool = False
     manifest: NightManifest | None = None
-    repo: str = ""
+    deadline: float = 0.0
+    running: dict[str, Any] | None = None  # the server found just before arming
+    last_started: dict[str, Any] | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
+    prepared: bool = False
+    previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
     resolved_source: SourceRecord | None = None
     install_argvs: list[list[str]] = field(default_factory=list)
@@ -215,6 +256,38 @@ class Night:
     @property
     def spec(self) -> Any:
         return self.loaded.model
+
+    @property
+    def release_dir(self) -> str:
+        return f"{self.state_dir}/releases/{self.name}"
+
+    @property
+    def link(self) -> str:
+        return f"{self.builds_dir}/current"
+
+    @property
+    def server(self) -> RenderedServer:
+        assert self.rendered is not None and self.rendered.server is not None
+        return self.rendered.server
+
+    @property
+    def health(self) -> RenderedHealth:
+        assert self.rendered is not None and self.rendered.health is not None
+        return self.rendered.health
+
+    @property
+    def pidfile(self) -> str:
+        assert self.rendered is not None
+        return server_pidfile(self.target, self.rendered)
+
+    @property
+    def server_log(self) -> str:
+        assert self.rendered is not None
+        return server_log(self.target, self.rendered)
+
+    @property
+    def port(self) -> int | None:
+        return health_port(self.health.base_url)
 
     def _redact(self, text: str) -> str:
         return redact_text(text, self.secret_list)
@@ -245,13 +318,13 @@ class Night:
         return value
 
     def resolve_vars(self) -> None:
-        """``builds_dir``, ``build`` and the spec's vars, rendered for this host."""
+        """``builds_dir``, ``build`` and the spec's vars, rendered for this host; then the server."""
         spec = self.spec
         builtins = {"python": spec.server.python or "python3"}
         base = merge_vars({}, self.target.vars, self.cli_vars, builtins)
         builds_dir = str(self.render_value(spec.builds_dir, ("builds_dir",), base)).rstrip("/")
-        if builds_dir.startswith("~"):
-            builds_dir = str(self.session.agent.info.get("home", "~")) + builds_dir[1:] if self.session.agent else builds_dir
+        if builds_dir.startswith("~") and self.session.agent is not None:
+            builds_dir = str(self.session.agent.info.get("home", "~")) + builds_dir[1:]
         if not builds_dir.startswith("/"):
             raise ConfigError(f"renders to {builds_dir!r}, not an absolute path",
                               **spec.locations.where(("builds_dir",)))
@@ -266,55 +339,42 @@ class Night:
             self.repo = str(self.render_value(spec.source.git.repo, ("source", "git", "repo"), self.variables))
         names = secret_names(self.variables, spec.secrets)
         self.secret_list = [str(v) for v in secret_values(self.variables, names)]
+        pb = Playbook(name=spec.name, secrets=spec.secrets, server=spec.server, health=spec.health)
+        self.rendered = render_playbook(pb, spec.locations, self.variables, self.renderer())
 
     # --------------------------------------------------------------- the steps
 
     def run(self) -> NightResult:
-        self.state_dir, state = open_state(self.session, f"nightly {self.loaded.display}", self.break_lock,
-                                           self.reporter)
+        self.state_dir, self.state = open_state(self.session, f"nightly {self.loaded.display}",
+                                                self.break_lock, self.reporter)
         try:
-            refuse_unfinished(self.label, state["journal"])
+            refuse_unfinished(self.label, self.state["journal"])
             self.resolve_vars()
-            server, health = self.render_server()
-            running = self.read_host(server, health)
+            self.read_host()
             try:
                 self.build()
                 self.patch()
-            except (OrchError, RemoteError, KeyboardInterrupt) as e:
-                return self.abandon(e)
-            return self.switch_and_probe(server, health, running)
+                previous = self.previous_server()
+                self.arm(previous)
+            except (OrchError, KeyboardInterrupt) as cause:
+                return self.abandon(cause)
+            try:
+                self.switch()
+                probe = self.probe()
+                return self.confirm(probe)
+            except (OrchError, KeyboardInterrupt) as cause:
+                return self.fail(cause)
         finally:
-            if self.session.agent is not None and self.session.agent._proc is not None:
-                release_lock(self.session, self.state_dir)
+            release_lock(self.session, self.state_dir)
 
-    def render_server(self) -> tuple[Any, RenderedHealth]:
-        spec = self.spec
-        pb = Playbook(name=spec.name, secrets=spec.secrets, server=spec.server, health=spec.health)
-        rendered = render_playbook(pb, spec.locations, self.variables, self.renderer())
-        assert rendered.server is not None and rendered.health is not None
-        return rendered.server, rendered.health
-
-    def server_files(self, server: Any) -> tuple[str, str]:
-        pidfile = server.pidfile or f"{self.state_dir}/server.pid"
-        log = server.log or f"{self.state_dir}/server.log"
-        return pidfile, log
-
-    def read_host(self, server: Any, health: RenderedHealth) -> dict[str, Any] | None:
-        """What runs, the last good night, drift and ``--frozen``: read only, nothing written."""
-        pidfile, _ = self.server_files(server)
-        port = health_port(health.base_url)
-        got = self.session.call("batch", steps=[
-            {"op": "get_json", "args": {"path": f"{self.builds_dir}/current/manifest.json"}},
-            {"op": "get_json", "args": {"path": f"{self.state_dir}/nightly.json"}},
-            {"op": "server_find", "args": {"pidfile": pidfile, "port": port}},
-        ])
-        if got[0]:
-            self.last_good = NightManifest.model_validate(got[0])
-        nightly = got[1] or {}
-        self.previous_build = nightly.get("current") if nightly.get("builds_dir") == self.builds_dir else None
+    def read_host(self) -> None:
+        """The last good night, drift and ``--frozen``: read only, nothing written."""
+        data = self.session.run(ops.get_json(f"{self.link}/manifest.json"))
+        if data:
+            self.last_good = NightManifest.model_validate(data)
         if self.last_good and self.last_good.files:
-            paths = [f"{self.builds_dir}/current/{f.path}" for f in self.last_good.files]
-            shas = self.session.call("sha256", paths=paths)
+            paths = [f"{self.link}/{f.path}" for f in self.last_good.files]
+            shas = self.session.run(ops.sha256(paths))
             drift = [f.path for f, p in zip(self.last_good.files, paths, strict=True)
                      if shas.get(p) != f.sha256_after]
             if drift and not self.options.force:
@@ -326,16 +386,15 @@ class Night:
             for path in drift:
                 self.reporter.warn(self.label, f"drift in the current build: {path} (--force: building anyway)")
         if self.options.frozen:
-            self.refuse_unless_frozen(server)
-        return got[2]
+            self.refuse_unless_frozen()
 
-    def refuse_unless_frozen(self, server: Any) -> None:
+    def refuse_unless_frozen(self) -> None:
         """Inputs, source and the server's command line as the last good night had them, or refuse."""
         if self.last_good is None:
             raise RefusedError(f"{self.label}: --frozen: no last good night on this host to compare with")
         changes = input_changes(self.last_good.inputs, self.loaded.inputs)
         changes += source_changes(self.last_good.source, self.source_record())
-        argv = redact_argv(relative_to_build(server.desired_argv() or [], self.build_dir), self.secret_list)
+        argv = redact_argv(relative_to_build(self.server.desired_argv() or [], self.build_dir), self.secret_list)
         changes += [Change("server", f"flag {c}") for c in flag_changes(self.last_good.server.argv, argv)]
         if changes:
             raise RefusedError(f"{self.label}: --frozen: inputs differ from night {self.last_good.build}: "
@@ -349,85 +408,58 @@ class Night:
         return SourceRecord(kind="pip", packages=packages or [
             PackageRecord(name=p.name, version=p.version, hashes=list(p.hashes)) for p in pins])
 
-    def journal(self, step: str, finished: bool = False) -> dict[str, Any]:
-        return {"op": "put_json", "args": {"path": f"{self.state_dir}/journal.json", "value": {
-            "release": self.name, "kind": "night", "playbook": self.spec.name, "step": step,
-            "finished": finished, "time": time.time(), "controller": lock_holder("nightly"),
-            "builds_dir": self.builds_dir, "previous_build": self.previous_build,
-            "switch_record": self.switch_record_path}}}
-
-    @property
-    def release_dir(self) -> str:
-        return f"{self.state_dir}/releases/{self.name}"
-
-    @property
-    def switch_record_path(self) -> str:
-        return f"{self.release_dir}/switch.json"
-
-    def record(self) -> dict[str, Any]:
-        """The host's record of this night, for ``orch history`` and ``orch status``."""
-        spec = self.spec
-        return {
-            "id": self.name, "kind": "night", "host": self.label,
-            "playbook": {"name": spec.name, "path": str(self.loaded.path), "sha256": self.loaded.sha256},
-            "build": self.name, "builds_dir": self.builds_dir, "build_dir": self.build_dir,
-            "source": self.source_record().model_dump(), "files": [], "flag_changes": [],
-            "restarted": False, "probe": None, "orch_version": __version__,
-            "controller": lock_holder("nightly"), "created": self.started, "outcome": "in_progress",
-        }
+    # ------------------------------------------------ build and patch: nothing live
 
     def build(self) -> None:
-        got = self.session.call("batch", steps=[
-            {"op": "nightly_prepare", "args": {"builds_dir": self.builds_dir, "build": self.name}},
-            {"op": "release_create", "args": {"state_dir": self.state_dir, "release_id": self.name,
-                                              "manifest": self.record(), "files": []}},
+        prepared, _, _ = self.session.batch([
+            ops.nightly_prepare(self.builds_dir, self.name),
+            ops.release_create(self.state_dir, self.name, self.record(), []),
             self.journal("building"),
         ])
         self.prepared = True
-        current = got[0]["current"]
-        if current != self.previous_build:
-            self.previous_build = current
-        self.existing_builds = list(got[0]["builds"])
+        self.previous_build = prepared.current
+        self.existing_builds = list(prepared.builds)
         self.reporter.step(self.label, f"building {self.build_dir} (log {self.log_path})")
         source = self.spec.source
         if source.git is not None:
-            self.session.call("nightly_fetch_git", repo=self.repo, commit=source.git.commit,
-                              builds_dir=self.builds_dir, build=self.name, log=self.log_path,
-                              on_event=self._events())
+            self.session.run(ops.nightly_fetch_git(self.repo, source.git.commit, self.builds_dir, self.name,
+                                                   self.log_path), on_event=self._events())
             self.resolved_source = self.source_record()
             self.reporter.step(self.label, f"checked out {source.git.commit} (HEAD verified)")
         else:
-            pip = source.pip
-            assert pip is not None and self.loaded.requirements is not None
-            args: list[str] = ["--no-index"] if pip.no_index else []
-            for i, link in enumerate(pip.find_links):
-                args += ["--find-links", str(self.render_value(link, ("source", "pip", "find_links", i),
-                                                               self.variables))]
-            if pip.index_url:
-                args += ["--index-url", str(self.render_value(pip.index_url, ("source", "pip", "index_url"),
-                                                              self.variables))]
-            got = self.session.call("nightly_pip", builds_dir=self.builds_dir, build=self.name,
-                                    requirements=self.loaded.requirements.text, python=pip.python,
-                                    pip_args=args, log=self.log_path, on_event=self._events())
-            installed = {canonical_name(p["name"]): p["version"] for p in got["packages"]}
-            for pin in self.loaded.requirements.pins:
-                if installed.get(canonical_name(pin.name)) != pin.version:
-                    raise RemoteError(f"{pin.name}=={pin.version} is not what the venv has "
-                                      f"({installed.get(canonical_name(pin.name), 'missing')})")
-            self.resolved_source = self.source_record()
-            self.reporter.step(self.label, f"installed {len(self.loaded.requirements.pins)} pinned package(s) "
-                                           "with --require-hashes")
+            self.install_pinned()
         self.install_argvs = []
         steps = []
         for i, command in enumerate(self.spec.install):
             argv = render_words(command, self.variables, self.renderer(),
                                 **self.spec.locations.where(("install", i)))
             self.install_argvs.append(argv)
-            steps.append({"op": "nightly_run", "args": {"argv": argv, "cwd": self.build_dir,
-                                                        "log": self.log_path}})
+            steps.append(ops.nightly_run(argv, self.build_dir, self.log_path))
         if steps:
             self.reporter.step(self.label, f"install: {len(steps)} command(s) in {self.build_dir}")
-            self.session.call("batch", steps=steps, on_event=self._events())
+            self.session.batch(steps, on_event=self._events())
+
+    def install_pinned(self) -> None:
+        """A pip source: a fresh venv, ``--require-hashes``, and the versions checked against the pins."""
+        pip = self.spec.source.pip
+        requirements = self.loaded.requirements
+        assert pip is not None and requirements is not None
+        args: list[str] = ["--no-index"] if pip.no_index else []
+        for i, link in enumerate(pip.find_links):
+            args += ["--find-links", str(self.render_value(link, ("source", "pip", "find_links", i),
+                                                           self.variables))]
+        if pip.index_url:
+            args += ["--index-url", str(self.render_value(pip.index_url, ("source", "pip", "index_url"),
+                                                          self.variables))]
+        got = self.session.run(ops.nightly_pip(self.builds_dir, self.name, requirements.text, pip.python,
+                                               args, self.log_path), on_event=self._events())
+        installed = {canonical_name(p["name"]): p["version"] for p in got["packages"]}
+        for pin in requirements.pins:
+            if installed.get(canonical_name(pin.name)) != pin.version:
+                raise RemoteError(f"{pin.name}=={pin.version} is not what the venv has "
+                                  f"({installed.get(canonical_name(pin.name), 'missing')})")
+        self.resolved_source = self.source_record()
+        self.reporter.step(self.label, f"installed {len(requirements.pins)} pinned package(s) with --require-hashes")
 
     def patch(self) -> None:
         """The stack, in order, each playbook committed into the build before the next is planned."""
@@ -455,12 +487,298 @@ class Night:
             self.reporter.plan(self.label, plan)
             staged = stage_and_validate(self.session, plan, keep=True)
             if staged:
-                wire = [{"path": s.file.path, "staged": s.staged, "sha256": s.file.new_sha256} for s in staged]
-                self.session.call("commit", files=wire)
+                # Into the new build, which nothing runs from: no release to mark, nothing to restore.
+                wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
+                         "after": s.file.new_sha256} for s in staged]
+                self.session.run(ops.commit(wire, None))
             self.stack_records.append(StackRecord(playbook=entry, sha256=loaded.sha256, files=records))
             changed = sum(1 for f in plan.files if f.changed)
             self.reporter.step(self.label, f"stack[{i}] {entry}: {changed} file(s) patched and validated")
         self.file_records = [FileRecord(path=p, sha256_before=firsts[p], sha256_after=lasts[p]) for p in firsts]
+
+    def abandon(self, cause: BaseException) -> NightResult:
+        """A failure before the switch: remove the half-built build, keep its log; nothing live was touched."""
+        v = verdict(cause, self.reached)
+        if isinstance(cause, KeyboardInterrupt):
+            reason = "interrupted (Ctrl-C) before the switch; nothing live was touched"
+        else:
+            reason = self._redact(str(cause))
+            if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
+                self.reporter.server_log(self.label, "build output (last lines)", cause.details["log_tail"])
+        self.reporter.warn(self.label, f"night failed before the switch: {reason}")
+        if not self.prepared:  # nothing was made on the host
+            return self.result(v.outcome, v.exit_code, reason)
+        result = self.result(v.outcome, v.exit_code, reason)
+        result.build_log = self.read_log()
+        with contextlib.suppress(OrchError):
+            self.session.batch([
+                ops.nightly_remove_build(self.builds_dir, self.name),
+                ops.release_update(self.state_dir, self.name, {"outcome": "failed", "error": reason,
+                                                                "finished": time.time()}),
+                self.journal("failed", finished=True),
+                self.log_op(f"failed before the switch: {reason}"),
+            ])
+            self.reporter.step(self.label, f"removed the half-built {self.build_dir}; nothing running was touched")
+        return result
+
+    # ------------------------------------------------ arm, switch, probe, confirm
+
+    def previous_server(self) -> ServerStart | None:
+        """What runs now, read again just before the switch (a build takes a while):
+        the process's own argv, cwd and environment — or, when nothing runs, the
+        command line the current release started. The switch back starts it."""
+        steps = [ops.server_find(self.pidfile, self.port)]
+        current = current_release_dir(self.state)
+        if current:
+            steps.append(ops.get_json(f"{current}/restore.json"))
+        got = self.session.batch(steps)
+        self.running = got[0]
+        started = (got[1] or {}).get("started") if len(got) > 1 else None
+        self.last_started = started if started and started.get("argv") else None
+        if self.running and self.running.get("argv"):
+            r = self.running
+            return ServerStart(list(r["argv"]), r.get("cwd"), dict(r.get("env") or {}), True)
+        if self.last_started:
+            s = self.last_started
+            return ServerStart(list(s["argv"]), s.get("cwd"), dict(s.get("env") or {}),
+                               bool(s.get("replace_env", True)))
+        return None
+
+    def new_start(self) -> ServerStart:
+        server = self.server
+        return ServerStart(server.desired_argv() or [], server.workdir, dict(server.env), False)
+
+    def restore_plan(self, previous: ServerStart | None) -> RestorePlan:
+        """What the watchdog, this run's own failure path, or ``orch rollback`` restores:
+        ``current`` back where it pointed, the previous command line, its health."""
+        running = self.running or {}
+        server = ServerTarget(
+            manager="process", start=previous, pidfile=self.pidfile, log=self.server_log, port=self.port,
+            stop_timeout=self.server.stop_timeout, free_timeout=self.server.free_timeout,
+            before_pid=running.get("pid"), before_starttime=running.get("starttime"),
+        )
+        return RestorePlan(
+            links=[LinkState(self.link, self.previous_build, self.name)], server=server,
+            health=health_wire(self.health, for_restore=True) if previous is not None else None,
+        )
+
+    def arm(self, previous: ServerStart | None) -> None:
+        """The night's restore plan, complete, and the watchdog — before anything live is touched."""
+        new_start = self.new_start()
+        self.manifest = self.make_manifest(new_start)
+        spec = self.spec
+        extra = [BudgetItem("probe", spec.probe.budget_seconds(), "probe.timeout × batches")] if spec.probe else []
+        self.deadline = time.time() + total(deploy_budget(spec.server, spec.health, extra))
+        restore = restore_spec(self.name, "night", self.restore_plan(previous), deadline=self.deadline,
+                               started=new_start.to_wire())
+        self.session.batch([
+            ops.release_update(self.state_dir, self.name, self.switch_record(previous, new_start)),
+            ops.put_json(f"{self.release_dir}/restore.json", restore),
+            self.journal("armed"),
+            ops.release_arm(self.state_dir, self.release_dir),
+        ])
+        self.reached = Step.ARMED
+        self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
+                                       "the night is confirmed")
+
+    def switch(self) -> None:
+        """Stop the old server, point ``current`` at the new build, start once, health and stability."""
+        new_start = self.new_start()
+        steps = [self.journal("switching"), ops.mark(f"{self.release_dir}/server.touched")]
+        running = self.running
+        if running and running.get("pid"):
+            steps.append(ops.server_stop(running["pid"], running.get("pgid"), self.server.stop_timeout,
+                                         self.port, self.server.free_timeout))
+        steps += [
+            ops.nightly_link_swap(self.link, self.name, self.previous_build),
+            ops.server_start(new_start.argv, new_start.cwd, new_start.env, self.server_log, self.pidfile,
+                             new_start.replace_env),
+            ops.health_wait(health_wire(self.health, for_restore=False), pid="started"),
+        ]
+        shown = " ".join(redact_argv(new_start.argv, self.secret_list))
+        stop = f"stop the old server (pid {running['pid']}), " if running and running.get("pid") else ""
+        self.reporter.step(self.label, f"switching: {stop}current -> {self.name}, start {shown}")
+        self.reached = Step.RESTARTING
+        got = self.session.batch(steps, on_event=self._events())[-1]
+        stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
+        self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
+
+    def probe(self) -> ProbeResult | None:
+        config = self.spec.probe
+        if config is None:
+            return None
+        self.session.run(self.journal("probing"))
+        body = self.render_value(config.json_, ("probe", "json"), self.variables)
+        headers = {k: str(self.render_value(v, ("probe", "headers", k), self.variables))
+                   for k, v in config.headers.items()}
+        result = run_probe(self.session, self.health.base_url, config, body, headers, self._events())
+        summary = result.summary()
+        if sum(r.ok for r in result.rounds) == 0:
+            first = next((r.first_error for r in result.rounds if r.first_error), "?")
+            raise RemoteError(f"probe: no request to {config.post} succeeded (first error: {first})")
+        tps = summary.get("output_tokens_per_s")
+        self.reporter.step(self.label, (
+            f"probe {config.post}: {summary['requests_per_s']} req/s, "
+            f"{tps if tps is not None else '?'} tok/s, p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, "
+            f"{summary['errors']} error(s), greedy {str(result.greedy_sha256)[:12]}"))
+        return result
+
+    def confirm(self, probe: ProbeResult | None) -> NightResult:
+        """Claim the night as confirmed (the watchdog leaves), push it on ``applied``, prune."""
+        assert self.manifest is not None
+        self.reached = Step.CONFIRMING
+        finished = time.time()
+        self.manifest = self.manifest.model_copy(update={
+            "finished": finished, "probe": probe.to_json() if probe else None})
+        applied = list(self.state["state"].get("applied", [])) + [self.name]
+        releases = [r["id"] for r in self.state.get("releases", [])] + [self.name]
+        prune_releases = prune_candidates(releases, applied, self.target.keep_releases)
+        prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
+                                       self.spec.keep_builds)
+        answer = self.session.run(ops.confirm_release(self.release_dir, [
+            ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
+            ops.release_update(self.state_dir, self.name, {
+                "outcome": "deployed", "probe": probe.to_json() if probe else None, "finished": finished,
+                "duration": round(finished - self.started, 3)}),
+            ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
+            self.journal("confirmed", finished=True),
+            ops.nightly_prune(self.builds_dir, prune_builds),
+            ops.release_prune(self.state_dir, prune_releases),
+            self.log_op(f"night {self.name} is current"),
+            ops.lock_release(self.state_dir),
+        ]))
+        if not answer.confirmed:
+            why = "the watchdog's deadline passed before the night could confirm"
+            if answer.restored is None:
+                return self.result("rollback_failed", 3, (
+                    f"{self.label}: {why}; the watchdog is switching night {self.name} back but left no record; "
+                    f"run `orch status --host {self.label}`"))
+            return self.restored(RemoteError(why), why, answer.restored)
+        removed = answer.results[4]
+        if removed:
+            self.reporter.step(self.label, f"pruned {len(removed)} old build(s): {', '.join(removed)}")
+        self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
+        result = self.result("changed", 0)
+        result.build_log = self.read_log()
+        return result
+
+    # ---------------------------------------------------------------- failure
+
+    def fail(self, cause: BaseException) -> NightResult:
+        """A failure once armed: the restore machine runs the night's plan, then the verdict."""
+        if isinstance(cause, KeyboardInterrupt):
+            reason = "interrupted (Ctrl-C)"
+        else:
+            reason = self._redact(str(cause))
+            if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
+                self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
+        if isinstance(cause, LinkLostError):
+            v = verdict(cause, self.reached)
+            reason += (f" during night {self.name}; the host-side watchdog switches it back by itself at "
+                       f"{at(self.deadline)} unless it was confirmed; run `orch status --host {self.label}` to "
+                       f"see, or `orch rollback --host {self.label}` to switch back now")
+            return self.result(v.outcome, v.exit_code, reason)
+        switched = self.reached >= Step.RESTARTING
+        self.reporter.warn(self.label, f"night failed: {reason}; " + (
+            "switching back" if switched else "closing the release (nothing live was touched)"))
+        spec = self.spec
+        until = time.time() + total(restore_budget(spec.server, spec.health))
+        try:
+            record: RestoreRecord = self.session.run(
+                ops.restore_release(self.release_dir, "controller", until=until, reason=reason),
+                on_event=self._events())
+        except LinkLostError as e:
+            v = verdict(e, self.reached)
+            return self.result(v.outcome, v.exit_code, (
+                f"{reason}; {e}: the switch back of night {self.name} was under way on the host when the link "
+                f"dropped: the host finishes it by itself, and the watchdog backs it up at {at(until)}; run "
+                f"`orch status --host {self.label}` to see"))
+        except KeyboardInterrupt:
+            return self.result("rollback_failed", 3, (
+                f"{self.label}: interrupted again during the switch back of night {self.name}: orch stopped "
+                f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
+                f"{at(until)}; or run `orch rollback --host {self.label}` now"))
+        except OrchError as e:
+            return self.result("rollback_failed", 3, (
+                f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {e}. "
+                f"The watchdog switches back at {at(until)}; run `orch status --host {self.label}`"))
+        return self.restored(cause, reason, record)
+
+    def restored(self, cause: BaseException, reason: str, record: RestoreRecord) -> NightResult:
+        """The night's result from what the host recorded of its switch back."""
+        v = verdict(cause, self.reached, record)
+        done = record.describe()
+        if record.log_tail:
+            self.reporter.server_log(self.label, "server log, switch back (last 40 lines)", record.log_tail)
+        for problem in record.record_errors:
+            self.reporter.warn(self.label, f"the host could not record the switch back: {problem}")
+        never_switched = v.outcome == "failed"
+        if record.ok and v.outcome == "rolled_back":
+            who = "" if record.by == "controller" else f" (by the {record.by})"
+            self.reporter.step(self.label, f"switched back{who}: {done}")
+        elif record.ok:
+            self.reporter.step(self.label, f"night {self.name} closed: nothing live was touched")
+        else:
+            reason = (f"{reason}; and the SWITCH BACK FAILED: {done}. The host is not known to be healthy; its "
+                      f"restore plan is {self.release_dir}/restore.json; fix the cause and run "
+                      f"`orch rollback --host {self.label}`")
+        finished = time.time()
+        steps = [ops.release_update(self.state_dir, self.name, {
+                     "finished": finished, "duration": round(finished - self.started, 3),
+                     **({"outcome": "failed"} if never_switched else {})}),
+                 self.log_op(f"switch back: {done}")]
+        if never_switched:
+            steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))
+        result = self.result(v.outcome, v.exit_code, reason)
+        result.restore = done
+        result.build_log = self.read_log()
+        with contextlib.suppress(OrchError):
+            self.session.batch(steps)
+        return result
+
+    # ---------------------------------------------------------------- records
+
+    def record(self) -> dict[str, Any]:
+        """The host's record of this night, for ``orch history``, ``orch status`` and ``orch rollback``.
+
+        ``files`` stays empty: a night's patched files live in its own build,
+        which a rollback never rewrites (it switches ``current``, see ``link``).
+        """
+        spec = self.spec
+        return {
+            "id": self.name, "kind": "night", "host": self.label,
+            "playbook": {"name": spec.name, "path": str(self.loaded.path), "sha256": self.loaded.sha256},
+            "build": self.name, "builds_dir": self.builds_dir, "build_dir": self.build_dir,
+            "source": self.source_record().model_dump(), "files": [], "flag_changes": [],
+            "restarted": False, "probe": None, "orch_version": __version__,
+            "controller": lock_holder("nightly"), "created": self.started, "outcome": "in_progress",
+        }
+
+    def switch_record(self, previous: ServerStart | None, new_start: ServerStart) -> dict[str, Any]:
+        """What the night's record adds once it is armed (secrets masked: a record for people;
+        what a restore runs is in ``restore.json``)."""
+        health = health_wire(self.health, for_restore=True)
+        for check in health["checks"]:
+            check["headers"] = {k: self._redact(str(v)) for k, v in check["headers"].items()}
+        before = redact_argv(previous.argv, self.secret_list) if previous else None
+        after = redact_argv(new_start.argv, self.secret_list)
+        # Flags compare with the command line the current release asked for, not with the
+        # process's argv: an interpreter found through a shim (pyenv) shows its real path there.
+        asked = self.last_started["argv"] if self.last_started else (previous.argv if previous else None)
+        changes = flag_changes(redact_argv(asked, self.secret_list), after) if asked else []
+        return {
+            "link": {"path": self.link, "before": self.previous_build, "after": self.name},
+            "restarted": True,
+            "patched": [f.model_dump() for f in self.file_records],
+            "server_spec": {"manager": "process", "pidfile": self.pidfile, "log": self.server_log,
+                            "port": self.port, "stop_timeout": self.server.stop_timeout},
+            "health": health,
+            "server_before": ({"argv": before, "cwd": previous.cwd, "env": redact_env(previous.env)}
+                              if previous else None),
+            "server_after": {"argv": after, "cwd": new_start.cwd, "env": redact_env(new_start.env)},
+            "flag_changes": changes,
+            "watchdog_deadline": self.deadline,
+        }
 
     def make_manifest(self, start: ServerStart) -> NightManifest:
         rel = self.build_dir
@@ -477,180 +795,24 @@ class Night:
             build=self.name, started=self.started,
         )
 
-    def abandon(self, error: BaseException) -> NightResult:
-        """A failure before the switch: remove the half-built build, keep its log, exit 2."""
-        if isinstance(error, KeyboardInterrupt):
-            reason, code = "interrupted (Ctrl-C) before the switch; nothing live was touched", 1
-        else:
-            reason, code = str(error), 2
-            if isinstance(error, RemoteStepError) and error.details.get("log_tail"):
-                self.reporter.server_log(self.label, "build output (last lines)", error.details["log_tail"])
-        self.reporter.warn(self.label, f"night failed before the switch: {reason}")
-        if not self.prepared:  # nothing was made on the host
-            return self.result("failed", code, reason)
-        with contextlib.suppress(Exception):
-            self.session.call("batch", steps=[
-                {"op": "nightly_remove_build", "args": {"builds_dir": self.builds_dir, "build": self.name}},
-                {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.name,
-                                                  "fields": {"outcome": "failed", "error": self._redact(reason),
-                                                             "finished": time.time()}}},
-                self.journal("failed", True),
-                self.log_step(f"failed before the switch: {reason}"),
-            ])
-            self.reporter.step(self.label, f"removed the half-built {self.build_dir}; nothing running was touched")
-        result = self.result("failed", code, reason)
-        result.build_log = self.read_log()
-        return result
+    def journal(self, step: str, *, finished: bool = False) -> ops.Op:
+        return ops.put_json(f"{self.state_dir}/journal.json", {
+            "release": self.name, "kind": "night", "playbook": self.spec.name, "step": step,
+            "finished": finished, "time": time.time(), "controller": lock_holder("nightly"),
+            "builds_dir": self.builds_dir, "previous_build": self.previous_build})
 
-    def log_step(self, last: str) -> dict[str, Any]:
+    def log_op(self, last: str) -> ops.Op:
+        """The op that writes this run's log into the release (secrets redacted)."""
         text = self.reporter.text() + f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
-        return {"op": "release_log", "args": {"state_dir": self.state_dir, "release_id": self.name,
-                                              "text": self._redact(text)}}
+        return ops.release_log(self.state_dir, self.name, self._redact(text))
 
     def read_log(self) -> str:
-        with contextlib.suppress(Exception):
-            info = self.session.call("read", paths=[self.log_path])[0]
+        """The build's own log, to keep beside the report (best effort)."""
+        with contextlib.suppress(OrchError):
+            info = self.session.run(ops.read([self.log_path]))[0]
             if info.get("exists"):
                 return self._redact(base64.b64decode(info.get("data") or "").decode("utf-8", "replace"))
         return ""
-
-    def switch_and_probe(self, server: Any, health: RenderedHealth, running: dict[str, Any] | None) -> NightResult:
-        pidfile, log = self.server_files(server)
-        new_start = ServerStart(server.desired_argv() or [], server.workdir, dict(server.env), False)
-        previous_start = None
-        if running is not None and running.get("argv"):
-            previous_start = ServerStart(running["argv"], running.get("cwd"), running.get("env"), True)
-        elif self.previous_build:
-            nightly = self.session.call("get_json", path=f"{self.state_dir}/nightly.json") or {}
-            previous_start = ServerStart.from_wire(nightly.get("start"))
-        record = SwitchRecord(
-            link=f"{self.builds_dir}/current", new_build=self.name, previous_build=self.previous_build,
-            new_start=new_start, previous_start=previous_start,
-            previous_pid=running.get("pid") if running else None,
-            previous_pgid=running.get("pgid") if running else None,
-            pidfile=pidfile, log=log, port=health_port(health.base_url), stop_timeout=server.stop_timeout,
-            health=health_wire(health, for_restore=False), restore_health=health_wire(health, for_restore=True),
-        )
-        self.manifest = self.make_manifest(new_start)
-        server_spec = {"manager": "process", "pidfile": pidfile, "log": log, "port": record.port,
-                       "stop_timeout": server.stop_timeout}
-        self.session.call("batch", steps=[
-            {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.name, "fields": {
-                "server_spec": server_spec, "health": record.restore_health,
-                "files": [{"path": f"{self.build_dir}/{f.path}", "sha256_before": f.sha256_before,
-                           "sha256_after": f.sha256_after} for f in self.file_records],
-                "previous_build": self.previous_build,
-                "server_after": {"argv": self.manifest.server.argv}}}},
-            self.journal("switching"),
-        ])
-        shown = " ".join(redact_argv(new_start.argv, self.secret_list))
-        self.reporter.step(self.label, f"switching: stop the old server, current -> {self.name}, start {shown}")
-        try:
-            self.switch_begun = True
-            got = switch(self.session, record, self.switch_record_path, self._events())
-            self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls)")
-            probe = self.probe(health)
-            return self.confirm(record, probe)
-        except KeyboardInterrupt:
-            return self.back("interrupted (Ctrl-C)")
-        except LinkLostError as e:
-            raise HostUnsafeError(
-                f"{self.label}: {e} during the switch to {self.name}. The host may be serving the new build or "
-                f"nothing; its switch record is {self.switch_record_path}. Run `orch status --host {self.label}`"
-            ) from None
-        except (RemoteError, OrchError) as e:
-            if isinstance(e, RemoteStepError) and e.details.get("log_tail"):
-                self.reporter.server_log(self.label, "server log (last 40 lines)", e.details["log_tail"])
-            return self.back(str(e))
-
-    def probe(self, health: RenderedHealth) -> ProbeResult | None:
-        config = self.spec.probe
-        if config is None:
-            return None
-        body = self.render_value(config.json_, ("probe", "json"), self.variables)
-        headers = {k: str(self.render_value(v, ("probe", "headers", k), self.variables))
-                   for k, v in config.headers.items()}
-        result = run_probe(self.session, health.base_url, config, body, headers, self._events())
-        summary = result.summary()
-        ok = sum(r.ok for r in result.rounds)
-        if ok == 0:
-            first = next((r.first_error for r in result.rounds if r.first_error), "?")
-            raise RemoteError(f"probe: no request to {config.post} succeeded (first error: {first})")
-        tps = summary.get("output_tokens_per_s")
-        self.reporter.step(self.label, (
-            f"probe {config.post}: {summary['requests_per_s']} req/s, "
-            f"{tps if tps is not None else '?'} tok/s, p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, "
-            f"{summary['errors']} error(s), greedy {str(result.greedy_sha256)[:12]}"))
-        return result
-
-    def confirm(self, record: SwitchRecord, probe: ProbeResult | None) -> NightResult:
-        assert self.manifest is not None
-        finished = time.time()
-        self.manifest = self.manifest.model_copy(update={
-            "finished": finished, "probe": probe.to_json() if probe else None})
-        builds = [*self.existing_builds, self.name]
-        prune = builds_to_prune(builds, self.name, self.previous_build, self.spec.keep_builds)
-        results = self.session.call("batch", steps=[
-            {"op": "put_json", "args": {"path": f"{self.build_dir}/manifest.json",
-                                        "value": self.manifest.model_dump()}},
-            {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.name, "fields": {
-                "outcome": "good", "probe": probe.to_json() if probe else None, "finished": finished,
-                "duration": round(finished - self.started, 3)}}},
-            {"op": "put_json", "args": {"path": f"{self.state_dir}/nightly.json", "value": {
-                "builds_dir": self.builds_dir, "current": self.name, "previous": self.previous_build,
-                "start": record.new_start.to_wire(), "switch_record": self.switch_record_path}}},
-            self.journal("good", True),
-            {"op": "nightly_prune", "args": {"builds_dir": self.builds_dir, "remove": prune}},
-            self.log_step(f"night {self.name} is current"),
-        ])
-        removed = results[4]
-        if removed:
-            self.reporter.step(self.label, f"pruned {len(removed)} old build(s): {', '.join(removed)}")
-        self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
-        result = self.result("changed", 0)
-        result.build_log = self.read_log()
-        return result
-
-    def back(self, reason: str) -> NightResult:
-        """A failure after the switch began: link back, previous server, health."""
-        reason = self._redact(reason)
-        self.reporter.warn(self.label, f"night failed after the switch: {reason}; switching back")
-        try:
-            self.session.call("batch", steps=[self.journal("switching_back")])
-            record = switch_back(self.session, self.switch_record_path, self._events())
-        except KeyboardInterrupt:
-            raise HostUnsafeError(
-                f"{self.label}: interrupted during the switch back from {self.name}; the host may be half-"
-                f"restored. Its switch record is {self.switch_record_path}") from None
-        except (RemoteError, OrchError) as e:
-            detail = self._redact(str(e))
-            if isinstance(e, RemoteStepError) and e.details.get("log_tail"):
-                self.reporter.server_log(self.label, "previous server log (last 40 lines)", e.details["log_tail"])
-            with contextlib.suppress(Exception):
-                self.session.call("batch", steps=[
-                    {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.name,
-                                                      "fields": {"outcome": "switch_back_failed",
-                                                                 "error": f"{reason}; switch back: {detail}"}}},
-                    self.journal("switch_back_failed"),
-                ])
-            raise HostUnsafeError(
-                f"{self.label}: night {self.name} failed ({reason}) and SWITCHING BACK FAILED too: {detail}. "
-                f"The host is not known to be healthy; the switch record is {self.switch_record_path}"
-            ) from None
-        finished = time.time()
-        self.session.call("batch", steps=[
-            {"op": "release_update", "args": {"state_dir": self.state_dir, "release_id": self.name, "fields": {
-                "outcome": "switched_back", "error": reason, "finished": finished,
-                "duration": round(finished - self.started, 3)}}},
-            self.journal("switched_back", True),
-            self.log_step(f"switched back: {reason}"),
-        ])
-        back_to = record.previous_build or "no build (there was none before)"
-        self.reporter.step(self.label, f"switched back: current -> {back_to}"
-                                       + ("; the previous server is healthy" if record.previous_start else ""))
-        result = self.result("rolled_back", 1, reason)
-        result.build_log = self.read_log()
-        return result
 
 
 def nightly_host(
@@ -661,29 +823,28 @@ def nightly_host(
     reporter: Reporter,
     night: NightOptions,
 ) -> NightResult:
-    """One night on one host; every error becomes this host's result."""
+    """One night on one host; every error becomes this host's result (``core.outcomes.verdict``)."""
     started = time.time()
     name = night_name(loaded, datetime.fromtimestamp(started, timezone.utc))
-    label = target.name
-    runlog = RunLog(reporter)
     current: Night | None = None
     try:
         with HostSession(target, options) as session:
-            current = Night(session, loaded, cli_vars, runlog, night, name, started, options.break_lock)
+            current = Night(session, loaded, cli_vars, RunLog(reporter), night, name, started, options.break_lock)
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
             return result
-    except HostUnsafeError as e:
-        outcome, code, error = "rollback_failed", 3, str(e)
-    except OrchError as e:
-        unreachable = type(e).__name__ in ("UnreachableError", "HostKeyError") or isinstance(e, LinkLostError)
-        outcome, code, error = ("unreachable" if unreachable else "failed"), e.exit_code, str(e)
-    except KeyboardInterrupt:
-        outcome, code, error = "failed", 1, "interrupted (Ctrl-C) before anything changed"
-    result = NightResult(label, name, outcome, code, started, time.time(), error=error)
-    if current is not None:
-        result.manifest, result.last_good = current.manifest, current.last_good
-    return result
+    except (OrchError, KeyboardInterrupt) as cause:
+        v = verdict(cause, current.reached if current else Step.CONNECTING)
+        if isinstance(cause, KeyboardInterrupt):
+            error = "interrupted (Ctrl-C) before anything changed"
+        elif isinstance(cause, LinkLostError):
+            error = f"{cause}; nothing live was touched"
+        else:
+            error = str(cause)
+        result = NightResult(target.name, name, v.outcome, v.exit_code, started, time.time(), error=error)
+        if current is not None:
+            result.manifest, result.last_good = current.manifest, current.last_good
+        return result
 
 
 __all__ = ["NightOptions", "NightResult", "night_name", "nightly_host"]

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.core.probe import ProbeConfig, ProbeResult, greedy_body, probe_result
 from orchestrator.pipeline.session import HostSession
+from orchestrator.shell import ops
 
 
 def run_probe(
@@ -29,13 +30,12 @@ def run_probe(
     """
     sent = config.json_ if body is None else body
     rendered_headers = dict(config.headers if headers is None else headers)
-    steps = []
-    for n in range(config.rounds):
-        steps.append({"op": "probe_http", "args": {
-            "base_url": base_url, "path": config.post, "body": sent, "requests": config.requests,
-            "concurrency": config.concurrency, "timeout": config.timeout, "headers": rendered_headers,
-            "warmup": config.warmup if n == 0 else 0,
-            "greedy_body": greedy_body(config.post, sent) if (config.greedy and n == 0) else None,
-        }})
-    answers = session.call("batch", steps=steps, on_event=on_event)
+    steps = [
+        ops.probe_http(base_url, config.post, sent, requests=config.requests, concurrency=config.concurrency,
+                       timeout=config.timeout, headers=rendered_headers,
+                       warmup=config.warmup if n == 0 else 0,
+                       greedy_body=greedy_body(config.post, sent) if (config.greedy and n == 0) else None)
+        for n in range(config.rounds)
+    ]
+    answers = session.batch(steps, on_event=on_event)
     return probe_result(config.post, config.concurrency, answers)

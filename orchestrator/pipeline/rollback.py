@@ -6,21 +6,32 @@ unfinished release's own ``restore.json``; undoing writes a new release of
 kind ``rollback`` whose ``restore.json`` is the state asked for, then runs
 it. The live content a rollback replaces is kept as that release's
 "before" copies, so a rollback over hand edits (drift) loses nothing.
+Undoing a night switches ``builds_dir/current`` back (the plan's links) and
+restarts the command line that ran before it; a build that ``keep_builds``
+removed is refused before anything is touched.
 """
 
 from __future__ import annotations
 
+import posixpath
 import secrets
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core.outcomes import Step, verdict
-from orchestrator.core.releases import FileState, new_release_id, rollback_target, rollback_to
+from orchestrator.core.releases import (
+    FileState,
+    LinkState,
+    new_release_id,
+    rollback_target,
+    rollback_to,
+)
 from orchestrator.core.restore import RestorePlan, RestoreRecord, ServerTarget, restore_spec
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, RefusedError
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
@@ -112,6 +123,20 @@ def finish_unfinished(
     return report_restore(label, rid, record, reporter, planned, what)
 
 
+def refuse_pruned_builds(session: HostSession, links: Sequence[LinkState]) -> None:
+    """A night's build that ``keep_builds`` removed cannot be switched back to: refuse
+    (exit 2) before anything is touched, naming it."""
+    for link in links:
+        if link.target is None:
+            continue
+        builds = session.run(ops.nightly_builds(posixpath.dirname(link.path)))
+        if link.target not in builds.builds:
+            raise RefusedError(
+                f"{session.target.name}: build {link.target} is no longer in {builds.builds_dir} (pruned by "
+                f"keep_builds): `orch rollback` cannot switch {link.path} back to it; nothing was changed"
+            )
+
+
 def undo_releases(
     session: HostSession, state_dir: str, state: dict[str, Any], to: str | None, reporter: Reporter
 ) -> HostReport:
@@ -123,6 +148,7 @@ def undo_releases(
         reporter.step(label, "nothing to roll back: no release is current (there is nothing before)")
         return HostReport(label, "unchanged", 0, notes=["nothing before"])
     target = rollback_target(applied, releases, releases_dir, to)
+    refuse_pruned_builds(session, target.links)
     newest = releases[target.undo[0]]
     paths = [f.path for f in target.files]
     live = session.run(ops.read(paths))
@@ -147,7 +173,8 @@ def undo_releases(
     plan = RestorePlan(
         files=[FileState(f.path, f.source, f.sha256, f.mode, f.uid, f.gid, expect=expected_after.get(f.path), n=n)
                for n, f in enumerate(target.files)],
-        server=server, health=health, always=True, on_success=[op.wire() for op in on_success])
+        links=target.links, server=server, health=health, always=True,
+        on_success=[op.wire() for op in on_success])
     record_files = [
         {"path": info["path"], "n": n, "existed": info["exists"], "mode": info.get("mode"),
          "uid": info.get("uid"), "gid": info.get("gid"), "sha256_before": info.get("sha256"),
@@ -158,6 +185,7 @@ def undo_releases(
         "id": rid, "kind": "rollback", "host": label, "undid": list(target.undo),
         "to": target.new_applied[-1] if target.new_applied else None,
         "playbook": {"name": "(rollback)"}, "files": record_files,
+        "links": [{"path": link.path, "from": link.expect, "to": link.target} for link in target.links],
         "server_before": newest.get("server_after"), "server_after": target.server_before,
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
         "controller": lock_holder("rollback"), "created": time.time(), "outcome": "in_progress",
@@ -165,7 +193,8 @@ def undo_releases(
     backups = [{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
                for n, i in enumerate(live)]
     what = ", ".join(target.undo)
-    reporter.step(label, f"rolling back {what}" + (" and restarting the previous server" if server else ""))
+    switching = "".join(f", switching {link.path} back to {link.target or '(none)'}" for link in target.links)
+    reporter.step(label, f"rolling back {what}{switching}" + (" and restarting the previous server" if server else ""))
     steps = [
         ops.release_create(state_dir, rid, manifest, backups, restore=restore_spec(rid, "rollback", plan)),
         ops.put_json(f"{state_dir}/journal.json", {"release": rid, "kind": "rollback", "step": "rolling_back",

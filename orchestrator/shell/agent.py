@@ -1575,7 +1575,8 @@ def point_link(path, target):
 
 
 def restore_link(link):
-    """A symlink back to ``target`` (``expect``: where orch pointed it)."""
+    """A symlink back to ``target`` (``expect``: where orch pointed it);
+    ``target`` None: there was no link before, so it is removed."""
     path = expand(link["path"])
     try:
         now = os.readlink(path)
@@ -1587,6 +1588,11 @@ def restore_link(link):
         return done
     if now != link.get("expect"):
         done["drift"] = now  # somebody pointed it elsewhere; recorded, then restored
+    if link["target"] is None:
+        os.unlink(path)
+        fsync_dir(os.path.dirname(path) or ".")
+        done["action"] = "removed"
+        return done
     point_link(path, link["target"])
     done["action"] = "restored"
     return done
@@ -2070,6 +2076,14 @@ def _run_exact_env(argv, cwd, env, timeout):
 # live one, and only `nightly_link_swap` changes what is live, by one rename.
 
 
+def nightly_stop_reason():
+    """Why a build or a probe must stop now (Ctrl-C on the controller, or the
+    controller gone), or None: the same two causes ``check_cancel`` raises for."""
+    if SESSION is None or not SESSION.stop_asked():
+        return None
+    return "cancelled by the controller" if SESSION.cancel_requested else "the controller went away"
+
+
 def nightly_git_env():
     """Never prompt for credentials on the host: a night runs unattended."""
     return {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C"}
@@ -2115,9 +2129,8 @@ def stream_argv(argv, cwd=None, env=None, log=None, timeout=3600.0):
         deadline = time.time() + timeout
         why = None
         while proc.poll() is None:
-            if SESSION is not None and SESSION.stop_asked():
-                why = "cancelled by the controller"
-            elif time.time() >= deadline:
+            why = nightly_stop_reason()
+            if why is None and time.time() >= deadline:
                 why = "timed out after %ss" % timeout
             if why:
                 try:
@@ -2179,12 +2192,24 @@ def op_nightly_prepare(builds_dir, build):
     dest = build_path(root, build)
     if os.path.lexists(dest):
         raise AgentError("build", "%s already exists" % dest)
-    current = read_link(os.path.join(root, "current"))
-    builds = sorted(n for n in os.listdir(root)
+    found = op_nightly_builds(root)
+    return {"builds_dir": root, "build_dir": dest, "current": found["current"], "builds": found["builds"],
+            "log": os.path.join(root, "logs", build + ".log"), "python_version": sys.version.split()[0]}
+
+
+@op("nightly_builds")
+def op_nightly_builds(builds_dir):
+    """The builds in ``builds_dir`` and where ``current`` points; reads only
+    (``orch rollback`` checks that the build it switches back to is still there)."""
+    root = expand(builds_dir)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return {"builds_dir": root, "current": None, "builds": []}
+    builds = sorted(n for n in names
                     if not n.startswith(".") and n not in ("current", "logs")
                     and os.path.isdir(os.path.join(root, n)) and not os.path.islink(os.path.join(root, n)))
-    return {"builds_dir": root, "build_dir": dest, "current": current, "builds": builds,
-            "log": os.path.join(root, "logs", build + ".log"), "python_version": sys.version.split()[0]}
+    return {"builds_dir": root, "current": read_link(os.path.join(root, "current")), "builds": builds}
 
 
 @op("nightly_fetch_git")
@@ -2374,7 +2399,7 @@ def probe_batch(url, payload, headers, timeout, count, concurrency):
         while True:
             with lock:
                 i = state["next"]
-                if i >= count or (SESSION is not None and SESSION.stop_asked()):
+                if i >= count or nightly_stop_reason() is not None:
                     return
                 state["next"] = i + 1
             samples[i] = probe_request(url, payload, headers, timeout)

@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.core.flags import TEMPLATES as FLAG_TEMPLATES
 from orchestrator.core.nightly import (
     InputRecord,
     NightlySpec,
@@ -96,11 +97,17 @@ def _stack_path(spec_path: Path, entry: str, where: dict[str, object]) -> Path:
 
 
 def _template_inputs(loaded: LoadedPlaybook) -> list[InputRecord]:
-    """The templates (and patch files) this playbook's edits name, by content."""
+    """The templates (and patch files) this playbook's edits name, by content.
+
+    An ``add_flag`` edit renders one of ``core.flags.TEMPLATES``, chosen by the
+    layout of the file on the host; all of them are inputs, since which one a
+    night uses is only known there.
+    """
     out: list[InputRecord] = []
     for entry in loaded.model.files:
         for edit in entry.edits:
-            for name in (edit.insert, edit.patch):
+            flag_templates = list(FLAG_TEMPLATES.values()) if edit.add_flag is not None else []
+            for name in (edit.insert, edit.patch, *flag_templates):
                 if not name:
                     continue
                 found = find_template(loaded.template_dirs, name)

@@ -157,20 +157,24 @@ class ConfirmAnswer:
     confirmed: bool
     restored: RestoreRecord | None
     claimed_by: str | None
-
-
-def _confirm_answer(data: Wire) -> ConfirmAnswer:
-    restored = data.get("restored")
-    return ConfirmAnswer(
-        bool(data.get("confirmed")),
-        RestoreRecord.from_wire(restored) if restored else None,
-        (data.get("claim") or {}).get("by"),
-    )
+    results: list[Any] = field(default_factory=list)  # once confirmed: each step's answer, parsed
 
 
 def confirm_release(release_dir: str, steps: Sequence[Op]) -> Op:
     """Claim the release as confirmed and run ``steps`` — unless a restore got there first."""
-    return _op("confirm_release", _confirm_answer, release_dir=release_dir, steps=[s.wire() for s in steps])
+    parsers = [s.parse for s in steps]
+
+    def parse(data: Wire) -> ConfirmAnswer:
+        restored = data.get("restored")
+        results = data.get("results") or []
+        return ConfirmAnswer(
+            bool(data.get("confirmed")),
+            RestoreRecord.from_wire(restored) if restored else None,
+            (data.get("claim") or {}).get("by"),
+            [p(r) for p, r in zip(parsers, results, strict=True)] if results else [],
+        )
+
+    return _op("confirm_release", parse, release_dir=release_dir, steps=[s.wire() for s in steps])
 
 
 # ---------------------------------------------------------------- servers
@@ -232,3 +236,85 @@ def batch(steps: Sequence[Op]) -> Op:
         return [p(r) for p, r in zip(parsers, results, strict=True)]
 
     return Op("batch", {"steps": [s.wire() for s in steps]}, parse)
+
+
+# ---------------------------------------------------------------- nightly builds, the probe
+
+
+@dataclass(frozen=True)
+class Builds:
+    """A host's ``builds_dir``: its builds, oldest first, and where ``current`` points."""
+
+    builds_dir: str
+    current: str | None
+    builds: list[str]
+
+
+def _builds(data: Wire) -> Builds:
+    return Builds(data["builds_dir"], data.get("current"), list(data.get("builds") or []))
+
+
+@dataclass(frozen=True)
+class PreparedBuild:
+    """A new build's place, made ready while the old build serves."""
+
+    builds_dir: str
+    build_dir: str
+    current: str | None
+    builds: list[str]
+    log: str
+
+
+def _prepared(data: Wire) -> PreparedBuild:
+    return PreparedBuild(data["builds_dir"], data["build_dir"], data.get("current"),
+                         list(data.get("builds") or []), data["log"])
+
+
+def nightly_prepare(builds_dir: str, build: str) -> Op:
+    """Make ``builds_dir`` and its ``logs/``; the new build's dir must not exist yet."""
+    return _op("nightly_prepare", _prepared, builds_dir=builds_dir, build=build)
+
+
+def nightly_builds(builds_dir: str) -> Op:
+    """The builds and the ``current`` link; reads only."""
+    return _op("nightly_builds", _builds, builds_dir=builds_dir)
+
+
+def nightly_fetch_git(repo: str, commit: str, builds_dir: str, build: str, log: str) -> Op:
+    """A mirror cache on the host, then exactly ``commit`` checked out into the build."""
+    return _op("nightly_fetch_git", repo=repo, commit=commit, builds_dir=builds_dir, build=build, log=log)
+
+
+def nightly_pip(builds_dir: str, build: str, requirements: str, python: str, pip_args: Sequence[str],
+                log: str) -> Op:
+    """A fresh venv in the build and ``pip install --require-hashes`` of ``requirements`` (its text)."""
+    return _op("nightly_pip", builds_dir=builds_dir, build=build, requirements=requirements, python=python,
+               pip_args=list(pip_args), log=log)
+
+
+def nightly_run(argv: Sequence[str], cwd: str, log: str) -> Op:
+    """One ``install`` command in the build, its output streamed and logged."""
+    return _op("nightly_run", argv=list(argv), cwd=cwd, log=log)
+
+
+def nightly_remove_build(builds_dir: str, build: str) -> Op:
+    """Remove a half-built build (never the one ``current`` points to)."""
+    return _op("nightly_remove_build", builds_dir=builds_dir, build=build)
+
+
+def nightly_prune(builds_dir: str, remove: Sequence[str]) -> Op:
+    """Remove old builds and their logs (never the one ``current`` points to)."""
+    return _op("nightly_prune", builds_dir=builds_dir, remove=list(remove))
+
+
+def nightly_link_swap(link: str, to: str | None, expect: str | None) -> Op:
+    """Point ``link`` at ``to`` only if it points at ``expect`` now (None: no link)."""
+    return Op("nightly_link_swap", {"link": link, "to": to, "expect": expect})  # None is meant here
+
+
+def probe_http(base_url: str, path: str, body: Any, *, requests: int, concurrency: int, timeout: float,
+               headers: Mapping[str, str], warmup: int = 0, greedy_body: Wire | None = None) -> Op:
+    """``requests`` POSTs of ``body`` from the host itself; answers with the raw samples."""
+    return Op("probe_http", {"base_url": base_url, "path": path, "body": body, "requests": requests,
+                             "concurrency": concurrency, "timeout": timeout, "headers": dict(headers),
+                             "warmup": warmup, "greedy_body": greedy_body})
