@@ -315,6 +315,12 @@ class Session(object):
                 return self.requests.pop(0)
             return None
 
+    @property
+    def cancelled(self):
+        """What ``check_cancel`` raises for, as a test: for loops (the probe's
+        workers, a build's wait) that stop by themselves instead of raising."""
+        return self.cancel_requested or (self.eof and not self.finishing)
+
     def check_cancel(self):
         if self.cancel_requested:
             raise AgentError("cancelled", "cancelled by the controller")
