@@ -45,6 +45,10 @@ SAMPLES: dict[str, tuple[Any, ...]] = {
     "preflight": (ops.preflight(["python3", "-c", "pass"], cwd=None, env={}, replace_env=True, timeout=5.0),),
     "health_wait": (ops.health_wait({"base_url": "http://h", "checks": [], "timeout": 1.0, "interval": 1.0,
                                      "stable_for": 0.0}, pid="started"),),
+    # the probe (performance gate, nightly)
+    "probe_http": (ops.probe_http("http://h", "/generate", {"text": "p"}, requests=4, concurrency=2, timeout=5.0,
+                                  headers={"A": "b"}, warmup=1, greedy_body={"text": "p"}),
+                   ops.probe_http("http://h", "/generate", None, requests=1, concurrency=1, timeout=1.0)),
 }
 
 

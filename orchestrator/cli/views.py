@@ -28,6 +28,7 @@ from rich.text import Text
 
 from orchestrator.cli.diffs import unified_diff
 from orchestrator.cli.output import Output
+from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
 from orchestrator.core.regions import ViewRange, view_ranges
 from orchestrator.pipeline.report import HostReport, RunReport
 
@@ -135,6 +136,10 @@ class ConsoleReporter:
         self._settle()
         draw_log(self.out, f"{host}: {title}", lines)
 
+    def gate(self, host: str, outcome: GateOutcome) -> None:
+        self._settle()
+        draw_gate(self.out, host, outcome)
+
 
 RichReporter = ConsoleReporter
 """The name this class had; kept for callers written before the media split."""
@@ -203,6 +208,34 @@ def draw_log(out: Output, title: str, lines: Sequence[str]) -> None:
     out.line(f"{title}:", "red")
     for row in lines or ["(empty)"]:
         out.line(f"  | {row}")
+
+
+VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
+
+
+def draw_gate(out: Output, host: str, outcome: GateOutcome) -> None:
+    """The gate's before/after table: a Rich table on a terminal, aligned plain lines elsewhere.
+
+    Shown whatever the verbosity (``-q`` too): it is the reason a deploy
+    was kept or rolled back.
+    """
+    if not out.terminal:
+        lines = plain_table(outcome)
+        out.line(f"{host} {lines[0]}", VERDICT_STYLE.get(outcome.verdict))
+        for row in lines[1:]:
+            out.line(row)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{escape(host)} {escape(outcome.title())}", title_justify="left")
+    for name in COLUMNS:
+        table.add_column(name, justify="right" if name in ("before", "after", "change") else "left",
+                         no_wrap=name != "rule")
+    for check, row in zip(outcome.checks, outcome.rows(), strict=True):
+        style = VERDICT_STYLE.get(check.verdict, "")
+        cells = [Text(c) for c in row[:-1]] + [Text(row[-1], style=style)]
+        table.add_row(*cells)
+    out.console.print(table)
 
 
 def print_summary(out: Output, report: RunReport) -> None:

@@ -232,3 +232,17 @@ def batch(steps: Sequence[Op]) -> Op:
         return [p(r) for p, r in zip(parsers, results, strict=True)]
 
     return Op("batch", {"steps": [s.wire() for s in steps]}, parse)
+
+
+# ---------------------------------------------------------------- the probe (performance gate, nightly)
+
+
+def probe_http(base_url: str, path: str, body: Any, *, requests: int, concurrency: int, timeout: float,
+               headers: Mapping[str, str] | None = None, warmup: int = 0,
+               greedy_body: Wire | None = None) -> Op:
+    """One round of a probe: ``warmup`` requests not counted, the greedy request alone
+    (``greedy_body``, whose whole answer comes back), then ``requests`` POSTs of ``body``
+    at ``concurrency``; answers the raw samples (``core.probe.round_from_wire`` sums them up)."""
+    return Op("probe_http", {"base_url": base_url, "path": path, "body": body, "requests": requests,
+                             "concurrency": concurrency, "timeout": timeout, "headers": dict(headers or {}),
+                             "warmup": warmup, "greedy_body": greedy_body})
