@@ -168,7 +168,8 @@ def check_probe(label: str, rules: GateRules, before: ProbeResult | None, after:
             checks.append(RuleCheck(
                 label, rule, kind, bound_text(kind, float(limit)), verdict, why,
                 before=_r(old.median) if old else None, after=_r(new.median) if new else None,
-                before_spread=_r(old.spread) if old else None, after_spread=_r(new.spread) if new else None,
+                before_spread=round(old.spread, 4) if old else None,
+                after_spread=round(new.spread, 4) if new else None,
                 change_pct=change,
             ))
     if rules.errors is not None:
