@@ -372,3 +372,38 @@ def test_the_watchdog_deadline_covers_every_round_the_reprobes_and_the_baseline(
     with_baseline = total(deploy_budget(pb.server, pb.health, gate_items(pb.gate, baseline=True)))
     assert with_record == plain + 2 * probe_seconds(probe)  # the probe and one re-probe
     assert with_baseline == with_record + probe_seconds(probe)
+
+
+# ------------------------------------------------------------------ the table as a person sees it
+
+
+def drawn(width: int | None) -> list[str]:
+    """The table of a failed gate, drawn off a terminal (``None``) or on one ``width`` wide."""
+    import io
+
+    from orchestrator.cli.output import make_output
+    from orchestrator.cli.views import draw_gate
+
+    stream = io.StringIO()
+    out = make_output(stream=stream, color=False)
+    if width is not None:
+        out.terminal = True
+        out.console.width = width
+        out.console.soft_wrap = False
+    checks = check_probe("/generate@16", RULES, result([540, 542, 545]), result([270, 272, 275], [400.0] * 3))
+    draw_gate(out, "gpu", GateOutcome("fail", tuple(checks), "probed before the stop"))
+    return stream.getvalue().splitlines()
+
+
+def test_the_table_fits_the_medium_and_never_cuts_a_cell() -> None:
+    plain = drawn(None)
+    assert plain[0] == "gpu performance gate: fail (baseline: probed before the stop)"
+    assert plain[1].split() == list(COLUMNS) and len(plain) == 6
+    wide = drawn(120)
+    assert any(line.startswith("┏") for line in wide)  # a Rich table
+    assert any("tokens_per_s" in line and "542.0 ±0.5%" in line and "fail" in line for line in wide)
+    narrow = drawn(60)
+    assert all(len(line) <= 60 for line in narrow) and not any("…" in line for line in narrow)
+    words = " ".join(narrow).split()
+    for cell in ("/generate@16", "tokens_per_s:", "542.0", "272.0", "(-49.8%),", "before:"):
+        assert cell in words
