@@ -52,11 +52,18 @@ WIDE = {"tokens_per_s": {"min_ratio": 0.75}, "p99_ms": {"max_ratio": 1.5}, "erro
 
 
 def gated(box: Sandbox, *, threshold: int = 8, env: dict[str, str] | None = None,
-          rules: dict[str, Any] | None = None, name: str = "gated.yaml") -> Path:
-    """The story's playbook with a gate, short timeouts, and switches for the NEW server only."""
+          rules: dict[str, Any] | None = None, name: str = "gated.yaml", router: Path | None = None) -> Path:
+    """The story's playbook with a gate, short timeouts, and switches for the NEW server only.
+
+    ``router``: hooks drain the host from a "router" (a file, a line per call) before
+    the stop and put it back once healthy, naming the command line they put back.
+    """
     spec = yaml.safe_load(SHIPPED_SPEC)
     spec["vars"]["threshold"] = threshold
     spec["server"].update(stop_timeout="5s", free_timeout="10s", env=env or {})
+    if router is not None:
+        spec["server"].update(before_stop=f"sh -c 'echo drain >> {router}'",
+                              after_healthy=f"sh -c 'echo \"serve $0\" >> {router}' {{{{ command }}}}")
     spec["health"].update(timeout="60s", stable_for="1s", interval="0.2s")
     spec["gate"] = {"probes": [PROBE], "rules": rules or RULES}
     path = box.root / name
@@ -106,14 +113,18 @@ def stop_server(box: Sandbox) -> None:
 def test_the_speculation_patch_passes_the_gate_and_its_record_is_the_next_baseline(sandbox: Sandbox) -> None:
     box = sandbox
     box.start_by_hand(*SPECULATION)  # slow at concurrency 32: the story's box
-    deploy = box.orch("deploy", "--host", "gpu", "--json", str(gated(box, threshold=8, rules=WIDE)))
+    router = box.root / "router.log"
+    deploy = box.orch("deploy", "--host", "gpu", "--json", str(gated(box, threshold=8, rules=WIDE, router=router)))
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     host = host_of(deploy)
     assert host["outcome"] == "changed" and host["gate"]["verdict"] == "pass", host
     assert host["gate"]["baseline"] == "probed before the stop" and host["gate"]["failed"] == []
-    # the probes ride in the restart's round trip: no round trip more than a deploy without a gate,
-    # but one per re-probe (when a verdict came out within the spread)
-    assert host["round_trips"] == 8 + host["gate"]["reprobes"], host
+    # the probes ride in the restart's round trip: a deploy without a gate makes 8 round trips;
+    # here one more puts the host back behind its router only once the gate passed, and one
+    # more per re-probe (when a verdict came out within the spread)
+    assert host["round_trips"] == 8 + 1 + host["gate"]["reprobes"], host
+    assert router.read_text().splitlines() == ["drain", f"serve {' '.join(cmdline(box.server_pid()))}"]
+    assert cmdline(box.server_pid())[-2:] == ["--speculative-disable-batch-threshold", "8"]
     # the table, as a person sees it off a terminal
     assert "gpu performance gate: pass (baseline: probed before the stop)" in deploy.stderr
     assert table_row(deploy.stderr, "tokens_per_s")[-1] == "pass"
@@ -210,12 +221,15 @@ def test_a_deploy_that_halves_throughput_is_rolled_back_by_the_gate(link: Sandbo
 
 
 def test_a_changed_greedy_output_is_rolled_back_with_greedy_same(link: Sandbox) -> None:
+    """…and the new server, drained from its router before the stop, never goes back behind it."""
     box = link
     box.start_by_hand()
     original = sha256(box.server_args)
     rules = {"greedy": "same", "errors": 0}
+    router = box.root / "router.log"
     run = box.orch("deploy", "--host", "gpu", "--json",
-                   str(gated(box, env={"STANDIN_GREEDY_SALT": "a patch that changes the output"}, rules=rules)))
+                   str(gated(box, env={"STANDIN_GREEDY_SALT": "a patch that changes the output"}, rules=rules,
+                             router=router)))
     assert run.returncode == 1, run.stdout + run.stderr
     host = host_of(run)
     assert host["outcome"] == "rolled_back"
@@ -223,3 +237,6 @@ def test_a_changed_greedy_output_is_rolled_back_with_greedy_same(link: Sandbox) 
     assert f"performance gate failed: greedy on {LABEL}: the greedy output changed" in host["error"]
     assert table_row(run.stderr, "greedy")[-1] == "fail"
     assert_back_and_serving(box, original)
+    drain, *put_back = router.read_text().splitlines()
+    assert drain == "drain" and len(put_back) == 1  # put back once: by the restore, with the previous server
+    assert put_back[0].startswith("serve ") and "--speculative-disable-batch-threshold" not in put_back[0]
