@@ -349,6 +349,11 @@ def test_the_baseline_comes_from_the_record_only_for_the_server_it_measured() ->
     assert recorded.to_probe == [] and recorded.baseline == "release R1's record"
     forced = GateRun.for_deploy(run.spec, manifest, ["python", "-m", "x"], force_baseline=True)
     assert forced.to_probe == [probe] and forced.baseline == "probed before the stop"
+    # a server that died since: the record stands for it; without one there is no baseline at all
+    gone = GateRun.for_deploy(run.spec, manifest, None, running=False)
+    assert gone.to_probe == [] and gone.baseline == "release R1's record"
+    nothing = GateRun.for_deploy(run.spec, None, None, running=False)
+    assert nothing.to_probe == [] and nothing.baseline == "none: no server was running"
     # status --probe sends again exactly what the gate sent
     again = gate_from_spec_record(json.loads(json.dumps(run.spec_record())))
     assert again == run.spec

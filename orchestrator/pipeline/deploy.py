@@ -423,7 +423,8 @@ class Deployment:
         applied = self.state.get("state", {}).get("applied") or []
         current = next((m for m in self.state.get("releases", []) if applied and m.get("id") == applied[-1]), None)
         running = self._shown_argv((change.before or {}).get("argv"))
-        return GateRun.for_deploy(spec, current, running, force_baseline=self.force_baseline)
+        return GateRun.for_deploy(spec, current, running, running=change.before is not None,
+                                  force_baseline=self.force_baseline)
 
     def _gate_fields(self) -> dict[str, Any]:
         """The manifest's ``gate`` (the verdicts) and ``probe`` (the new server's figures)."""

@@ -53,20 +53,25 @@ class GateRun:
     to_probe: list[RenderedProbe] = field(default_factory=list)  # baseline probes run before the stop
     after: dict[str, ProbeResult] = field(default_factory=dict)
     outcome: GateOutcome | None = None
+    nothing_running: bool = False  # no server ran before the deploy: no baseline but a record's
 
     @classmethod
     def for_deploy(cls, spec: RenderedGate, current: Mapping[str, Any] | None, running_argv: list[str] | None,
-                   *, force_baseline: bool) -> GateRun:
+                   *, running: bool = True, force_baseline: bool = False) -> GateRun:
         """The baseline from ``current`` (the current release's manifest) where it holds a
         probe of the server running now (``running_argv``, as manifests show it) with the
-        same probe; every other probe is measured before the stop."""
-        run = cls(spec)
+        same probe; every other probe is measured before the stop. When no server runs
+        (``running`` false: it died, the deploy starts one), the record stands for the
+        server the current release started, and a probe without one has no baseline."""
+        run = cls(spec, nothing_running=not running)
+        if not running:  # the current release's own server is the one that is gone
+            running_argv = ((current or {}).get("server_after") or {}).get("argv")
         recorded = {} if force_baseline else recorded_results(current, running_argv)
         for probe in spec.probes:
             if probe.key in recorded:
                 run.before[probe.label] = recorded[probe.key]
                 run.recorded_in = str((current or {}).get("id"))
-            else:
+            elif running:
                 run.to_probe.append(probe)
         return run
 
@@ -78,6 +83,8 @@ class GateRun:
             parts.append(f"release {self.recorded_in}'s record")
         if self.to_probe:
             parts.append(PROBED_BEFORE_STOP)
+        if self.nothing_running and not self.recorded_in:
+            parts.append("none: no server was running")
         return " and ".join(parts) or "none"
 
     # ---------------------------------------------------------------- probes as ops
