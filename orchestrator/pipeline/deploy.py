@@ -191,7 +191,9 @@ class Deployment:
             self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
 
     def restart_and_check(self) -> None:
-        """Steps 7 and 8: stop the old server, start the new command line, health and stability."""
+        """Steps 7 and 8: stop the old server, start the new command line, health and stability;
+        with a gate, its probes ride in the same round trip (the baseline after the drain, before
+        the stop; the new server once it is stable), then ``judge_gate``."""
         change = self.plan.server
         if change is None or not change.restart:
             return
