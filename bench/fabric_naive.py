@@ -14,6 +14,10 @@ rollback: that is the "naive".
 Run by ``bench_deploy.py`` as its own process (like ``orch`` is), with a JSON
 job file: ``python bench/fabric_naive.py JOB.json``. Prints one JSON line
 ``{"runs": N, "puts": M, "polls": K, "steps": [[command, seconds], ...]}``; exits 1 (message on stderr) on failure.
+
+``bench_fleet.py`` gives it ``{"forks": K, "hosts": [job, ...]}``: the same
+steps for every host, on K threads, one connection each; it prints
+``{"hosts": {name: "changed"|"failed: ..."}}`` and exits 1 if a host failed.
 """
 
 from __future__ import annotations
@@ -22,13 +26,12 @@ import json
 import shlex
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
-def main(job_path: str) -> int:
-    with open(job_path) as f:
-        job: dict[str, Any] = json.load(f)
-
+def deploy_one(job: dict[str, Any]) -> dict[str, Any]:
+    """The story on one host, step by step; ``{"runs", "puts", "polls", "steps"}``; raises on failure."""
     import paramiko
     from fabric import Config, Connection
 
@@ -91,12 +94,37 @@ def main(job_path: str) -> int:
         out = run(f"curl -sf -H 'Content-Type: application/json' -d {body} {url}/generate").stdout
         if '"text"' not in out:
             raise RuntimeError(f"/generate answered {out!r}")
+    finally:
+        c.close()
+    return {"runs": runs, "puts": puts, "polls": polls, "steps": steps}
+
+
+def deploy_fleet(fleet: dict[str, Any]) -> dict[str, str]:
+    """Every host of ``{"forks": K, "hosts": [...]}`` on K threads; name -> "changed" or "failed: ..."."""
+    def one(job: dict[str, Any]) -> str:
+        try:
+            deploy_one(job)
+            return "changed"
+        except Exception as exc:  # noqa: BLE001 - per host, the others go on
+            return f"failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
+
+    with ThreadPoolExecutor(max_workers=fleet["forks"]) as pool:
+        return dict(zip((h["name"] for h in fleet["hosts"]), pool.map(one, fleet["hosts"]), strict=True))
+
+
+def main(job_path: str) -> int:
+    with open(job_path) as f:
+        job: dict[str, Any] = json.load(f)
+    if "hosts" in job:  # the fleet bench: many hosts, threads
+        outcomes = deploy_fleet(job)
+        print(json.dumps({"hosts": outcomes}))
+        return 1 if any(o.startswith("failed") for o in outcomes.values()) else 0
+    try:
+        result = deploy_one(job)
     except Exception as exc:  # noqa: BLE001 - a baseline script: one line and a non-zero exit
         print(f"fabric-naive failed: {type(exc).__name__}: {str(exc).strip()[:500]}", file=sys.stderr)
         return 1
-    finally:
-        c.close()
-    print(json.dumps({"runs": runs, "puts": puts, "polls": polls, "steps": steps}))
+    print(json.dumps(result))
     return 0
 
 

@@ -49,6 +49,12 @@ health:
   checks: [{get: /health}]
 """
 
+# A new server that exits at start: its log is shown (a stand-in switch).
+CRASHING = BAD_FLAG.replace("name: bad-flag", "name: crashing").replace(
+    '  flags: {"--speculative-disable-batch-treshold": 8}', '  env: {STANDIN_CRASH_AT_START: "1"}')
+PREFLIGHT_SAID = ("the pre-flight refused the new command line (exit 2): sglang serve: error: "
+                  "unrecognized arguments: --speculative-disable-batch-treshold 8; the running server was not touched")
+
 
 def run(box: Sandbox | Path, *args: str, columns: int = 80, env: dict[str, str] | None = None,
         timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
@@ -96,18 +102,26 @@ def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) ->
     bad = run(sandbox, "deploy", "--host", "gpu", "bad-flag.yaml")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     out = bad.stdout.splitlines()
-    assert "  | sglang serve: error: unrecognized arguments: --speculative-disable-batch-treshold 8" in out
     assert "gpu: rolled_back" in " ".join(out)
-    assert "  server exited during start (code 2)" in out  # the error, on one line
+    assert "  " + PREFLIGHT_SAID in out  # the parser's own words, the error on one line
     no_boxes(bad.stdout + bad.stderr)
+
+    (sandbox.root / "crashing.yaml").write_text(CRASHING)
+    crash = run(sandbox, "deploy", "--host", "gpu", "crashing.yaml")
+    assert crash.returncode == 1, crash.stdout + crash.stderr
+    out = crash.stdout.splitlines()
+    assert "  | RuntimeError: STANDIN_CRASH_AT_START=1: the server fails at start" in out  # the log, whole
+    assert "  server exited during start (code 1)" in out
+    no_boxes(crash.stdout + crash.stderr)
 
     history = run(sandbox, "history", "--host", "gpu")
     assert history.returncode == 0, history.stderr
     rows = history.stdout.splitlines()
-    assert rows[0] == "history of gpu (2 releases)"
-    assert len(rows) == 3  # one line per release
+    assert rows[0] == "history of gpu (3 releases)"
+    assert len(rows) == 4  # one line per release
     assert rows[1].split()[4] == "current" and f"files: {sandbox.server_args}" in rows[1]
-    assert rows[2].endswith("error: server exited during start (code 2)")
+    assert rows[2].endswith("error: " + PREFLIGHT_SAID)
+    assert rows[3].endswith("error: server exited during start (code 1)")
     no_boxes(history.stdout)
 
     status = run(sandbox, "status", "--host", "gpu")
@@ -375,7 +389,7 @@ def test_history_under_a_terminal_at_80_columns_breaks_no_word(sandbox: Sandbox)
         "speculative-disable", "bad-flag", "(rollback)", "…/sglang/srt/server_args.py",
         "--speculative-disable-batch-threshold: (absent) -> 32",
         "--speculative-disable-batch-treshold: (absent) -> 8",
-        "server exited during start (code 2)", f"undone by {rows[2]['id']}", f"undid {rows[0]['id']}",
+        "unrecognized arguments: --speculative-disable-batch-treshold 8", f"undone by {rows[2]['id']}", f"undid {rows[0]['id']}",
     ]
     for words in whole:
         assert any(words in line for line in lines), f"{words!r} is broken or missing in:\n{text}"

@@ -216,9 +216,13 @@ def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
         wait_until(lambda: not lock.exists(), "the helper to release the lock", 180)
     except AssertionError:
         holder = read(lock) if lock.exists() else {}
-        alive = Path(f"/proc/{holder.get('agent_pid')}").exists()
-        raise AssertionError(f"lock still held by {holder} (helper alive: {alive}); sshd log tail: "
-                             f"{box.sshd.log_text()[-1500:]}") from None
+        pid = holder.get("agent_pid")
+        alive = Path(f"/proc/{pid}").exists()
+        threads = {t.name: (t / "wchan").read_text() for t in Path(f"/proc/{pid}/task").iterdir()} if alive else {}
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] if alive else "?"
+        pcmd = Path(f"/proc/{parent}/cmdline").read_text().replace("\0", " ") if alive else "?"
+        raise AssertionError(f"lock still held by {holder} (helper alive: {alive}, threads {threads}, parent "
+                             f"{parent} {pcmd}); sshd log tail: {box.sshd.log_text()[-1500:]}") from None
 
 
 def test_a_link_lost_before_anything_changed_is_exit_2(link: Link) -> None:

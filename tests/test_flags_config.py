@@ -244,7 +244,7 @@ def test_check_takes_sglang_root_from_the_running_servers_facts(tmp_path: Path, 
         box.start_by_hand()
         for playbook, needle in ((book, "speculative_disable_batch_threshold: A["), (extra, "+HERE = 1")):
             proc = subprocess.run(
-                [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "gpu",
+                [sys.executable, "-m", "orchestrator", "deploy", "--check", "--diff", "--json", "--host", "gpu",
                  "--ssh-config", str(sshd.ssh_config), str(playbook)],
                 cwd=tmp_path, capture_output=True, text=True, timeout=240,
                 env=dict(os.environ, COLUMNS="200", NO_COLOR="1"),

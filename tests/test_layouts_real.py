@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from orchestrator.shell import agent
 from orchestrator.shell.config_files import load_playbook, make_renderer
 from tests.fixtures.flag_probe import TolerantParser, load_tolerant, parse
 from tests.fixtures.registry import sglang_tree, vllm_file
-from tests.fixtures.sshd import SshdServer
+from tests.fixtures.sandbox import listening_pid
+from tests.fixtures.sshd import SshdServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FLAG = "--speculative-disable-batch-threshold"
@@ -356,18 +358,31 @@ def check_over_ssh(tmp: Path, sshd: SshdServer, release: Release) -> tuple[int, 
         shutil.copy(source, host_root / "engine" / "arg_utils.py")
         var = {"vllm_root": str(host_root)}
         book = "vllm-add-flag.yaml"
+    # A server must be running where the playbook's health port says (the real one needs
+    # GPUs): any process listening there is what --check records and applies the flag to.
+    port = free_port()
+    var["port"] = port
     host = {
         "address": sshd.host, "port": sshd.port, "user": sshd.user,
         "identity_file": str(sshd.client_key), "known_hosts": str(sshd.known_hosts),
         "state_dir": str(tmp / "state"), "python": sys.executable, "vars": var,
     }
     (tmp / "inventory.yaml").write_text(json.dumps({"hosts": {"gpu": host}}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "gpu",
-         "--ssh-config", str(sshd.ssh_config), str(REPO / "playbooks" / book)],
-        cwd=tmp, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, COLUMNS="200", NO_COLOR="1"),
-    )
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while listening_pid(port) is None and time.time() < deadline:
+            time.sleep(0.05)
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "gpu",
+             "--ssh-config", str(sshd.ssh_config), str(REPO / "playbooks" / book)],
+            cwd=tmp, capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, COLUMNS="200", NO_COLOR="1"),
+        )
+    finally:
+        server.terminate()
+        server.wait(10)
     report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return proc.returncode, proc.stderr, report
 

@@ -122,7 +122,7 @@ class ConsoleReporter:
             for c in change.flag_changes:
                 self.step(host, f"flag {c}")
             if not change.flag_changes:
-                self.step(host, "server restarts (code changed)")
+                self.step(host, f"server restarts ({change.why or 'files changed'})")
 
     def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None:
         if not self.out.quiet:

@@ -145,6 +145,7 @@ class ServerChange:
     before_stop: list[str] | None = None
     after_healthy: list[str] | None = None
     restore_after_healthy: list[str] | None = None
+    why: str = ""  # why it restarts when no flag changes: files, environment, not running
 
 
 @dataclass
@@ -223,10 +224,15 @@ def plan_server(
     else:
         env, replace_env, cwd = dict(server.env), False, server.workdir
     before_argv = running["argv"] if running else []
-    restart = files_changed or running is None or after != before_argv
+    # a changed server.env is a change too: it only takes effect by a restart
+    env_changed = sorted(k for k, v in server.env.items() if running is not None
+                         and (running.get("env") or {}).get(k) != v)
+    restart = files_changed or running is None or after != before_argv or bool(env_changed)
+    why = ("no server is running" if running is None else "files changed" if files_changed
+           else f"environment changed: {', '.join(env_changed)}" if env_changed else "")
     return ServerChange(
         "process", running, after, cwd, env, replace_env, port, restart,
-        flag_changes(before_argv, after),
+        flag_changes(before_argv, after), why=why,
     )
 
 

@@ -46,6 +46,7 @@ import urllib.request
 PROTOCOL = 1
 READY_MAGIC = "ORCH-AGENT-READY"
 TICK_SECONDS = 5.0
+SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence means it is gone
 LOCK_HEARTBEAT_SECONDS = 5.0
 LOG_TAIL_LINES = 40
 
@@ -284,6 +285,7 @@ class Session(object):
         self.cancel_requested = False
         self.eof = False
         self.finishing = False  # a restore runs: the end of the link does not stop it
+        self.last_heard = time.time()  # any line from the controller, pings included
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
         self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
@@ -293,38 +295,47 @@ class Session(object):
         while True:
             line = stdin.readline()
             with self.cond:
+                self.last_heard = time.time()
                 if not line:
                     self.eof = True
                     self.cond.notify_all()
                     return
                 try:
-                    if json.loads(line.decode()).get("op") == "cancel":
-                        self.cancel_requested = True
-                        continue
+                    kind = json.loads(line.decode()).get("op")
                 except ValueError:
-                    pass
+                    kind = None
+                if kind == "ping":
+                    continue
+                if kind == "cancel":
+                    self.cancel_requested = True
+                    continue
                 self.requests.append(line)
                 self.cond.notify_all()
+
+    def silent(self):
+        """The controller stopped pinging: its link stalled, or it is gone."""
+        return time.time() - self.last_heard > SILENCE_SECONDS
 
     def next_request(self):
         with self.cond:
             while not self.requests and not self.eof:
-                self.cond.wait()
+                if self.silent():
+                    self.eof = True  # treat a silent controller as gone: free the host
+                    break
+                self.cond.wait(1.0)
             if self.requests:
                 self.cancel_requested = False
                 return self.requests.pop(0)
             return None
 
-    @property
-    def cancelled(self):
-        """What ``check_cancel`` raises for, as a test: for loops (the probe's
-        workers, a build's wait) that stop by themselves instead of raising."""
-        return self.cancel_requested or (self.eof and not self.finishing)
+    def stop_asked(self):
+        """The running op should stop: cancelled, or the controller is gone (unless a restore runs)."""
+        return self.cancel_requested or ((self.eof or self.silent()) and not self.finishing)
 
     def check_cancel(self):
         if self.cancel_requested:
             raise AgentError("cancelled", "cancelled by the controller")
-        if self.eof and not self.finishing:
+        if (self.eof or self.silent()) and not self.finishing:
             raise AgentError("cancelled", "the controller went away")
 
     def send(self, message):
@@ -2104,7 +2115,7 @@ def stream_argv(argv, cwd=None, env=None, log=None, timeout=3600.0):
         deadline = time.time() + timeout
         why = None
         while proc.poll() is None:
-            if SESSION is not None and SESSION.cancelled:
+            if SESSION is not None and SESSION.stop_asked():
                 why = "cancelled by the controller"
             elif time.time() >= deadline:
                 why = "timed out after %ss" % timeout
@@ -2363,7 +2374,7 @@ def probe_batch(url, payload, headers, timeout, count, concurrency):
         while True:
             with lock:
                 i = state["next"]
-                if i >= count or (SESSION is not None and SESSION.cancelled):
+                if i >= count or (SESSION is not None and SESSION.stop_asked()):
                     return
                 state["next"] = i + 1
             samples[i] = probe_request(url, payload, headers, timeout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ BOOTSTRAP = (
 )
 # Ticks arrive every 5 s while an op runs: this much silence means the link is dead.
 LINK_TIMEOUT = 30.0
+# And the other way: the controller pings the helper this often, so a helper that
+# hears nothing for LINK_TIMEOUT knows its controller is gone (shell/agent.py).
+PING_SECONDS = 5.0
 START_TIMEOUT = 60.0
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -68,6 +72,8 @@ class Agent:
     dead: str | None = None  # why the link is gone: later calls fail at once, never wait on it
     _proc: RemoteProcess | None = None
     _next_id: int = 0
+    _write_lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> Agent:
         """Start the helper; raises ``UnreachableError`` when it cannot run there."""
@@ -96,6 +102,7 @@ class Agent:
                 continue
             if isinstance(msg, dict) and msg.get("ready") == READY_MAGIC:
                 self._proc = proc
+                threading.Thread(target=self._ping, name=f"orch-ping-{label}", daemon=True).start()
                 self.info = self.call("hello")
                 return self
         raise UnreachableError(f"{label}: orch's helper never said it was ready")
@@ -117,7 +124,7 @@ class Agent:
         self.calls += 1
         request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"))
         _trace(self.transport.target.name, ">", request)
-        self._proc.write(request.encode("utf-8") + b"\n")
+        self._write(request.encode("utf-8") + b"\n")
         try:
             return self._await(rid, op, on_event)
         except LinkLostError as e:
@@ -127,6 +134,23 @@ class Agent:
             self._cancel(rid, op)
             raise
 
+    def _write(self, data: bytes) -> None:
+        """One line to the helper; requests and pings come from two threads."""
+        assert self._proc is not None
+        with self._write_lock:
+            self._proc.write(data)
+
+    def _ping(self) -> None:
+        """Tell the helper every few seconds that its controller is alive, so that a
+        helper whose link went silent stops what only we cared about and frees the lock."""
+        while not self._closed.wait(PING_SECONDS):
+            if self.dead is not None or self._proc is None:
+                return
+            try:
+                self._write(b'{"op":"ping"}\n')
+            except Exception:  # noqa: BLE001 - the request path reports a dead link
+                return
+
     def _cancel(self, rid: int, op: str) -> None:
         """Ctrl-C: stop the op running on the host before anything else is sent.
 
@@ -135,7 +159,7 @@ class Agent:
         if self._proc is None or self.dead is not None:
             return
         try:
-            self._proc.write(b'{"op":"cancel"}\n')
+            self._write(b'{"op":"cancel"}\n')
             self._await(rid, op, None)
         except LinkLostError as e:
             self.dead = str(e)
@@ -170,7 +194,9 @@ class Agent:
 
     def close(self) -> None:
         """Say goodbye and let the channel close; never raises."""
-        proc, self._proc = self._proc, None
+        self._closed.set()
+        with self._write_lock:
+            proc, self._proc = self._proc, None
         if proc is None:
             return
         if self.dead is not None:

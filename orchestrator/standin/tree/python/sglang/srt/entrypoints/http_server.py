@@ -25,8 +25,8 @@ throughput a probe measures, the same on every machine. A greedy request
 
 Fault switches (environment variables), so tests can make the server fail
 the ways real ones do without an unknown flag:
-``STANDIN_CRASH_AT_START=1`` exits with code 1 and a traceback line before
-binding; ``STANDIN_EXIT_AFTER_READY=S`` exits (code 1) S seconds after it
+``STANDIN_CRASH_AT_START=1`` raises at start, before binding (a traceback,
+exit 1); ``STANDIN_EXIT_AFTER_READY=S`` exits (code 1) S seconds after it
 became healthy; ``STANDIN_FLAP=S`` answers health 200 for S seconds, then
 503 for S seconds, and so on; ``STANDIN_HANG=1`` accepts connections and
 never answers; ``STANDIN_TRICKLE=S`` sends health answers one byte every S
@@ -600,9 +600,6 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
     launch_command = " ".join(
         shlex.quote(w) for w in [sys.executable, "-m", "sglang.launch_server"] + args
     )
-    if os.environ.get("STANDIN_CRASH_AT_START") == "1":
-        print("RuntimeError: the stand-in crashed at start (STANDIN_CRASH_AT_START=1)", flush=True)
-        sys.exit(1)
     state = ServerState(server_args, launch_command)
     handler = type("BoundHandler", (Handler,), {"state": state})
 

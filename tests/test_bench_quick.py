@@ -1,0 +1,74 @@
+"""The fleet bench's smoke run: ``bench/bench_fleet.py --quick`` for orch and the minimal Fabric script.
+
+Real sshd hosts, real stand-in servers, the real ``orch`` CLI — the bench's
+own path end to end, at N = 1 and 2, one round. Nothing about time is
+asserted (figures come from the bench, never from a test); what is asserted:
+the tables are produced with a figure for every tool and N, every deploy did
+the work on every host (the bench checks the hosts itself and reports a
+failure otherwise), both tools keep to one SSH channel per host, the
+Markdown results file is written with the machine, and nothing the bench
+started is left running. pyinfra and Ansible are not installed in CI, so
+they are left out here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def running_under(path: Path) -> list[str]:
+    """Command lines of live processes that mention ``path`` (the bench's work dirs are below it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmd:
+            found.append(cmd)
+    return found
+
+
+def test_quick_bench_produces_the_tables(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))  # the bench's work dir lands here, to look for leftovers
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_fleet.py", "--quick", "--tools", "orch,fabric-minimal",
+         "--write", str(results)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "failed" not in out.lower(), out  # the bench checked every host after every run
+
+    summary = out.split("summary (wall seconds, medians):", 1)[1]
+    header = summary.splitlines()[1].split()
+    assert header[:3] == ["tool", "N=1", "N=2"]
+    number = r"\d+\.\d\d"
+    for tool in ("orch", "fabric-minimal"):
+        row = re.search(rf"^{tool} +({number}) +({number}) +({number}) +({number}) +(\d+) +(\S+)$",
+                        summary, re.MULTILINE)
+        assert row, f"no complete summary row for {tool}:\n{summary}"
+        assert row.group(6) == "1", f"{tool}: SSH channels per host is {row.group(6)}, not 1"
+    ratio = re.search(rf"^fabric-minimal +({number}) +({number})$", summary, re.MULTILINE)
+    assert ratio, summary  # orch / fabric-minimal per N
+
+    for n in (1, 2):
+        assert f"N={n}, forks {n}, 1 round(s), medians" in out
+
+    text = results.read_text()
+    assert text.startswith("# Fleet bench results")
+    for part in ("## Machine", "- cores (nproc): ", "- python: ", "- cpu: ", "## Summary",
+                 "## N = 1 (forks 1)", "## N = 2 (forks 2)", "--quick"):
+        assert part in text, part
+
+    assert running_under(tmp) == []  # every sshd, server and tool run was stopped
+    assert list(tmp.iterdir()) == []  # and the work directory removed
