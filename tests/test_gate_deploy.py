@@ -9,12 +9,13 @@ duration. Switches reach only the NEW server (``server.env``); a rollback
 restarts the hand-started command line with its own environment.
 
 Every verdict asserted here is far from its threshold: on a busy 2-core
-machine the stand-in's rounds spread by ±10% and more, and a difference
-within the spread is inconclusive (then a fail, by default) — which is
-what docs/GATE.md says about choosing thresholds. Speculation at
-concurrency 32 costs the stand-in about 45% of its throughput; a slowdown
-of 2, 50%. A comparison of a server with itself passes only rules wider
-than the noise (``WIDE``).
+machine (the suite runs in 4 workers) the stand-in's rounds spread by ±10%
+and more, and a difference within the spread is inconclusive (then a fail,
+by default) — which is what docs/GATE.md says about choosing thresholds.
+Speculation at concurrency 32 costs the stand-in about 40% of its
+throughput; a slowdown of 2, 50%; both, 70%. A comparison of a server with
+itself passes only rules much wider than the noise (``WIDE``), and a
+regression asserted against ``WIDE`` is both.
 
 Deploys that fail the gate are faults: they reach sshd through the TCP proxy
 that adds 20 ms each way, as tests/test_faults.py does.
@@ -47,7 +48,7 @@ LABEL = "/generate@32"
 SPECULATION = ("--speculative-algorithm", "EAGLE")
 
 RULES = {"tokens_per_s": {"min_ratio": 0.95}, "p99_ms": {"max_ratio": 1.10}, "errors": 0, "greedy": "same"}
-WIDE = {"tokens_per_s": {"min_ratio": 0.75}, "p99_ms": {"max_ratio": 1.5}, "errors": 0, "greedy": "same"}
+WIDE = {"tokens_per_s": {"min_ratio": 0.6}, "p99_ms": {"max_ratio": 1.8}, "errors": 0, "greedy": "same"}
 """Wide enough that the same server passes against itself on a busy machine."""
 
 
@@ -148,8 +149,10 @@ def test_the_speculation_patch_passes_the_gate_and_its_record_is_the_next_baseli
     now = json.loads(status.stdout)["hosts"]["gpu"]["gate"]
     assert now["verdict"] == "pass" and now["baseline"] == f"release {host['release']}'s record"
 
-    # the next deploy takes its baseline from that record; threshold 64 keeps speculation on at 32
-    worse = box.orch("deploy", "--host", "gpu", "--json", str(gated(box, threshold=64, rules=WIDE, name="worse.yaml")))
+    # the next deploy takes its baseline from that record; threshold 64 keeps speculation on at 32,
+    # and a slowdown of 2 on top
+    worse = box.orch("deploy", "--host", "gpu", "--json", str(gated(
+        box, threshold=64, env={"STANDIN_SLOWDOWN": "2"}, rules=WIDE, name="worse.yaml")))
     assert worse.returncode == 1, worse.stdout + worse.stderr
     second = host_of(worse)
     assert second["outcome"] == "rolled_back"
@@ -161,6 +164,7 @@ def test_the_speculation_patch_passes_the_gate_and_its_record_is_the_next_baseli
         assert json.load(r)["speculative_disable_batch_threshold"] == 8
 
     # the same command line, restarted by hand twice as slow: status --probe says so, exit 1
+    # (a fail, or an inconclusive counted as one: either way the regression is named)
     after_argv = cmdline(box.server_pid())
     stop_server(box)
     launcher = len(box.hand_argv) - len(SPECULATION)  # python -m sglang.launch_server --model-path … --port …
