@@ -1,8 +1,11 @@
 """``orch demo``: the whole story on this machine, in under a minute.
 
 A sandbox in a temp dir: a local-connection host, a miniature SGLang-like
-tree, and the stand-in server started "by hand" (as a user's would be).
-Then: deploy the speculation playbook; deploy a misspelt flag, which the
+tree, and the stand-in server started "by hand" (as a user's would be) with
+speculative decoding on — the story's box, slow under load. Then: deploy
+the speculation patch with a performance gate (the before/after table:
+more tokens/s at 32 concurrent requests); deploy a change that halves the
+throughput, which the gate rolls back; deploy a misspelt flag, which the
 pre-flight refuses before the running server is touched; deploy a server
 that crashes at start and watch the automatic rollback; ``orch rollback``;
 the history.
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cli.output import Output
 from orchestrator.cli.tables import draw_history
@@ -35,8 +39,61 @@ from orchestrator.pipeline.inspect import host_history
 from orchestrator.pipeline.report import RunReport
 from orchestrator.pipeline.rollback import rollback_host
 from orchestrator.pipeline.session import ConnectOptions
-from orchestrator.shell.config_files import find_playbook, load_playbook
+from orchestrator.shell.config_files import load_playbook
 from orchestrator.standin import launch_argv, launch_env, make_tree
+
+GATED_PLAYBOOK = """\
+# The story's patch (as in the shipped speculative-disable.yaml), with a
+# performance gate: orch probes the server before stopping it and the new
+# one once it is healthy, prints the before/after table, and rolls back when
+# a rule fails (docs/GATE.md). The baseline is the current release's
+# recorded probe where there is one.
+name: speculative-disable-gated
+vars: {threshold: 8, port: 30000, slowdown: 1}
+files:
+  - path: "{{ sglang_root }}/srt/server_args.py"
+    edits:
+      - add_flag:
+          name: speculative_disable_batch_threshold
+          type: int
+          default: null
+          help: "Disable speculation when decode batch size exceeds this threshold."
+          near: speculative_accept_threshold_acc
+    validate: [python-syntax]
+server:
+  manager: process
+  flags: {"--speculative-disable-batch-threshold": "{{ threshold }}"}
+  # The stand-in's switch that makes every decode step N times slower: the
+  # demo sets it to 2 to play a change that regresses (orch never reads it).
+  env: {STANDIN_SLOWDOWN: "{{ slowdown }}"}
+health:
+  base_url: "http://127.0.0.1:{{ port }}"
+  timeout: 5m
+  interval: 0.2s
+  stable_for: 1s
+  checks:
+    - get: /health
+    - get: /get_server_info
+      expect: {speculative_disable_batch_threshold: "{{ threshold }}"}
+gate:
+  probes:
+    - post: /generate
+      json: {text: "The gate's prompt", sampling_params: {max_new_tokens: 8}}
+      requests: 64
+      concurrency: 32          # under load: where speculation costs throughput
+      warmup: 32
+      rounds: 3                # the median is compared; the rounds' range is the noise
+      timeout: 30s
+  rules:
+    tokens_per_s: {min_ratio: 0.95}
+    p99_ms: {max_ratio: 1.10}
+    errors: 0
+    greedy: same             # the same text at temperature 0
+"""
+
+SPECULATION = ["--speculative-algorithm", "EAGLE"]
+"""How the demo's server is started by hand: speculative decoding on, as in the story."""
+
 
 BAD_FLAG_PLAYBOOK = """\
 # A flag this server does not know. Before stopping the running server, orch
@@ -79,6 +136,11 @@ health:
   checks:
     - get: /health
 """
+
+
+def gate_row(gate: dict[str, Any] | None, rule: str) -> dict[str, Any] | None:
+    """The row of ``rule`` in a host report's ``gate`` object."""
+    return next((c for c in (gate or {}).get("checks", []) if c.get("rule") == rule), None)
 
 
 def free_port() -> int:
@@ -142,7 +204,7 @@ def heading(out: Output, title: str) -> None:
 def write_kept_sandbox(tmp: Path, port: int) -> None:
     """Scripts and a note that let a person go on using the sandbox after the demo."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch_env(tmp / "sglang").items())
-    argv = shlex.join(launch_argv(sys.executable, tmp / "sglang", port=port))
+    argv = shlex.join(launch_argv(sys.executable, tmp / "sglang", port=port, extra=SPECULATION))
     start = tmp / "start-server.sh"
     start.write_text(
         "#!/bin/sh\n"
@@ -175,11 +237,13 @@ state/ (the demo's history). From this directory:
   ./start-server.sh                                  # the stand-in, started by hand, port {port}
   orch status   --host sandbox                       # exit 0: healthy
   orch deploy   --host sandbox --check --diff speculative-disable
-  orch deploy   --host sandbox speculative-disable   # threshold 32
-  orch deploy   --host sandbox --var threshold=8 speculative-disable
+  orch deploy   --host sandbox gated.yaml            # threshold 8, gated: the before/after table
+  orch status   --host sandbox --probe               # probe now, against the release's record
+  orch deploy   --host sandbox --var slowdown=2 --var threshold=16 gated.yaml   # rolled back by the gate
+  orch deploy   --host sandbox speculative-disable   # threshold 32, no gate
   orch deploy   --host sandbox bad-flag.yaml         # refused by the pre-flight: server untouched
   orch deploy   --host sandbox bad-patch.yaml        # crashes at start: rolled back by itself
-  orch rollback --host sandbox                       # back to threshold 32, then again: none
+  orch rollback --host sandbox                       # back to threshold 8, then again: none
   orch history  --host sandbox
   ./stop-server.sh
 
@@ -195,6 +259,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
     root = make_tree(tmp / "sglang")
     target_file = root / "srt" / "server_args.py"
     original_sha = sha256(target_file)
+    (tmp / "gated.yaml").write_text(GATED_PLAYBOOK)
     (tmp / "bad-flag.yaml").write_text(BAD_FLAG_PLAYBOOK)
     (tmp / "bad-patch.yaml").write_text(BAD_PATCH_PLAYBOOK)
     inventory_text = (
@@ -212,7 +277,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
     env = dict(os.environ, **launch_env(tmp / "sglang"), STANDIN_STARTUP_DELAY="1")
     with open(tmp / "hand-started.log", "wb") as log:
         hand = subprocess.Popen(
-            launch_argv(sys.executable, tmp / "sglang", port=port), env=env,
+            launch_argv(sys.executable, tmp / "sglang", port=port, extra=SPECULATION), env=env,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     ok = True
@@ -220,14 +285,14 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
     try:
         heading(out, "orch demo: a sandbox host with the stand-in server")
         out.line(f"sandbox: {tmp}")
-        out.line(f"stand-in server started by hand: pid {hand.pid}, port {port}")
+        out.line(f"stand-in server started by hand: pid {hand.pid}, port {port}, speculative decoding on")
         if not wait_healthy(port):
             out.line("the stand-in server did not come up", "red")
             return 1
 
-        heading(out, "1. deploy the speculation playbook")
-        spec = load_playbook(find_playbook("speculative-disable"))
-        first = report.hosts["deploy"] = deploy_host(target, spec, {}, options, reporter)
+        heading(out, "1. deploy the speculation patch, with a performance gate")
+        gated = load_playbook(tmp / "gated.yaml")
+        first = report.hosts["deploy"] = deploy_host(target, gated, {}, options, reporter)
         ok &= first.outcome == "changed"
         import json
         import urllib.request
@@ -236,9 +301,22 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
             info = json.load(r)
         out.line(f"/get_server_info: speculative_disable_batch_threshold = "
                  f"{info.get('speculative_disable_batch_threshold')}", "bold")
-        ok &= info.get("speculative_disable_batch_threshold") == 32
+        ok &= info.get("speculative_disable_batch_threshold") == 8
+        tokens = gate_row(first.extra.get("gate"), "tokens_per_s")
+        if tokens:
+            out.line(f"tokens/s at 32 concurrent requests: {tokens['before']:.0f} before, {tokens['after']:.0f} "
+                     f"after ({tokens['change_pct']:+.0f}%), recorded in release {first.release}", "bold")
 
-        heading(out, "2. deploy a misspelt flag: the pre-flight refuses it")
+        heading(out, "2. deploy a change that halves the throughput: the gate rolls it back")
+        slow = report.hosts["regression"] = deploy_host(
+            target, gated, {"slowdown": 2, "threshold": 16}, options, reporter)
+        ok &= slow.outcome == "rolled_back" and "tokens_per_s" in (slow.error or "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
+            info = json.load(r)
+        out.line(f"the gate compared with release {first.release}'s record; the server runs again with "
+                 f"threshold {info.get('speculative_disable_batch_threshold')}", "bold")
+
+        heading(out, "3. deploy a misspelt flag: the pre-flight refuses it")
         serving = listening_pid(port)
         bad = load_playbook(tmp / "bad-flag.yaml")
         second = report.hosts["misspelt flag"] = deploy_host(target, bad, {"port": port}, options, reporter)
@@ -246,7 +324,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
         out.line(f"the running server was never stopped: pid {listening_pid(port)} "
                  f"(was {serving})", "bold")
 
-        heading(out, "3. deploy a patch that breaks the server at start: rolled back by itself")
+        heading(out, "4. deploy a patch that breaks the server at start: rolled back by itself")
         crash = load_playbook(tmp / "bad-patch.yaml")
         third = report.hosts["bad patch"] = deploy_host(target, crash, {"port": port}, options, reporter)
         ok &= third.outcome == "rolled_back"
@@ -255,12 +333,12 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
         out.line(f"after the automatic rollback the server runs again with threshold "
                  f"{info.get('speculative_disable_batch_threshold')}", "bold")
 
-        heading(out, "4. orch rollback")
+        heading(out, "5. orch rollback")
         fourth = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
         ok &= fourth.exit_code == 0 and sha256(target_file) == original_sha
         out.line(f"server_args.py sha256 equals the original: {sha256(target_file) == original_sha}")
 
-        heading(out, "5. orch history")
+        heading(out, "6. orch history")
         draw_history(out, host_history(target, options))
         print_summary(out, report)
         out.line("demo finished as expected" if ok else "demo went wrong",

@@ -126,6 +126,10 @@ class PreflightRefusedError(ServerFailedError):
     """The server's own parser refused the new command line; the running server was not touched."""
 
 
+class GateFailedError(ServerFailedError):
+    """The new server is healthy but fails a rule of the playbook's performance gate."""
+
+
 class NotImplementedYetError(RefusedError):
     """A command of the contract whose issue has not landed yet."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,14 +39,26 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "demo finished as expected" in out
-    assert "speculative_disable_batch_threshold = 32" in out
+    assert "speculative decoding on" in out
+    # act 1: the speculation patch, gated: the before/after table, probed on the running server
+    assert "sandbox performance gate: pass (baseline: probed before the stop)" in out
+    assert re.search(r"^  probe +figure +before +after +change +rule +verdict$", out, re.M)
+    assert re.search(r"^  /generate@32 +tokens_per_s +\S+ ±\S+ +\S+ ±\S+ +\+\S+% +≥ 0.95 × before +pass$", out, re.M)
+    assert "tokens/s at 32 concurrent requests: " in out
+    assert "speculative_disable_batch_threshold = 8" in out
+    # act 2: a change that halves the throughput, judged against act 1's record, rolled back
+    assert re.search(r"sandbox performance gate: fail \(baseline: release \S+'s record\)", out)
+    assert re.search(r"^  /generate@32 +tokens_per_s .* fail$", out, re.M)
+    assert "regression: rolled_back" in out
+    assert "performance gate failed: tokens_per_s.min_ratio on /generate@32" in out
+    assert "the server runs again with threshold 8" in out
     # act 2: the pre-flight quotes the parser and the running server is never stopped
     assert "pre-flight refused the new command line" in out
     assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in out
     assert "the running server was never stopped" in out
     # act 3: a server that crashes at start is rolled back by itself
     assert "RuntimeError: this patch breaks the server at start" in out
-    assert "after the automatic rollback the server runs again with threshold 32" in out
+    assert "after the automatic rollback the server runs again with threshold 8" in out
     assert "sha256 equals the original: True" in out
     assert "history of sandbox" in out
     time.sleep(0.5)
@@ -55,7 +68,6 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
 def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
     """What docs/CLI.md tells a newcomer to do after `orch demo --keep`, done for real."""
     import json
-    import re
     import shutil
     import urllib.request
 
@@ -92,8 +104,8 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
         assert orch("rollback", "--host", "sandbox").returncode == 0
         history = orch("history", "--host", "sandbox", "--json")
         rows = json.loads(history.stdout)["hosts"]["sandbox"]
-        assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own four
-        assert len(rows) == 6
+        assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own five
+        assert len(rows) == 7
     finally:
         subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
         deadline = time.monotonic() + 30

@@ -426,7 +426,9 @@ def test_a_restore_record_names_the_link_it_switched_back() -> None:
 
 
 def test_the_probe_is_bounded_for_the_watchdogs_deadline() -> None:
+    from orchestrator.core.budget import probe_seconds
+
     config = ProbeConfig.model_validate({"post": "/generate", "requests": 16, "concurrency": 8, "timeout": "5s"})
-    assert config.budget_seconds() == 5 + 5 * (16 // 8 + 2)  # the greedy request, then one batch
+    assert probe_seconds(config) == 5 + 5 * (16 // 8 + 2)  # the greedy request, then one batch
     more = config.model_copy(update={"rounds": 3, "warmup": 8, "greedy": False})
-    assert more.budget_seconds() == 5 * (8 // 8 + 2) + 3 * 5 * (16 // 8 + 2)
+    assert probe_seconds(more) == 5 * (8 // 8 + 2) + 3 * 5 * (16 // 8 + 2)

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.output import Output
+from orchestrator.cli.views import draw_gate
 from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus
 
@@ -166,13 +167,25 @@ def status_lines(s: HostStatus) -> list[tuple[str, str]]:
     if s.lock:
         rows.append(("lock", f"held by {s.lock.get('user')}@{s.lock.get('controller')} "
                              f"pid {s.lock.get('pid')}"))
-    rows.append(("status", "; ".join(s.problems) if s.problems else "ok"))
+    if s.gate_note:
+        rows.append(("probe", s.gate_note))
+    elif s.gate is not None:
+        rows.append(("probe", f"{s.gate.verdict} against release {s.current}'s record"))
+    if s.problems:
+        rows.append(("status", "; ".join(s.problems)))
+    elif s.regressed and s.gate is not None:
+        rows.append(("status", "performance regressed: " + ", ".join(f"{c.name} on {c.probe}"
+                                                                      for c in s.gate.failing)))
+    else:
+        rows.append(("status", "ok"))
     return rows
 
 
 def draw_status(out: Output, s: HostStatus) -> None:
-    style = "green" if s.exit_code == 0 and not s.drift else ("yellow" if s.exit_code == 0 else "red")
+    style = "green" if s.exit_code == 0 and not s.drift else ("yellow" if s.exit_code <= 1 else "red")
     rows = status_lines(s)
+    if s.gate is not None:
+        draw_gate(out, s.host, s.gate)
     if not out.terminal:
         for label, value in rows:
             out.console.print(f"[bold cyan]{escape(s.host)}[/] {escape(label)}: "

@@ -28,6 +28,7 @@ from rich.text import Text
 
 from orchestrator.cli.diffs import unified_diff
 from orchestrator.cli.output import Output
+from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
 from orchestrator.core.regions import ViewRange, view_ranges
 from orchestrator.pipeline.report import HostReport, RunReport
 
@@ -135,6 +136,10 @@ class ConsoleReporter:
         self._settle()
         draw_log(self.out, f"{host}: {title}", lines)
 
+    def gate(self, host: str, outcome: GateOutcome) -> None:
+        self._settle()
+        draw_gate(self.out, host, outcome)
+
 
 RichReporter = ConsoleReporter
 """The name this class had; kept for callers written before the media split."""
@@ -203,6 +208,44 @@ def draw_log(out: Output, title: str, lines: Sequence[str]) -> None:
     out.line(f"{title}:", "red")
     for row in lines or ["(empty)"]:
         out.line(f"  | {row}")
+
+
+VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
+
+
+def draw_gate(out: Output, host: str, outcome: GateOutcome) -> None:
+    """The gate's before/after table: a Rich table on a terminal, aligned plain lines elsewhere.
+
+    Shown whatever the verbosity (``-q`` too): it is the reason a deploy
+    was kept or rolled back.
+    """
+    rows = outcome.rows()
+    # a table only where every cell fits whole: nothing is ever cut or ellipsized
+    needed = sum(max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))) + 3 * len(COLUMNS) + 1
+    if not out.terminal:
+        lines = plain_table(outcome)
+        out.line(f"{host} {lines[0]}", VERDICT_STYLE.get(outcome.verdict))
+        for row in lines[1:]:
+            out.line(row)
+        return
+    if needed > out.console.width:  # a narrow terminal: a sentence per row, wrapped at word boundaries
+        out.line(f"{host} {outcome.title()}", VERDICT_STYLE.get(outcome.verdict))
+        for check, (probe, figure, before, after, change, rule, verdict) in zip(outcome.checks, rows, strict=True):
+            change = f" ({change})" if change else ""
+            out.console.print(Text.assemble(f"  {probe} {figure}: {before} → {after}{change}, {rule}: ",
+                                            (verdict, VERDICT_STYLE.get(check.verdict, ""))))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{escape(host)} {escape(outcome.title())}", title_justify="left")
+    for name in COLUMNS:
+        table.add_column(name, justify="right" if name in ("before", "after", "change") else "left",
+                         no_wrap=True)
+    for check, row in zip(outcome.checks, rows, strict=True):
+        style = VERDICT_STYLE.get(check.verdict, "")
+        cells = [Text(c) for c in row[:-1]] + [Text(row[-1], style=style)]
+        table.add_row(*cells)
+    out.console.print(table)
 
 
 def print_summary(out: Output, report: RunReport) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.core.models import Health, Server
+from orchestrator.core.models import Gate, Health, ProbeConfig, Server
 
 COMMIT_ALLOWANCE = 30.0
 """Commit, verification read and the journal writes around them (one round trip each)."""
@@ -73,6 +73,37 @@ def restore_budget(server: Server | None, health: Health | None) -> list[BudgetI
     items = [BudgetItem("files", COMMIT_ALLOWANCE, "fixed"), *restart_items(server, health)]
     if server is not None and server.after_healthy:
         items.append(BudgetItem("put back", server.hook_timeout, "server.hook_timeout"))
+    return items
+
+
+def probe_seconds(probe: ProbeConfig) -> float:
+    """The longest one probe (all its rounds) may take on the host.
+
+    The helper bounds each batch of requests by ``timeout × (count //
+    concurrency + 2)`` (``probe_batch`` in ``shell/agent.py``), and the
+    greedy request by ``timeout``.
+    """
+
+    def batch(count: int) -> float:
+        return probe.timeout * (count // probe.concurrency + 2)
+
+    seconds = probe.rounds * batch(probe.requests)
+    if probe.warmup:
+        seconds += batch(probe.warmup)
+    if probe.greedy:
+        seconds += probe.timeout
+    return seconds
+
+
+def gate_items(gate: Gate, *, baseline: bool) -> list[BudgetItem]:
+    """A gate's share of the deploy: the new server's probes and their re-probes,
+    and, when the baseline is probed before the stop (not taken from a record), that too."""
+    one = sum(probe_seconds(p) for p in gate.probes)
+    items = [BudgetItem("gate", one, "gate.probes: rounds, requests, timeout")]
+    if gate.reprobes:
+        items.append(BudgetItem("gate re-probes", one * gate.reprobes, "gate.reprobes"))
+    if baseline:
+        items.append(BudgetItem("gate baseline", one, "probed before the stop"))
     return items
 
 

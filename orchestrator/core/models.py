@@ -522,6 +522,138 @@ class Health(_Model):
         return value
 
 
+# --------------------------------------------------------- probe and gate
+
+
+class ProbeConfig(_Model):
+    """``probe:`` in a nightly spec, and the base of each of a gate's probes.
+
+    ``post`` is the route (``/generate`` or ``/v1/completions`` …), ``json``
+    the body sent as is by every request; ``timeout`` bounds each request.
+    ``warmup`` requests are sent first and not counted. ``rounds`` repeats
+    the whole measurement so the figures come with a spread. ``greedy: false``
+    skips the fingerprint request. (The figures: ``core.probe``.)
+    """
+
+    post: HttpPath
+    json_: Any = Field(None, alias="json")
+    requests: int = Field(64, ge=1, le=100_000)
+    concurrency: int = Field(8, ge=1, le=1024)
+    warmup: int = Field(0, ge=0, le=100_000)
+    rounds: int = Field(1, ge=1, le=50)
+    timeout: Duration = 60.0
+    headers: dict[str, StrValue] = Field(default_factory=dict)
+    greedy: bool = True
+
+    @model_validator(mode="after")
+    def _body_is_object(self) -> ProbeConfig:
+        if self.json_ is not None and not isinstance(self.json_, dict):
+            raise ValueError("json must be a mapping (the request body)")
+        if self.timeout <= 0:
+            raise ValueError("timeout must be more than 0")
+        return self
+
+
+BOUND_KINDS = ("min_ratio", "max_ratio", "min", "max")
+
+
+class Bounds(_Model):
+    """The bounds one figure must keep: against the baseline (``min_ratio``,
+    ``max_ratio``) or absolute (``min``, ``max``, in the figure's own unit)."""
+
+    min_ratio: float | None = Field(None, gt=0)
+    max_ratio: float | None = Field(None, gt=0)
+    min: float | None = Field(None, ge=0)
+    max: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Bounds:
+        if all(getattr(self, k) is None for k in BOUND_KINDS):
+            raise ValueError(f"expected at least one of {', '.join(BOUND_KINDS)}")
+        return self
+
+FIGURE_RULES = {
+    "tokens_per_s": "output_tokens_per_s",
+    "requests_per_s": "requests_per_s",
+    "p50_ms": "p50_ms",
+    "p99_ms": "p99_ms",
+}
+"""A gate rule's name -> the probe figure it bounds (``core.probe.FIGURES``)."""
+
+
+class GateRules(_Model):
+    """What must hold after the deploy, figure by figure.
+
+    ``errors``: at most this many failed requests over all rounds of the new
+    server's probe; ``greedy: same``: the greedy fingerprint (one request at
+    temperature 0) equals the baseline's.
+    """
+
+    tokens_per_s: Bounds | None = None
+    requests_per_s: Bounds | None = None
+    p50_ms: Bounds | None = None
+    p99_ms: Bounds | None = None
+    errors: int | None = Field(None, ge=0)
+    greedy: Literal["same"] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, k) is None for k in type(self).model_fields)
+
+
+class GateProbe(ProbeConfig):
+    """One probe of a gate: a ``ProbeConfig`` with a name, 3 rounds by default,
+    and, optionally, rules of its own (instead of the gate's)."""
+
+    name: str | None = Field(None, min_length=1, pattern=r"^[^\s]+$")
+    rounds: int = Field(3, ge=1, le=50)
+    rules: GateRules | None = None
+
+    @property
+    def label(self) -> str:
+        """The probe's name in tables and messages: ``name``, else ``/route@concurrency``."""
+        return self.name or f"{self.post}@{self.concurrency}"
+
+
+class Gate(_Model):
+    """``gate:``: probe the server before and after, and roll back unless the rules hold.
+
+    A rule's verdict is ``inconclusive`` when the difference is inside the
+    measured spread; then the new server is probed again, up to
+    ``reprobes`` times, and a verdict still inconclusive counts as
+    ``on_inconclusive`` (``fail`` unless set to ``pass``). See docs/GATE.md.
+    """
+
+    probes: list[GateProbe] = Field(min_length=1)
+    rules: GateRules | None = None
+    reprobes: int = Field(1, ge=0, le=10)
+    on_inconclusive: Literal["fail", "pass"] = "fail"
+
+    def rules_of(self, probe: GateProbe) -> GateRules:
+        """The rules ``probe`` is judged by: its own, else the gate's."""
+        return probe.rules or self.rules or GateRules()
+
+    @model_validator(mode="after")
+    def _every_probe_judged(self) -> Gate:
+        labels: set[str] = set()
+        for i, probe in enumerate(self.probes):
+            rules = self.rules_of(probe)
+            if rules.empty:
+                if probe.rules is not None:
+                    where: Loc = ("gate", "probes", i, "rules")
+                else:
+                    where = ("gate", "rules") if self.rules is not None else ("gate",)
+                raise LocatedProblem(where, f"no rules for probe {probe.label}: nothing would be checked")
+            if rules.greedy and not probe.greedy:
+                raise LocatedProblem(("gate", "probes", i, "greedy"),
+                                     "greedy: same needs the probe's greedy request (greedy: true)")
+            if probe.label in labels:
+                raise LocatedProblem(("gate", "probes", i),
+                                     f"two probes are named {probe.label}: give each its own name:")
+            labels.add(probe.label)
+        return self
+
+
 class Playbook(_Model):
     """A playbook: edits to files, the server to restart, the checks to pass."""
 
@@ -532,8 +664,18 @@ class Playbook(_Model):
     files: list[FileEntry] = Field(default_factory=list)
     server: Server | None = None
     health: Health | None = None
+    gate: Gate | None = None
 
     _locations: Locations | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _gate_needs_a_restart_and_health(self) -> Playbook:
+        if self.gate is not None:
+            missing = [k for k in ("server", "health") if getattr(self, k) is None]
+            if missing:
+                raise LocatedProblem(("gate",), f"a gate needs {' and '.join(missing)}: (it probes the "
+                                                "restarted server at health.base_url)")
+        return self
 
     @property
     def locations(self) -> Locations:

@@ -33,57 +33,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
-
-from orchestrator.core.durations import Duration
-from orchestrator.core.models import HttpPath, StrValue, _Model
+# ``probe:`` in a nightly spec and each of a gate's probes: a configuration model, so it
+# lives in ``core.models`` with the others; re-exported here, where the nightly finds it.
+from orchestrator.core.models import ProbeConfig as ProbeConfig
 
 Api = Literal["sglang", "openai"]
 
 FIGURES = ("requests_per_s", "output_tokens_per_s", "p50_ms", "p99_ms")
 """The measured figures a ``ProbeResult`` has a median and a spread for."""
-
-
-class ProbeConfig(_Model):
-    """``probe:`` in a nightly spec (and, later, a gate's probes).
-
-    ``post`` is the route (``/generate`` or ``/v1/completions`` …), ``json``
-    the body sent as is by every request; ``timeout`` bounds each request.
-    ``warmup`` requests are sent first and not counted. ``rounds`` repeats
-    the whole measurement so the figures come with a spread. ``greedy: false``
-    skips the fingerprint request.
-    """
-
-    post: HttpPath
-    json_: Any = Field(None, alias="json")
-    requests: int = Field(64, ge=1, le=100_000)
-    concurrency: int = Field(8, ge=1, le=1024)
-    warmup: int = Field(0, ge=0, le=100_000)
-    rounds: int = Field(1, ge=1, le=50)
-    timeout: Duration = 60.0
-    headers: dict[str, StrValue] = Field(default_factory=dict)
-    greedy: bool = True
-
-    @model_validator(mode="after")
-    def _body_is_object(self) -> ProbeConfig:
-        if self.json_ is not None and not isinstance(self.json_, dict):
-            raise ValueError("json must be a mapping (the request body)")
-        if self.timeout <= 0:
-            raise ValueError("timeout must be more than 0")
-        return self
-
-    def budget_seconds(self) -> float:
-        """The longest the probe can take on the host, for the watchdog's deadline.
-
-        The helper bounds every batch of ``count`` requests by ``timeout`` ×
-        (``count`` ÷ ``concurrency`` + 2), and the greedy request by ``timeout``.
-        """
-
-        def batch(count: int) -> float:
-            return self.timeout * (count // self.concurrency + 2)
-
-        first = (batch(self.warmup) if self.warmup else 0.0) + (self.timeout if self.greedy else 0.0)
-        return first + self.rounds * batch(self.requests)
 
 
 # ------------------------------------------------------------ the two APIs

@@ -10,6 +10,8 @@ Pure: the renderer's lookup is injected.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,6 +28,9 @@ from orchestrator.core.models import (
     Check,
     Edit,
     FileEntry,
+    Gate,
+    GateProbe,
+    GateRules,
     Health,
     Locations,
     Playbook,
@@ -206,6 +211,38 @@ class RenderedHealth:
 
 
 @dataclass(frozen=True)
+class RenderedProbe:
+    """One probe of a gate: its settings, its body and headers rendered, its rules.
+
+    ``key`` names what the probe measures (route, body, requests,
+    concurrency): a release's recorded figures are a baseline for a later
+    gate only under the same key.
+    """
+
+    label: str
+    config: GateProbe
+    body: Any
+    headers: dict[str, str]
+    rules: GateRules
+
+    @property
+    def key(self) -> str:
+        what = {"post": self.config.post, "body": self.body, "requests": self.config.requests,
+                "concurrency": self.config.concurrency}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RenderedGate:
+    """``gate:`` rendered: the probes run against ``base_url`` (``health.base_url``)."""
+
+    base_url: str
+    probes: tuple[RenderedProbe, ...]
+    reprobes: int
+    on_inconclusive: Literal["fail", "pass"]
+
+
+@dataclass(frozen=True)
 class RenderedPlaybook:
     name: str
     files: tuple[RenderedFile, ...]
@@ -214,6 +251,7 @@ class RenderedPlaybook:
     vars: dict[str, Any]
     secret_names: frozenset[str]
     keep_releases: int | None = None
+    gate: RenderedGate | None = None
 
 
 # ------------------------------------------------------------------ rendering
@@ -268,14 +306,16 @@ def render_playbook(
         for i, entry in enumerate(pb.files)
         if ctx.holds(entry.when, ("files", i, "when"))
     )
+    health = _health(pb.health, ctx) if pb.health else None
     return RenderedPlaybook(
         name=pb.name,
         files=files,
         server=_server(pb.server, ctx) if pb.server else None,
-        health=_health(pb.health, ctx) if pb.health else None,
+        health=health,
         vars=dict(vars),
         secret_names=frozenset(find_secret_names(vars, pb.secrets)),
         keep_releases=pb.keep_releases,
+        gate=_gate(pb.gate, health, ctx) if pb.gate and health else None,
     )
 
 
@@ -491,6 +531,20 @@ def _check(check: Check, loc: Loc, ctx: _Ctx) -> RenderedCheck:
     )
 
 
+def _gate(gate: Gate, health: RenderedHealth, ctx: _Ctx) -> RenderedGate:
+    probes = []
+    for i, probe in enumerate(gate.probes):
+        loc: Loc = ("gate", "probes", i)
+        probes.append(RenderedProbe(
+            label=probe.label,
+            config=probe,
+            body=ctx.value(probe.json_, (*loc, "json")),
+            headers={k: ctx.string(v, (*loc, "headers", k)) for k, v in probe.headers.items()},
+            rules=gate.rules_of(probe),
+        ))
+    return RenderedGate(health.base_url, tuple(probes), gate.reprobes, gate.on_inconclusive)
+
+
 def _scalars(value: Any) -> Any:
     """Strings (already rendered) read as YAML scalars, recursively."""
     if isinstance(value, str):
@@ -524,8 +578,10 @@ def render_validate(
 __all__ = [
     "RenderedCheck",
     "RenderedFile",
+    "RenderedGate",
     "RenderedHealth",
     "RenderedPlaybook",
+    "RenderedProbe",
     "RenderedServer",
     "ValidateStep",
     "builtin_vars",

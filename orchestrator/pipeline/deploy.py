@@ -2,7 +2,8 @@
 
 1 connect and lock · 2 plan · 3 stage and validate · 4 back up, journal,
 arm the watchdog · 5 commit · 6 verification read · 7 restart · 8 health,
-stability, confirm · on any failure after 4, the restore machine.
+stability, the performance gate · 9 confirm · on any failure after 4, the
+restore machine.
 
 Each step is one method of ``Deployment`` and one round trip to the host's
 helper. ``reached`` says how far the deploy got; when it ends in a failure,
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.budget import BudgetItem, deploy_budget, restore_budget, total
+from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
 from orchestrator.core.outcomes import Step, Verdict, verdict
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import view_ranges
@@ -40,12 +41,14 @@ from orchestrator.core.secrets import redact, redact_argv, redact_env, redact_te
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
+    GateFailedError,
     LinkLostError,
     OrchError,
     PreflightRefusedError,
     RemoteError,
 )
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
@@ -88,6 +91,8 @@ class Deployment:
     deadline: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
+    force_baseline: bool = False  # --baseline: probe the running server even where a record exists
+    gate: GateRun | None = None
 
     @property
     def label(self) -> str:
@@ -100,6 +105,7 @@ class Deployment:
         self.release_id = new_release_id(datetime.now(timezone.utc), secrets.token_hex(2))
         self.release_dir = f"{self.state_dir}/releases/{self.release_id}"
         try:
+            self.gate = self._gate_run()
             self.back_up_and_arm()
             self.commit_and_preflight()
             self.restart_and_check()
@@ -117,6 +123,8 @@ class Deployment:
         hooks = [h for h in (change.before_stop, change.after_healthy) if h] if change else []
         if hooks and pb.server is not None:
             extra.append(BudgetItem("hooks", len(hooks) * pb.server.hook_timeout, "server.hook_timeout"))
+        if self.gate is not None and pb.gate is not None:
+            extra += gate_items(pb.gate, baseline=bool(self.gate.to_probe))
         self.deadline = time.time() + total(deploy_budget(pb.server, pb.health, extra))
         files = [
             {"path": f.path, "n": f.index,
@@ -183,7 +191,9 @@ class Deployment:
             self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
 
     def restart_and_check(self) -> None:
-        """Steps 7 and 8: stop the old server, start the new command line, health and stability."""
+        """Steps 7 and 8: stop the old server, start the new command line, health and stability;
+        with a gate, its probes ride in the same round trip (the baseline after the drain, before
+        the stop; the new server once it is stable), then ``judge_gate``."""
         change = self.plan.server
         if change is None or not change.restart:
             return
@@ -195,6 +205,14 @@ class Deployment:
         if change.before_stop:
             # drain first; a failing hook stops the batch here: nothing is stopped
             steps += [ops.mark(f"{self.release_dir}/drained"), ops.run_ok(change.before_stop, timeout=hook_timeout)]
+        gate = self.gate
+        baseline_at = len(steps)
+        if gate is not None and gate.to_probe:
+            # the gate's baseline: the server as it runs now (drained, like the new one will be measured)
+            steps += gate.baseline_ops()
+            self.reporter.step(self.label, f"gate: probing the running server before the stop "
+                                           f"({', '.join(p.label for p in gate.to_probe)})")
+        baseline_end = len(steps)
         steps.append(ops.mark(f"{self.release_dir}/server.touched"))
         if change.manager == "commands":
             if change.before is not None and change.stop:
@@ -211,18 +229,44 @@ class Deployment:
         shown = " ".join(self._shown_argv(change.after_argv) or [])
         self.reporter.step(self.label, f"restarting the server: {shown}")
         health = self._health_wire(for_restore=False)
+        health_at = len(steps)
         if health is not None:
             # In the same round trip: poll health while watching the process just started.
             steps.append(ops.health_wait(health, pid="started"))
-        if change.after_healthy:
+        after_at = len(steps)
+        if gate is not None:
+            steps += gate.after_ops()  # still in the same round trip: the new server, once healthy
+        after_end = len(steps)
+        if change.after_healthy and gate is None:
             steps.append(ops.run_ok(change.after_healthy, timeout=hook_timeout))
         self.reached = Step.RESTARTING
         results = self.session.batch(steps, on_event=lambda ev: self.reporter.progress(self.label, ev))
         self._timed("restart", t)
         if health is not None:
-            got = results[-2] if change.after_healthy else results[-1]
+            got = results[health_at]
             stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
             self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
+        if gate is not None:
+            gate.take_baseline(results[baseline_at:baseline_end])
+            gate.take_after(results[after_at:after_end])
+            self.judge_gate()
+            if change.after_healthy:
+                # only a server that passed the gate goes back behind the router
+                self.session.run(ops.run_ok(change.after_healthy, timeout=hook_timeout))
+
+    def judge_gate(self) -> None:
+        """Step 8's end: compare before and after, re-probe while inconclusive, show the table;
+        a failing rule fails the deploy (the restore machine rolls back, as for failed health)."""
+        assert self.gate is not None
+        t = time.time()
+        outcome = self.gate.judge(
+            self.session, on_event=lambda ev: self.reporter.progress(self.label, ev),
+            on_reprobe=lambda labels: self.reporter.step(
+                self.label, f"gate: inconclusive (within the spread), probing again: {', '.join(labels)}"))
+        self._timed("gate", t)
+        self.reporter.gate(self.label, outcome)
+        if outcome.verdict != "pass":
+            raise GateFailedError(outcome.message())
 
     def confirm(self) -> HostReport:
         """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""
@@ -232,10 +276,14 @@ class Deployment:
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
         prune = prune_candidates(releases, applied, keep)
         finished = time.time()
+        gate_records = []
+        if self.gate is not None and self.gate.outcome is not None:
+            gate_records = [ops.put_json(f"{self.release_dir}/{SPEC_FILE}", self.gate.spec_record())]
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.release_update(self.state_dir, self.release_id, {
                 "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
-                "timings": self.timings}),
+                "timings": self.timings, **self._gate_fields()}),
+            *gate_records,
             ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
             ops.put_json(self._journal_path(), self._journal("confirmed", finished=True)),
             ops.release_prune(self.state_dir, prune),
@@ -253,7 +301,7 @@ class Deployment:
             self.label, "changed", 0, release=self.release_id,
             files=[f.path for f in self.plan.changed_files],
             extra={"flag_changes": self.plan.server.flag_changes if self.plan.server else [],
-                   "timings": self.timings},
+                   "timings": self.timings, **self._gate_report()},
         )
 
     # ---------------------------------------------------------------- failure
@@ -322,7 +370,7 @@ class Deployment:
                 self.reporter.warn(label, f"the host could not record the restore: {problem}")
             return HostReport(label, v.outcome, v.exit_code, release=self.release_id, files=files,  # type: ignore[arg-type]
                               error=reason, extra={"restore": done, "drift": [f.path for f in record.drift],
-                                                   "timings": self.timings})
+                                                   "timings": self.timings, **self._gate_report()})
         if isinstance(cause, LinkLostError):
             if restoring_until is not None:
                 reason += (f"; the restore of release {self.release_id} was under way on the host when the link "
@@ -353,7 +401,7 @@ class Deployment:
             self.session.batch([
                 ops.release_update(self.state_dir, self.release_id, {
                     "finished": finished, "timings": self.timings,
-                    "duration": round(finished - self.started_at, 3),
+                    "duration": round(finished - self.started_at, 3), **self._gate_fields(),
                     **({"outcome": "failed"} if outcome == "failed" else {})}),
                 self._log_op(f"restore: {record.describe()}"),
             ])
@@ -364,6 +412,33 @@ class Deployment:
         if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
             self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
         return self._redact(str(cause))
+
+    # ---------------------------------------------------------------- the gate
+
+    def _gate_run(self) -> GateRun | None:
+        """The playbook's gate for this deploy, with its baseline decided: the current
+        release's record where it measured the server running now, else a probe before the stop."""
+        spec = self.plan.playbook.gate
+        change = self.plan.server
+        if spec is None or change is None or not change.restart:
+            return None
+        applied = self.state.get("state", {}).get("applied") or []
+        current = next((m for m in self.state.get("releases", []) if applied and m.get("id") == applied[-1]), None)
+        running = self._shown_argv((change.before or {}).get("argv"))
+        return GateRun.for_deploy(spec, current, running, running=change.before is not None,
+                                  force_baseline=self.force_baseline)
+
+    def _gate_fields(self) -> dict[str, Any]:
+        """The manifest's ``gate`` (the verdicts) and ``probe`` (the new server's figures)."""
+        if self.gate is None or self.gate.outcome is None:
+            return {}
+        return {"gate": self.gate.outcome.to_json(), "probe": self.gate.record()}
+
+    def _gate_report(self) -> dict[str, Any]:
+        """``--json``'s ``gate`` object for this host."""
+        if self.gate is None or self.gate.outcome is None:
+            return {}
+        return {"gate": self.gate.outcome.to_json()}
 
     # ---------------------------------------------------------------- records
 
@@ -517,8 +592,13 @@ def deploy_host(
     reporter: Reporter,
     *,
     check: bool = False,
+    baseline: bool = False,
 ) -> HostReport:
-    """The whole story on one host; every error becomes this host's report."""
+    """The whole story on one host; every error becomes this host's report.
+
+    ``baseline``: a performance gate probes the running server before the
+    stop even where the current release has a record to compare with.
+    """
     label = target.name
     reporter = RunLog(reporter)
     reached = Step.CONNECTING
@@ -526,7 +606,7 @@ def deploy_host(
     try:
         with session:
             reached = Step.PLANNING
-            result = _deploy_in_session(session, loaded, cli_vars, options, reporter, check)
+            result = _deploy_in_session(session, loaded, cli_vars, options, reporter, check, baseline)
             result.extra["round_trips"] = session.round_trips
             result.extra["execs"] = session.execs
             return result
@@ -548,6 +628,7 @@ def _deploy_in_session(
     options: ConnectOptions,
     reporter: Reporter,
     check: bool,
+    baseline: bool = False,
 ) -> HostReport:
     label = session.target.name
     if check:
@@ -568,7 +649,7 @@ def _deploy_in_session(
         staged = stage_and_validate(session, plan, keep=True)
         if staged:
             reporter.step(label, f"staged {len(staged)} file(s) beside their targets; validated")
-        report = Deployment(session, plan, staged, state_dir, state, reporter).run()
+        report = Deployment(session, plan, staged, state_dir, state, reporter, force_baseline=baseline).run()
         if report.outcome != "changed":  # a confirmed deploy gave the lock back with its confirm
             release_lock(session, state_dir)
         return report

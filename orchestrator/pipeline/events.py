@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchestrator.core.gate import GateOutcome, plain_table
+
 if TYPE_CHECKING:
     from orchestrator.pipeline.plan import HostPlan
 
@@ -24,6 +26,7 @@ class Reporter(Protocol):
     def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None: ...
     def server_log(self, host: str, title: str, lines: Sequence[str]) -> None: ...
     def progress(self, host: str, event: dict[str, Any]) -> None: ...
+    def gate(self, host: str, outcome: GateOutcome) -> None: ...
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Recorder:
     plans: list[HostPlan] = field(default_factory=list)
     readbacks: list[tuple[str, str, str, list[Any]]] = field(default_factory=list)
     logs: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    gates: list[tuple[str, GateOutcome]] = field(default_factory=list)
 
     def step(self, host: str, text: str) -> None:
         self.lines.append(("step", host, text))
@@ -55,6 +59,9 @@ class Recorder:
 
     def progress(self, host: str, event: dict[str, Any]) -> None:
         self.lines.append(("progress", host, str(event.get("msg", ""))))
+
+    def gate(self, host: str, outcome: GateOutcome) -> None:
+        self.gates.append((host, outcome))
 
     def text(self) -> str:
         return "\n".join(t for _, _, t in self.lines)
@@ -103,6 +110,12 @@ class RunLog:
         if event.get("msg"):
             self._keep("progress", str(event["msg"]))
         self.inner.progress(host, event)
+
+    def gate(self, host: str, outcome: GateOutcome) -> None:
+        table = plain_table(outcome)
+        self._keep("gate", table[0])
+        self.lines.extend(table[1:])
+        self.inner.gate(host, outcome)
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

@@ -4,7 +4,8 @@ Both read the state dir with one ``state_read`` request, which creates
 nothing: on a host orch never deployed to, they say so and leave no trace.
 ``status`` also says what its exit code means: 0 when nothing is wrong
 that it can see (drift is reported, not an error), 3 when the server is
-not healthy (or not running) or a deploy never finished.
+not healthy (or not running) or a deploy never finished; with ``--probe``,
+1 when the server, probed now, fails the current release's gate.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
 from orchestrator.core.releases import describe_release
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
+from orchestrator.pipeline.gate import probe_now
 from orchestrator.pipeline.nightly_drift import night_drift
 from orchestrator.pipeline.session import ConnectOptions, HostSession
 from orchestrator.shell import ops
@@ -106,6 +109,13 @@ class HostStatus:
     lock: dict[str, Any] | None = None
     server_expected: bool = False  # a release recorded a process server to look for
     state_dir_exists: bool = True
+    gate: GateOutcome | None = None  # --probe: the server now against the release's recorded probe
+    gate_note: str | None = None  # --probe: why there is no gate outcome
+
+    @property
+    def regressed(self) -> bool:
+        """``--probe``: the server, probed now, fails a rule of the current release's gate."""
+        return self.gate is not None and self.gate.verdict == "fail"
 
     @property
     def problems(self) -> list[str]:
@@ -121,10 +131,11 @@ class HostStatus:
 
     @property
     def exit_code(self) -> int:
-        return 3 if self.problems else 0
+        return 3 if self.problems else (1 if self.regressed else 0)
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
+        data["gate"] = self.gate.to_json() if self.gate else None
         if self.server:
             data["server"] = {k: v for k, v in self.server.items() if k != "env"}
             data["server"]["argv"] = redact_argv(self.server.get("argv") or [])
@@ -133,8 +144,14 @@ class HostStatus:
         return data
 
 
-def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
-    """Current release, server process, health now, and drift since the release."""
+def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = False,
+                reporter: Any = None) -> HostStatus:
+    """Current release, server process, health now, and drift since the release.
+
+    ``probe``: also probe the server now with the current release's gate
+    probes, and judge it against that release's recorded figures and rules
+    (``reporter``, if given, shows the probe's progress).
+    """
     with HostSession(target, options) as session:
         state = session.run(ops.state_read(target.state_dir))
         applied = list(state["state"].get("applied", []))
@@ -167,6 +184,18 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
             shas = session.run(ops.sha256([f["path"] for f in files]))
             drift = [f["path"] for f in files if shas.get(f["path"]) != f["sha256_after"]]
         drift += night_drift(session, state)
+        gate: GateOutcome | None = None
+        gate_note = None
+        if probe:
+            if current is None:
+                gate_note = "not probed: no current release to compare with"
+            elif healthy is False:
+                gate_note = "not probed: the server is not healthy"
+            else:
+                release_dir = f"{state.get('root') or target.state_dir}/releases/{current['id']}"
+                events = (lambda ev: reporter.progress(target.name, ev)) if reporter is not None else None
+                found = probe_now(session, release_dir, current, events)
+                gate, gate_note = (found, None) if isinstance(found, GateOutcome) else (None, found)
         return HostStatus(
             host=target.name,
             current=current["id"] if current else None,
@@ -179,4 +208,6 @@ def host_status(target: HostTarget, options: ConnectOptions) -> HostStatus:
             lock=state["lock"],
             server_expected=bool(spec and spec.get("manager", "process") == "process"),
             state_dir_exists=bool(state.get("exists", True)),
+            gate=gate,
+            gate_note=gate_note,
         )

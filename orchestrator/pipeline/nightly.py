@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.budget import BudgetItem, deploy_budget, restore_budget, total
+from orchestrator.core.budget import BudgetItem, deploy_budget, probe_seconds, restore_budget, total
 from orchestrator.core.cmdline import flag_changes, render_words
 from orchestrator.core.models import Playbook
 from orchestrator.core.nightly import (
@@ -567,7 +567,7 @@ class Night:
         new_start = self.new_start()
         self.manifest = self.make_manifest(new_start)
         spec = self.spec
-        extra = [BudgetItem("probe", spec.probe.budget_seconds(), "probe.timeout × batches")] if spec.probe else []
+        extra = [BudgetItem("probe", probe_seconds(spec.probe), "probe.timeout × batches")] if spec.probe else []
         self.deadline = time.time() + total(deploy_budget(spec.server, spec.health, extra))
         restore = restore_spec(self.name, "night", self.restore_plan(previous), deadline=self.deadline,
                                started=new_start.to_wire())

@@ -312,9 +312,16 @@ def nightly_link_swap(link: str, to: str | None, expect: str | None) -> Op:
     return Op("nightly_link_swap", {"link": link, "to": to, "expect": expect})  # None is meant here
 
 
+
+# ---------------------------------------------------------------- the probe (performance gate, nightly)
+
+
 def probe_http(base_url: str, path: str, body: Any, *, requests: int, concurrency: int, timeout: float,
-               headers: Mapping[str, str], warmup: int = 0, greedy_body: Wire | None = None) -> Op:
-    """``requests`` POSTs of ``body`` from the host itself; answers with the raw samples."""
+               headers: Mapping[str, str] | None = None, warmup: int = 0,
+               greedy_body: Wire | None = None) -> Op:
+    """One round of a probe: ``warmup`` requests not counted, the greedy request alone
+    (``greedy_body``, whose whole answer comes back), then ``requests`` POSTs of ``body``
+    at ``concurrency``; answers the raw samples (``core.probe.round_from_wire`` sums them up)."""
     return Op("probe_http", {"base_url": base_url, "path": path, "body": body, "requests": requests,
-                             "concurrency": concurrency, "timeout": timeout, "headers": dict(headers),
+                             "concurrency": concurrency, "timeout": timeout, "headers": dict(headers or {}),
                              "warmup": warmup, "greedy_body": greedy_body})

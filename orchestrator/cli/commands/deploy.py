@@ -19,13 +19,17 @@ from orchestrator.cli.options import (
 @click.option("--diff", "show_diff", is_flag=True,
               help="Also show the unified diff of each changed file before it is staged.")
 @click.option("--break-lock", is_flag=True, help="Take a stale lock whose holder cannot be checked.")
+@click.option("--baseline", is_flag=True,
+              help="Performance gate: probe the running server before the stop, even where the "
+                   "current release has recorded figures to compare with.")
 @click.argument("playbook", required=False, shell_complete=complete_playbooks)
 @output_options
 def deploy(out: OutputFlags, where: HostFlags, check: bool, show_diff: bool, break_lock: bool,
-           playbook: str | None) -> int:
+           baseline: bool, playbook: str | None) -> int:
     """Deploy PLAYBOOK (default: playbooks/site.yaml here, else the shipped one) on the hosts.
 
-    Any failure after the backup rolls the host back by itself. Exit codes:
+    Any failure after the backup rolls the host back by itself, a rule of
+    the playbook's performance gate (gate:) that fails included. Exit codes:
     0 changed, unchanged or planned; 1 failed and rolled back; 2 refused
     before anything changed (with --check: where a deploy would refuse);
     3 the host is not known to be healthy.
@@ -58,7 +62,7 @@ def deploy(out: OutputFlags, where: HostFlags, check: bool, show_diff: bool, bre
     report = RunReport()
     for target in targets:
         report.hosts[target.name] = deploy_host(target, loaded, variables, options, reporter,
-                                                check=check)
+                                                check=check, baseline=baseline)
     print_summary(output, report)
     if out.as_json:
         output.emit_json(report.to_json())

@@ -1,0 +1,214 @@
+"""The performance gate on a host: the baseline, the probes, the re-probes, the records.
+
+The judgement itself is pure (``core.gate``); this module decides where the
+baseline comes from, builds the probe ops that ride in the deploy's own
+round trips, re-probes while a verdict is inconclusive, and writes what a
+later deploy and ``orch status --probe`` read back:
+
+- the **baseline**: the current release's recorded probe when it measured
+  the server that runs now with the same probe (same route, body, requests
+  and concurrency: ``RenderedProbe.key``); else the running server is
+  probed before it is stopped (``--baseline`` forces that);
+- the manifest's ``probe`` record: the new server's figures, probe by
+  probe (its ``summary`` is the first probe's, which ``orch history``
+  shows as tokens/s), and ``gate``: the verdicts;
+- ``probe.json`` beside the manifest: the rendered probes and rules with
+  their headers unmasked (0600, like ``restore.json``), so ``status
+  --probe`` sends exactly what the gate sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.core.gate import (
+    GateOutcome,
+    RuleCheck,
+    check_probe,
+    inconclusive_probes,
+    next_step,
+)
+from orchestrator.core.models import GateProbe, GateRules
+from orchestrator.core.probe import ProbeResult
+from orchestrator.core.rendering import RenderedGate, RenderedProbe
+from orchestrator.pipeline.probe import probe_ops, read_probe
+from orchestrator.pipeline.session import HostSession
+from orchestrator.shell import ops
+
+SPEC_FILE = "probe.json"
+"""In a release's directory: the gate's probes as sent (headers unmasked) and its rules."""
+
+PROBED_BEFORE_STOP = "probed before the stop"
+
+
+@dataclass
+class GateRun:
+    """One gate on one host, from the baseline to the outcome."""
+
+    spec: RenderedGate
+    before: dict[str, ProbeResult] = field(default_factory=dict)
+    recorded_in: str | None = None  # the release whose record gave (part of) the baseline
+    to_probe: list[RenderedProbe] = field(default_factory=list)  # baseline probes run before the stop
+    after: dict[str, ProbeResult] = field(default_factory=dict)
+    outcome: GateOutcome | None = None
+    nothing_running: bool = False  # no server ran before the deploy: no baseline but a record's
+
+    @classmethod
+    def for_deploy(cls, spec: RenderedGate, current: Mapping[str, Any] | None, running_argv: list[str] | None,
+                   *, running: bool = True, force_baseline: bool = False) -> GateRun:
+        """The baseline from ``current`` (the current release's manifest) where it holds a
+        probe of the server running now (``running_argv``, as manifests show it) with the
+        same probe; every other probe is measured before the stop. When no server runs
+        (``running`` false: it died, the deploy starts one), the record stands for the
+        server the current release started, and a probe without one has no baseline."""
+        run = cls(spec, nothing_running=not running)
+        if not running:  # the current release's own server is the one that is gone
+            running_argv = ((current or {}).get("server_after") or {}).get("argv")
+        recorded = {} if force_baseline else recorded_results(current, running_argv)
+        for probe in spec.probes:
+            if probe.key in recorded:
+                run.before[probe.label] = recorded[probe.key]
+                run.recorded_in = str((current or {}).get("id"))
+            elif running:
+                run.to_probe.append(probe)
+        return run
+
+    @property
+    def baseline(self) -> str:
+        """Where the before figures come from, in words."""
+        parts = []
+        if self.recorded_in:
+            parts.append(f"release {self.recorded_in}'s record")
+        if self.to_probe:
+            parts.append(PROBED_BEFORE_STOP)
+        if self.nothing_running and not self.recorded_in:
+            parts.append("none: no server was running")
+        return " and ".join(parts) or "none"
+
+    # ---------------------------------------------------------------- probes as ops
+
+    def baseline_ops(self) -> list[ops.Op]:
+        return _ops(self.spec.base_url, self.to_probe)
+
+    def take_baseline(self, answers: Sequence[Any]) -> None:
+        self.before.update(_read(self.to_probe, answers))
+
+    def after_ops(self, probes: Sequence[RenderedProbe] | None = None) -> list[ops.Op]:
+        return _ops(self.spec.base_url, self.spec.probes if probes is None else probes)
+
+    def take_after(self, answers: Sequence[Any], probes: Sequence[RenderedProbe] | None = None) -> None:
+        self.after.update(_read(self.spec.probes if probes is None else probes, answers))
+
+    # ---------------------------------------------------------------- the judgement
+
+    def checks(self) -> list[RuleCheck]:
+        found: list[RuleCheck] = []
+        for probe in self.spec.probes:
+            found += check_probe(probe.label, probe.rules, self.before.get(probe.label), self.after[probe.label])
+        return found
+
+    def judge(self, session: HostSession, on_event: Callable[[dict[str, Any]], None] | None = None,
+              on_reprobe: Callable[[list[str]], None] | None = None) -> GateOutcome:
+        """Compare; while a verdict is inconclusive and re-probes are left, probe the
+        new server again (only the probes concerned, one round trip each time: a fresh
+        measurement replaces the last) and compare again."""
+        done = 0
+        while True:
+            checks = self.checks()
+            step = next_step(checks, done, self.spec.reprobes, self.spec.on_inconclusive)
+            if step != "reprobe":
+                break
+            labels = inconclusive_probes(checks)
+            if on_reprobe is not None:
+                on_reprobe(labels)
+            again = [p for p in self.spec.probes if p.label in labels]
+            self.take_after(session.batch(self.after_ops(again), on_event=on_event), again)
+            done += 1
+        left = any(c.verdict == "inconclusive" for c in checks)
+        self.outcome = GateOutcome(step, tuple(checks), self.baseline, done,
+                                   self.spec.on_inconclusive if left else None)
+        return self.outcome
+
+    # ---------------------------------------------------------------- records
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's ``probe`` record: the new server's figures, probe by probe."""
+        probes = [{"label": p.label, "key": p.key, "post": p.config.post, "requests": p.config.requests,
+                   "concurrency": p.config.concurrency, "result": self.after[p.label].to_json()}
+                  for p in self.spec.probes if p.label in self.after]
+        summary = probes[0]["result"]["summary"] if probes else None
+        return {"base_url": self.spec.base_url, "summary": summary, "probes": probes}
+
+    def spec_record(self) -> dict[str, Any]:
+        """``probe.json``: what ``status --probe`` sends again, and the rules it judges by."""
+        return {
+            "base_url": self.spec.base_url,
+            "reprobes": self.spec.reprobes,
+            "on_inconclusive": self.spec.on_inconclusive,
+            "probes": [{"label": p.label, "config": p.config.model_dump(mode="json", by_alias=True),
+                        "body": p.body, "headers": p.headers,
+                        "rules": p.rules.model_dump(mode="json", exclude_none=True)}
+                       for p in self.spec.probes],
+        }
+
+
+def recorded_results(manifest: Mapping[str, Any] | None, running_argv: list[str] | None) -> dict[str, ProbeResult]:
+    """A release's recorded probe results by probe key — only if that release started
+    the server that runs now (a server restarted by hand since is another server)."""
+    if not manifest or not isinstance(manifest.get("probe"), dict):
+        return {}
+    started = (manifest.get("server_after") or {}).get("argv")
+    if running_argv is None or started != running_argv:
+        return {}
+    found = {}
+    for entry in manifest["probe"].get("probes") or []:
+        if isinstance(entry, dict) and entry.get("key") and isinstance(entry.get("result"), dict):
+            found[str(entry["key"])] = ProbeResult.from_json(entry["result"])
+    return found
+
+
+def gate_from_spec_record(data: Mapping[str, Any]) -> RenderedGate:
+    """``probe.json`` back into the gate it was written from."""
+    probes = tuple(
+        RenderedProbe(label=str(p["label"]), config=GateProbe.model_validate(p["config"]), body=p.get("body"),
+                      headers={str(k): str(v) for k, v in (p.get("headers") or {}).items()},
+                      rules=GateRules.model_validate(p.get("rules") or {}))
+        for p in data.get("probes") or []
+    )
+    return RenderedGate(str(data["base_url"]), probes, int(data.get("reprobes") or 0),
+                        "pass" if data.get("on_inconclusive") == "pass" else "fail")
+
+
+def probe_now(session: HostSession, release_dir: str, manifest: Mapping[str, Any],
+              on_event: Callable[[dict[str, Any]], None] | None = None) -> GateOutcome | str:
+    """``orch status --probe``: probe the server now and judge it against the release's
+    record, by the release's own rules. Returns the outcome, or why there is none."""
+    if not isinstance(manifest.get("probe"), dict):
+        return f"release {manifest.get('id')} has no recorded probe (its playbook has no gate:)"
+    data = session.run(ops.get_json(f"{release_dir}/{SPEC_FILE}"))
+    if not isinstance(data, dict):
+        return f"release {manifest.get('id')} has no {SPEC_FILE}: nothing says what to send"
+    spec = gate_from_spec_record(data)
+    recorded = {}
+    for entry in manifest["probe"].get("probes") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("result"), dict):
+            recorded[str(entry.get("label"))] = ProbeResult.from_json(entry["result"])
+    run = GateRun(spec, before=recorded, recorded_in=str(manifest.get("id")))
+    run.take_after(session.batch(run.after_ops(), on_event=on_event))
+    return run.judge(session, on_event)
+
+
+def _ops(base_url: str, probes: Sequence[RenderedProbe]) -> list[ops.Op]:
+    return [op for p in probes for op in probe_ops(base_url, p.config, p.body, p.headers)]
+
+
+def _read(probes: Sequence[RenderedProbe], answers: Sequence[Any]) -> dict[str, ProbeResult]:
+    """Split the answers of ``_ops(…, probes)`` probe by probe (each has ``rounds`` ops)."""
+    out: dict[str, ProbeResult] = {}
+    at = 0
+    for p in probes:
+        out[p.label] = read_probe(p.config, answers[at:at + p.config.rounds])
+        at += p.config.rounds
+    return out
