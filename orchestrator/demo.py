@@ -176,19 +176,32 @@ def listening_pid(port: int) -> int | None:
 
 
 def kill_port_owner(port: int, state_dir: Path) -> None:
-    """Stop whatever server the demo left: by orch's pidfile, else by hand-start pid."""
+    """Stop whatever server the demo left (by orch's pidfile and by its port), and wait
+    until it is gone: "everything it started is stopped" holds when the demo returns."""
+    pids = set()
     pidfile = state_dir / "server.pid"
-    pids = []
     if pidfile.exists():
         with contextlib.suppress(ValueError):
-            pids.append(int(pidfile.read_text().strip()))
-    for pid in pids:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
+            pids.add(int(pidfile.read_text().strip()))
+    listening = listening_pid(port)
+    if listening:
+        pids.add(listening)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            time.sleep(0.5)
+        deadline = time.time() + 10
+        while time.time() < deadline and any(alive(pid) for pid in pids):
+            time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def heading(out: Output, title: str) -> None:

@@ -61,7 +61,6 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     assert "after the automatic rollback the server runs again with threshold 8" in out
     assert "sha256 equals the original: True" in out
     assert "history of sandbox" in out
-    time.sleep(0.5)
     assert standin_processes() - before == set(), "the demo left a server running"
 
 

@@ -124,8 +124,8 @@ class Agent:
         self.calls += 1
         request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"))
         _trace(self.transport.target.name, ">", request)
-        self._write(request.encode("utf-8") + b"\n")
         try:
+            self._write(request.encode("utf-8") + b"\n")
             return self._await(rid, op, on_event)
         except LinkLostError as e:
             self.dead = str(e)
