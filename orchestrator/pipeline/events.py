@@ -24,6 +24,7 @@ class Reporter(Protocol):
     def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None: ...
     def server_log(self, host: str, title: str, lines: Sequence[str]) -> None: ...
     def progress(self, host: str, event: dict[str, Any]) -> None: ...
+    def phase(self, host: str, step: str) -> None: ...
 
 
 @dataclass
@@ -56,8 +57,11 @@ class Recorder:
     def progress(self, host: str, event: dict[str, Any]) -> None:
         self.lines.append(("progress", host, str(event.get("msg", ""))))
 
+    def phase(self, host: str, step: str) -> None:
+        self.lines.append(("phase", host, step))
+
     def text(self) -> str:
-        return "\n".join(t for _, _, t in self.lines)
+        return "\n".join(t for kind, _, t in self.lines if kind != "phase")
 
 
 @dataclass
@@ -103,6 +107,9 @@ class RunLog:
         if event.get("msg"):
             self._keep("progress", str(event["msg"]))
         self.inner.progress(host, event)
+
+    def phase(self, host: str, step: str) -> None:
+        self.inner.phase(host, step)
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

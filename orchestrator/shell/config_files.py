@@ -88,6 +88,15 @@ def ssh_host_aliases(ssh_config_path: str | None) -> list[str]:
     return sorted(n for n in names if not any(c in n for c in "*?!"))
 
 
+def read_retry_file(path: str) -> str:
+    """The text of a retry file named by ``--limit @FILE`` (``ConfigError`` if it cannot be read)."""
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read retry file {path}: {reason}", key="--limit") from None
+
+
 def _with_suffix(name: str) -> str:
     return name if name.endswith((".yaml", ".yml")) else name + ".yaml"
 

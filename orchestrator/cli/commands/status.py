@@ -17,33 +17,32 @@ def status(out: OutputFlags, where: HostFlags) -> int:
 
     Exit codes (the worst host's): 0 healthy, or nothing to check (drift
     is reported, not an error); 2 unreachable; 3 the server is not healthy
-    or not running, or a deploy never finished. Reads only.
+    or not running, or a deploy never finished. Reads only; hosts are read
+    --forks at a time, and each has its own entry.
     """
+    from orchestrator.cli.fleet import read_hosts
     from orchestrator.cli.tables import draw_status
     from orchestrator.cli.views import summary_line
-    from orchestrator.errors import OrchError
     from orchestrator.pipeline.inspect import host_status
-    from orchestrator.pipeline.report import HostReport, error_outcome
+    from orchestrator.pipeline.report import HostReport
 
     targets = where.targets()
     output = out.output()
     options = where.connect()
+    found = read_hosts(output, targets, lambda target: host_status(target, options), where.fleet(),
+                       title="orch status", exit_code=lambda s: s.exit_code)
     hosts: dict[str, Any] = {}
     code = 0
-    for target in targets:
-        try:
-            found = host_status(target, options)
-        except OrchError as e:
-            outcome, exit_code = error_outcome(e)
-            report = HostReport(target.name, outcome, exit_code, error=str(e))
-            summary_line(output, target.name, report)
-            hosts[target.name] = report.to_json()
-            code = max(code, exit_code)
+    for name, got in found.items():
+        if isinstance(got, HostReport):
+            summary_line(output, name, got)
+            hosts[name] = got.to_json()
+            code = max(code, got.exit_code)
             continue
-        hosts[target.name] = found.to_json()
-        code = max(code, found.exit_code)
-        if not output.quiet or found.exit_code:
-            draw_status(output, found)
+        hosts[name] = got.to_json()
+        code = max(code, got.exit_code)
+        if not output.quiet or got.exit_code:
+            draw_status(output, got)
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts})
     return code
