@@ -57,7 +57,8 @@ def run_reports(
     board = HostBoard([t.name for t in targets], title) if many and out.terminal and not out.quiet else None
     if many:
         inner.live_line = False  # one spinner cannot follow several hosts: the board does
-    reporter: Reporter = FleetReporter(inner, board) if many else inner
+    fleet_reporter = FleetReporter(inner, board) if many else None
+    reporter: Reporter = fleet_reporter or inner
 
     def timed(command: HostCommand) -> Callable[[HostTarget], HostReport]:
         def run(target: HostTarget) -> HostReport:
@@ -70,8 +71,8 @@ def run_reports(
     hooks: FleetHooks[HostReport] = FleetHooks(
         outcome=lambda r: r.outcome,
         interrupted=lambda t: HostReport(t.name, "failed", 1, error=INTERRUPTED),
-        started=(lambda t: board.started(t.name)) if board else (lambda _t: None),
-        finished=(lambda t, r: board.finished(t.name, r.outcome, r.exit_code)) if board else (lambda _t, _r: None),
+        started=(lambda t: fleet_reporter.started(t.name)) if fleet_reporter else (lambda _t: None),
+        finished=(lambda t, r: fleet_reporter.finished(t.name, r)) if fleet_reporter else (lambda _t, _r: None),
     )
     after = None
     if undo is not None:

@@ -156,6 +156,19 @@ class FleetReporter:
         if self.board is not None:
             self.board.phase(host, step)
 
+    def finished(self, host: str, report: HostReport) -> None:
+        """``gpu02 finished: changed``, as each host ends (the summary comes at the end of all)."""
+        if self.board is not None:
+            self.board.finished(host, report.outcome, report.exit_code)
+        if self.out.quiet:
+            return
+        text = f"{host} finished: {report.outcome}" + (f": {one_line(report.error)}" if report.error else "")
+        self.out.line(text, STYLE.get(report.exit_code, "red"))
+
+    def started(self, host: str) -> None:
+        if self.board is not None:
+            self.board.started(host)
+
 
 def start_board(out: Output, board: HostBoard) -> Live:
     """Show ``board`` live below the scrolling lines until ``.stop()``; it vanishes then."""
