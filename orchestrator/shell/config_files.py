@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 
 import orchestrator
@@ -150,6 +151,12 @@ class LoadedPlaybook:
     def filename(self) -> str:
         return self.locations.file
 
+    @cached_property
+    def renderer(self) -> Renderer:
+        """The playbook's one renderer for the run: every host shares its Jinja environment
+        and the templates it compiled (Jinja's environment is safe to share between threads)."""
+        return _new_renderer(self)
+
 
 def template_dirs_for(playbook_path: Path) -> tuple[Path, ...]:
     """The playbook's folder, ``../templates`` beside it, the shipped templates (no repeats)."""
@@ -208,7 +215,12 @@ def template_lookup(dirs: tuple[Path, ...]) -> Lookup:
 
 
 def make_renderer(loaded: LoadedPlaybook) -> Renderer:
-    """A sandboxed renderer reading templates from the playbook's template folders."""
+    """The sandboxed renderer reading templates from the playbook's template folders
+    (one per loaded playbook, shared by its hosts)."""
+    return loaded.renderer
+
+
+def _new_renderer(loaded: LoadedPlaybook) -> Renderer:
     dirs = loaded.template_dirs
 
     def describe(name: str) -> str:
