@@ -1,3 +1,3 @@
-"""Shared pytest plugins for the suite: the real sshd, the sandbox host."""
+"""Shared pytest plugins for the suite: the real sshd, the sandbox host, the fleet of sshd hosts."""
 
-pytest_plugins = ["tests.fixtures.sshd", "tests.fixtures.sandbox"]
+pytest_plugins = ["tests.fixtures.sshd", "tests.fixtures.sandbox", "tests.fixtures.fleet"]

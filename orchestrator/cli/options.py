@@ -1,11 +1,13 @@
 """The options commands share, and what they turn into.
 
-Two groups, each one decorator, so a new command (in its own module) takes
+Three groups, each one decorator, so a new command (in its own module) takes
 the same words with the same meaning:
 
 - ``output_options``: ``--json``, ``-v``/``-vv``, ``-q``, ``--color/--no-color``;
-- ``host_options``: ``--host``, ``-i``, ``--var``, ``--ssh-config``,
-  ``--accept-new-host-key``.
+- ``host_options``: ``--host``, ``--limit``, ``-i``, ``--var``, ``--ssh-config``,
+  ``--accept-new-host-key``, ``--forks``, ``--connect-timeout``;
+- ``batch_options`` (deploy): ``--serial``, ``--max-fail-percent``,
+  ``--rollback-all-on-failure``.
 
 Only Click is imported at module level: ``orch --help`` stays fast, and
 shell completion (``_ORCH_COMPLETE``) too.
@@ -24,6 +26,7 @@ from click.shell_completion import CompletionItem
 if TYPE_CHECKING:
     from orchestrator.cli.output import Output
     from orchestrator.core.target import HostTarget
+    from orchestrator.pipeline.fleet import FleetPlan
     from orchestrator.pipeline.session import ConnectOptions
 
 F = Callable[..., Any]
@@ -80,17 +83,32 @@ class HostFlags:
     cli_vars: tuple[str, ...]
     ssh_config: str | None
     accept_new_host_key: bool
+    limit: str | None = None
+    forks: int = 10
+    connect_timeout: float = 10.0
 
     def targets(self) -> list[HostTarget]:
-        """The selected hosts; a bare word in no inventory is refused before any lookup."""
+        """The selected hosts, narrowed by ``--limit``; a bare word in no inventory is
+        refused before any lookup, and so is a limit term that matches nothing."""
         from orchestrator.core.inventory import resolve_hosts
-        from orchestrator.shell.config_files import load_inventory, ssh_host_aliases
+        from orchestrator.core.selection import apply_limit, limit_files
+        from orchestrator.shell.config_files import (
+            load_inventory,
+            read_retry_file,
+            ssh_host_aliases,
+        )
 
         inv, filename = load_inventory(self.inventory)
         if self.inventory is None and not Path(filename).is_file():
             filename = f"no ./{filename} here; -i PATH names one"
-        return resolve_hosts(inv, list(self.hosts), filename=filename,
-                             ssh_aliases=lambda: ssh_host_aliases(self.ssh_config))
+        targets = resolve_hosts(inv, list(self.hosts), filename=filename,
+                                ssh_aliases=lambda: ssh_host_aliases(self.ssh_config))
+        if self.limit is None:
+            return targets
+        files = {name: read_retry_file(name) for name in limit_files(self.limit)}
+        kept = set(apply_limit([t.name for t in targets], self.limit, hosts=list(inv.hosts),
+                               groups=inv.groups, files=files))
+        return [t for t in targets if t.name in kept]
 
     def require(self) -> None:
         """Fail as Click does for a missing required ``--host`` (see ``host_options``)."""
@@ -107,7 +125,16 @@ class HostFlags:
         from orchestrator.pipeline.session import ConnectOptions
 
         return ConnectOptions(accept_new_host_key=self.accept_new_host_key,
-                              ssh_config_path=self.ssh_config, break_lock=break_lock)
+                              ssh_config_path=self.ssh_config, break_lock=break_lock,
+                              connect_timeout=self.connect_timeout)
+
+    def fleet(self, batches: BatchFlags | None = None) -> FleetPlan:
+        """How many hosts at once, and (deploy) in which batches."""
+        from orchestrator.pipeline.fleet import FleetPlan
+
+        if batches is None:
+            return FleetPlan(forks=self.forks)
+        return batches.plan(self.forks)
 
 
 def host_options(fn: F | None = None, *, required: bool = True) -> Any:
@@ -119,6 +146,15 @@ def host_options(fn: F | None = None, *, required: bool = True) -> Any:
     """
 
     def decorate(fn: F) -> F:
+        fn = click.option("--connect-timeout", "connect_timeout", default=10.0, show_default=True,
+                          type=click.FloatRange(min=0.1), metavar="SECONDS",
+                          help="How long to wait for a host's SSH connection before it is unreachable.")(fn)
+        fn = click.option("--forks", default=10, show_default=True, type=click.IntRange(min=1), metavar="N",
+                          help="How many hosts at once (each with its own connection).")(fn)
+        fn = click.option("--limit", default=None, metavar="PATTERN",
+                          help="Narrow the selected hosts: globs over host and group names, "
+                               "'!' excludes, '&' intersects, @FILE reads a retry file "
+                               "(e.g. 'gpu*:!gpu07', 'blackwell:&rack2', @orch.retry).")(fn)
         fn = click.option("--ssh-config", "ssh_config", default=None, metavar="PATH",
                           type=click.Path(dir_okay=False),
                           help="ssh_config file to read instead of ~/.ssh/config.")(fn)
@@ -132,10 +168,51 @@ def host_options(fn: F | None = None, *, required: bool = True) -> Any:
                           help="Inventory file (default: ./inventory.yaml if present).")(fn)
         fn = click.option("--host", "hosts", multiple=True, required=required, metavar="H",
                           shell_complete=complete_hosts, help=HOST_HELP)(fn)
-        return _collect(fn, ("hosts", "inventory", "cli_vars", "ssh_config", "accept_new_host_key"),
-                        "where", HostFlags)
+        return _collect(fn, ("hosts", "inventory", "cli_vars", "ssh_config", "accept_new_host_key", "limit",
+                             "forks", "connect_timeout"), "where", HostFlags)
 
     return decorate(fn) if fn is not None else decorate
+
+
+@dataclass(frozen=True)
+class BatchFlags:
+    """``--serial``, ``--max-fail-percent`` and ``--rollback-all-on-failure``, as given."""
+
+    serial: str | None = None
+    max_fail_percent: str | None = None
+    rollback_all_on_failure: bool = False
+
+    def plan(self, forks: int) -> FleetPlan:
+        """The parsed plan; ``ConfigError`` (exit 2, one line) before any host is contacted.
+
+        ``--rollback-all-on-failure`` without ``--max-fail-percent`` means 0:
+        all or nothing, any failure fails its batch.
+        """
+        from fractions import Fraction
+
+        from orchestrator.core.selection import parse_max_fail_percent, parse_serial
+        from orchestrator.pipeline.fleet import FleetPlan
+
+        serial = tuple(parse_serial(self.serial)) if self.serial is not None else ()
+        if self.max_fail_percent is not None:
+            limit: Fraction | None = parse_max_fail_percent(self.max_fail_percent)
+        else:
+            limit = Fraction(0) if self.rollback_all_on_failure else None
+        return FleetPlan(forks=forks, serial=serial, max_fail_percent=limit)
+
+
+def batch_options(fn: F) -> F:
+    """Canary and batches (``deploy``), gathered into ``batches: BatchFlags``."""
+    fn = click.option("--rollback-all-on-failure", is_flag=True,
+                      help="When a batch fails, also roll back that batch's hosts that succeeded "
+                           "(implies --max-fail-percent 0 unless given).")(fn)
+    fn = click.option("--max-fail-percent", default=None, metavar="P",
+                      help="Stop before the next batch when more than P% of a batch failed "
+                           "(0: at the first failure). A batch that failed entirely always stops.")(fn)
+    fn = click.option("--serial", default=None, metavar="N|N%|LIST",
+                      help="Deploy in batches: N hosts, N% of them, or a list such as 1,25%,100% "
+                           "(a canary, then growing batches; the last size repeats).")(fn)
+    return _collect(fn, ("serial", "max_fail_percent", "rollback_all_on_failure"), "batches", BatchFlags)
 
 
 def _collect(fn: F, names: Sequence[str], into: str, build: Callable[..., Any]) -> F:

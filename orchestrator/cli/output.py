@@ -23,6 +23,7 @@ import json
 import logging
 import shlex
 import sys
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -42,13 +43,19 @@ PROTOCOL_LOGGER = "orchestrator.protocol"
 
 @dataclass
 class Output:
-    """The human side of one run (the JSON side is ``emit_json``)."""
+    """The human side of one run (the JSON side is ``emit_json``).
+
+    ``lock`` is held for each line, and by a fleet's reporter for each
+    host's message or view, so that lines from several hosts' threads never
+    mix mid-line and a ``sed -n`` view stays in one piece.
+    """
 
     console: Console
     terminal: bool
     json: bool = False
     verbosity: int = NORMAL
     secret_values: set[str] = field(default_factory=set)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
     def quiet(self) -> bool:
@@ -56,7 +63,8 @@ class Output:
 
     def line(self, text: str, style: str | None = None) -> None:
         """One line of text as it is (never read as markup)."""
-        self.console.print(Text(text, style=style or ""))
+        with self.lock:
+            self.console.print(Text(text, style=style or ""))
 
     def emit_json(self, data: dict[str, Any]) -> None:
         """The ``--json`` report: always on stdout, whatever the console uses."""

@@ -55,10 +55,12 @@ class ConsoleReporter:
     always shows the view read back from the host after the commit.
     """
 
-    def __init__(self, out: Output, *, diff: bool = False, planned_view: bool = True) -> None:
+    def __init__(self, out: Output, *, diff: bool = False, planned_view: bool = True,
+                 live_line: bool = True) -> None:
         self.out = out
         self.diff = diff
         self.planned_view = planned_view
+        self.live_line = live_line  # False in a fleet: its live view shows the health wait
         self._status: Any = None  # a live spinner while the host waits, on a terminal
 
     @property
@@ -93,7 +95,7 @@ class ConsoleReporter:
         elapsed = event.get("elapsed")
         prefix = f"{elapsed:6.1f}s " if isinstance(elapsed, (int, float)) else ""
         line = f"{escape(host)} {prefix}{escape(str(msg))}"
-        if self.out.terminal and event.get("event") == "health" and self.out.verbosity < 1:
+        if self.live_line and self.out.terminal and event.get("event") == "health" and self.out.verbosity < 1:
             # one live line that updates, instead of a line per change
             if self._status is None:
                 self._status = self.console.status(line)
@@ -139,6 +141,9 @@ class ConsoleReporter:
     def gate(self, host: str, outcome: GateOutcome) -> None:
         self._settle()
         draw_gate(self.out, host, outcome)
+
+    def phase(self, host: str, step: str) -> None:
+        """A step begins: shown only by a fleet's live view (``cli.live``), not as a line."""
 
 
 RichReporter = ConsoleReporter

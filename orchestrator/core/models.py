@@ -30,6 +30,7 @@ from pydantic import (
 
 from orchestrator.core.cmdline import FlagValue
 from orchestrator.core.durations import Duration
+from orchestrator.core.selection import expand_group_members, expand_inventory_hosts
 from orchestrator.core.yamlsrc import Loc, SourceDoc, key_path, load_yaml
 from orchestrator.errors import ConfigError
 
@@ -129,16 +130,31 @@ class Inventory(_Model):
         return value
 
     @model_validator(mode="after")
-    def _members_are_hosts(self) -> Inventory:
+    def _expand_ranges_and_check_members(self) -> Inventory:
+        """``gpu[01:50]`` in ``hosts`` and in a group's list stands for ``gpu01`` … ``gpu50``
+        (``core.selection``): expanded here, so everything after the parser sees names."""
+        try:
+            self.hosts = expand_inventory_hosts(
+                self.hosts, has_address={name: e.address is not None for name, e in self.hosts.items()})
+        except ConfigError as exc:
+            raise LocatedProblem(("hosts", (exc.key or "").removeprefix("hosts.")), exc.message) from None
         for group, members in self.groups.items():
             if group in self.hosts:
                 raise LocatedProblem(("groups", group), f"group '{group}' has a host's name")
+            expanded: list[str] = []
             for index, member in enumerate(members):
-                if member not in self.hosts:
-                    raise LocatedProblem(
-                        ("groups", group, index),
-                        f"group '{group}' lists unknown host '{member}'",
-                    )
+                try:
+                    names = expand_group_members([member], key=f"groups.{group}")
+                except ConfigError as exc:
+                    raise LocatedProblem(("groups", group, index), exc.message) from None
+                for name in names:
+                    if name not in self.hosts:
+                        raise LocatedProblem(
+                            ("groups", group, index),
+                            f"group '{group}' lists unknown host '{name}'",
+                        )
+                expanded.extend(n for n in names if n not in expanded)
+            self.groups[group] = expanded
         return self
 
 

@@ -63,6 +63,9 @@ class Renderer:
         # ``x is version('0.5.14', '>=')`` or ``version(x) >= '0.5.14'``.
         self.env.tests["version"] = version_test
         self.env.globals["version"] = lambda text: VersionString(str(text))
+        # Inline strings compiled once per renderer, not once per host: a fleet renders
+        # the same playbook strings for every host (Jinja caches only named templates).
+        self._compiled: dict[str, jinja2.Template] = {}
 
     def render_string(
         self,
@@ -84,7 +87,8 @@ class Renderer:
             return source  # nothing to render; skip the compile
         first = source_line or line
         try:
-            template = self.env.from_string(source)
+            template = self._compiled.get(source) or self._compiled.setdefault(
+                source, self.env.from_string(source))
         except jinja2.TemplateSyntaxError as exc:
             at = first + (exc.lineno or 1) - 1 if first else None
             raise TemplateError(

@@ -20,7 +20,7 @@ import base64
 import contextlib
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -65,6 +65,7 @@ from orchestrator.pipeline.plan import (
 )
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
@@ -89,10 +90,19 @@ class Deployment:
     reached: Step = Step.PLANNING
     release_created: bool = False
     deadline: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
+    clock: StepClock | None = None  # times the steps (``pipeline.timings``); one is made if none
     started_at: float = 0.0
     force_baseline: bool = False  # --baseline: probe the running server even where a record exists
     gate: GateRun | None = None
+
+    def __post_init__(self) -> None:
+        if self.clock is None:
+            self.clock = StepClock(self.label, self.reporter)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        assert self.clock is not None
+        return self.clock.timings
 
     @property
     def label(self) -> str:
@@ -115,7 +125,7 @@ class Deployment:
 
     def back_up_and_arm(self) -> None:
         """Step 4: the release with its backups and restore plan, the journal, the watchdog."""
-        t = time.time()
+        self._start("backup")
         pb = self.plan.loaded.model
         change = self.plan.server
         extra = ([BudgetItem("pre-flight", self._preflight_timeout(), "server.preflight_timeout")]
@@ -141,14 +151,13 @@ class Deployment:
         ])
         self.release_created = True
         self.reached = Step.ARMED
-        self._timed("backup", t)
+        self._stop("backup")
         self.reporter.step(self.label, f"backed up {len(files)} file(s) into release {self.release_id}; "
                                        f"the watchdog restores it at {at(self.deadline)} unless confirmed")
 
     def commit_and_preflight(self) -> None:
         """Steps 5–7 in one round trip: compare-and-swap the files in, read them back for
         the ``sed -n`` view, and run the server's own parser on the new command line."""
-        t = time.time()
         steps: list[ops.Op] = []
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
                  "after": s.file.new_sha256} for s in self.staged]
@@ -165,6 +174,7 @@ class Deployment:
         if not steps:
             return
         self.reached = Step.COMMITTING if wire else self.reached
+        self._start("commit")
         try:
             results = self.session.batch(steps)
         except RemoteStepError as e:
@@ -173,7 +183,8 @@ class Deployment:
                 if e.kind == "changed":
                     raise ContentChangedError(f"{self.label}: {e.message}") from None
             raise
-        self._timed("commit", t)
+        finally:
+            self._stop("commit")
         if wire:
             self.reporter.step(self.label, f"committed {len(wire)} file(s)")
             for f, info in zip(changed, results[2], strict=True):
@@ -197,7 +208,7 @@ class Deployment:
         change = self.plan.server
         if change is None or not change.restart:
             return
-        t = time.time()
+        self._start("restart")
         spec = self._server_target()
         assert spec is not None
         hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
@@ -240,8 +251,18 @@ class Deployment:
         if change.after_healthy and gate is None:
             steps.append(ops.run_ok(change.after_healthy, timeout=hook_timeout))
         self.reached = Step.RESTARTING
-        results = self.session.batch(steps, on_event=lambda ev: self.reporter.progress(self.label, ev))
-        self._timed("restart", t)
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if health is not None and "health" not in self._phases_started and _health_began(ev):
+                self._stop("restart")  # the server is started: the health wait begins
+                self._start("health")
+            self.reporter.progress(self.label, ev)
+
+        try:
+            results = self.session.batch(steps, on_event=on_event)
+        finally:
+            self._stop("restart")
+            self._stop("health")
         if health is not None:
             got = results[health_at]
             stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
@@ -257,13 +278,12 @@ class Deployment:
     def judge_gate(self) -> None:
         """Step 8's end: compare before and after, re-probe while inconclusive, show the table;
         a failing rule fails the deploy (the restore machine rolls back, as for failed health)."""
-        assert self.gate is not None
-        t = time.time()
-        outcome = self.gate.judge(
-            self.session, on_event=lambda ev: self.reporter.progress(self.label, ev),
-            on_reprobe=lambda labels: self.reporter.step(
-                self.label, f"gate: inconclusive (within the spread), probing again: {', '.join(labels)}"))
-        self._timed("gate", t)
+        assert self.gate is not None and self.clock is not None
+        with self.clock.step("gate"):
+            outcome = self.gate.judge(
+                self.session, on_event=lambda ev: self.reporter.progress(self.label, ev),
+                on_reprobe=lambda labels: self.reporter.step(
+                    self.label, f"gate: inconclusive (within the spread), probing again: {', '.join(labels)}"))
         self.reporter.gate(self.label, outcome)
         if outcome.verdict != "pass":
             raise GateFailedError(outcome.message())
@@ -271,6 +291,7 @@ class Deployment:
     def confirm(self) -> HostReport:
         """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""
         self.reached = Step.CONFIRMING
+        self._start("confirm")
         applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
@@ -290,6 +311,7 @@ class Deployment:
             self._log_op(f"release {self.release_id} is current"),
             ops.lock_release(self.state_dir),
         ]))
+        self._stop("confirm")
         if not answer.confirmed:
             return self._restored_before_confirm(answer)
         self.reporter.step(self.label, f"release {self.release_id} is current")
@@ -316,6 +338,7 @@ class Deployment:
                                        + ("rolling back" if changed else "closing the release (nothing was changed)"))
         pb = self.plan.loaded.model
         until = time.time() + total(restore_budget(pb.server, pb.health))
+        self._start("rollback")
         try:
             record: RestoreRecord = self.session.run(
                 ops.restore_release(self.release_dir, "controller", until=until, reason=reason),
@@ -332,6 +355,8 @@ class Deployment:
                 f"{self.label}: deploy failed ({reason}) and its restore could not run: {e}. Backups are in "
                 f"{self.release_dir}; the watchdog restores at {at(until)}; run `orch status --host "
                 f"{self.label}`", reason)
+        finally:
+            self._stop("rollback")
         if record.log_tail:
             self.reporter.server_log(self.label, "server log, restore (last 40 lines)", record.log_tail)
         self._close_record(record, verdict(cause, self.reached, record).outcome)
@@ -570,8 +595,18 @@ class Deployment:
         server = self.plan.loaded.model.server
         return server.preflight_timeout if server is not None else 120.0
 
-    def _timed(self, name: str, started: float) -> None:
-        self.timings[name] = round(time.time() - started, 3)
+    @property
+    def _phases_started(self) -> set[str]:
+        assert self.clock is not None
+        return self.clock.begun
+
+    def _start(self, step: str) -> None:
+        assert self.clock is not None
+        self.clock.start(step)
+
+    def _stop(self, step: str) -> None:
+        assert self.clock is not None
+        self.clock.stop(step)
 
     def _secret_values(self) -> list[str]:
         names = self.plan.playbook.secret_names
@@ -582,6 +617,11 @@ class Deployment:
 
     def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
         return redact_argv(argv, self._secret_values()) if argv is not None else None
+
+
+def _health_began(event: dict[str, Any]) -> bool:
+    """The helper's health wait has begun: its first event says what it waits for."""
+    return event.get("event") == "health" or str(event.get("msg", "")).startswith("waiting up to")
 
 
 def deploy_host(
@@ -598,19 +638,26 @@ def deploy_host(
 
     ``baseline``: a performance gate probes the running server before the
     stop even where the current release has a record to compare with.
+    Every report carries ``timings``: the seconds each step took
+    (``pipeline.timings``), as far as the host got.
     """
     label = target.name
     reporter = RunLog(reporter)
+    clock = StepClock(label, reporter)
     reached = Step.CONNECTING
     session = HostSession(target, options)
     try:
+        clock.start("connect")
         with session:
+            clock.stop("connect")
             reached = Step.PLANNING
-            result = _deploy_in_session(session, loaded, cli_vars, options, reporter, check, baseline)
+            result = _deploy_in_session(session, loaded, cli_vars, options, reporter, check, clock, baseline)
             result.extra["round_trips"] = session.round_trips
             result.extra["execs"] = session.execs
+            result.extra["timings"] = clock.timings
             return result
     except (OrchError, KeyboardInterrupt) as cause:
+        clock.stop("connect")
         v = verdict(cause, reached)
         if isinstance(cause, KeyboardInterrupt):
             error = "interrupted (Ctrl-C) before anything changed"
@@ -618,7 +665,8 @@ def deploy_host(
             error = f"{cause}; nothing on the host was changed"
         else:
             error = str(cause)
-        return HostReport(label, v.outcome, v.exit_code, error=error)  # type: ignore[arg-type]
+        return HostReport(label, v.outcome, v.exit_code, error=error,  # type: ignore[arg-type]
+                          extra={"timings": clock.timings})
 
 
 def _deploy_in_session(
@@ -628,17 +676,20 @@ def _deploy_in_session(
     options: ConnectOptions,
     reporter: Reporter,
     check: bool,
+    clock: StepClock,
     baseline: bool = False,
 ) -> HostReport:
     label = session.target.name
     if check:
-        return _check(session, loaded, cli_vars, reporter)
-    state_dir, state = open_state(session, f"deploy {loaded.display}", options.break_lock, reporter)
+        return _check(session, loaded, cli_vars, reporter, clock)
+    with clock.step("lock"):
+        state_dir, state = open_state(session, f"deploy {loaded.display}", options.break_lock, reporter)
     try:
         refuse_unfinished(label, state["journal"])
         if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
-        plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state))
+        with clock.step("plan"):
+            plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state))
         for note in plan.notes:
             reporter.note(label, note)
         reporter.plan(label, plan)
@@ -646,10 +697,12 @@ def _deploy_in_session(
             reporter.step(label, "unchanged: files and server command line already as planned")
             release_lock(session, state_dir)
             return HostReport(label, "unchanged", 0)
-        staged = stage_and_validate(session, plan, keep=True)
+        with clock.step("stage"):
+            staged = stage_and_validate(session, plan, keep=True)
         if staged:
             reporter.step(label, f"staged {len(staged)} file(s) beside their targets; validated")
-        report = Deployment(session, plan, staged, state_dir, state, reporter, force_baseline=baseline).run()
+        report = Deployment(session, plan, staged, state_dir, state, reporter, clock=clock,
+                            force_baseline=baseline).run()
         if report.outcome != "changed":  # a confirmed deploy gave the lock back with its confirm
             release_lock(session, state_dir)
         return report
@@ -659,19 +712,22 @@ def _deploy_in_session(
 
 
 def _check(
-    session: HostSession, loaded: LoadedPlaybook, cli_vars: dict[str, Any], reporter: Reporter
+    session: HostSession, loaded: LoadedPlaybook, cli_vars: dict[str, Any], reporter: Reporter,
+    clock: StepClock,
 ) -> HostReport:
     label = session.target.name
     state = session.run(ops.state_read(session.target.state_dir))  # reads, creates nothing
     refuse_unfinished(label, state["journal"])  # --check exits 2 where a deploy would refuse
-    plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
+    with clock.step("plan"):
+        plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)
     for note in plan.notes:
         reporter.warn(label, note)
     if not plan.changed and plan.refusal is None:
         reporter.step(label, "unchanged: nothing to do")
         return HostReport(label, "unchanged", 0)
-    stage_and_validate(session, plan, keep=False)
+    with clock.step("stage"):
+        stage_and_validate(session, plan, keep=False)
     if plan.refusal is not None:
         reporter.step(label, "validated on the host; nothing was changed (--check), but a deploy would refuse")
         return HostReport(label, "failed", 2, files=[f.path for f in plan.changed_files], error=plan.refusal)

@@ -27,6 +27,7 @@ class Reporter(Protocol):
     def server_log(self, host: str, title: str, lines: Sequence[str]) -> None: ...
     def progress(self, host: str, event: dict[str, Any]) -> None: ...
     def gate(self, host: str, outcome: GateOutcome) -> None: ...
+    def phase(self, host: str, step: str) -> None: ...
 
 
 @dataclass
@@ -63,8 +64,11 @@ class Recorder:
     def gate(self, host: str, outcome: GateOutcome) -> None:
         self.gates.append((host, outcome))
 
+    def phase(self, host: str, step: str) -> None:
+        self.lines.append(("phase", host, step))
+
     def text(self) -> str:
-        return "\n".join(t for _, _, t in self.lines)
+        return "\n".join(t for kind, _, t in self.lines if kind != "phase")
 
 
 @dataclass
@@ -116,6 +120,9 @@ class RunLog:
         self._keep("gate", table[0])
         self.lines.extend(table[1:])
         self.inner.gate(host, outcome)
+
+    def phase(self, host: str, step: str) -> None:
+        self.inner.phase(host, step)
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

@@ -20,6 +20,8 @@ import contextlib
 import hashlib
 import secrets
 import shlex
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
@@ -409,12 +411,49 @@ def _plan_files(
         if not specs and rfile.path == path and any(not isinstance(e, EditSpec) for e in rfile.edits):
             continue  # its add_flag writes another module (the spec layout): nothing to do here
         text = _text(remote, target, loaded, f"files[{source}].path")
-        fplan = plan_file(path, text, specs, comment=rfile.comment, hints=hints.get(path))
-        if fplan.changed:
-            check_structure(fplan, specs)
+        fplan = planned_file(path, text, specs, rfile.comment, hints.get(path))
         planned.append(PlannedFile(replace(rfile, edits=tuple(specs)), remote, fplan, index, source))
         notes.extend(f"{path}: {note.partition(': ')[2]}" for note in fplan.notes if MOVED_NOTE in note)
     return planned, notes
+
+
+PLAN_MEMO_SIZE = 16
+"""Plans kept for reuse: one per distinct (path, content, edits) of a run, a few runs' worth."""
+
+_plans: OrderedDict[tuple[Any, ...], FilePlan] = OrderedDict()
+_planning: dict[tuple[Any, ...], threading.Lock] = {}
+_plans_lock = threading.Lock()
+
+
+def planned_file(path: str, text: str, specs: list[EditSpec], comment: str | None, hints: Any) -> FilePlan:
+    """``plan_file`` and its structural check, done once per distinct file in a run.
+
+    A fleet's hosts usually hold the same file (one SGLang release
+    everywhere): planning and checking it is pure and costs tens of
+    milliseconds per host on a real ``server_args.py``, so the plan of the
+    first host serves the others. The plan depends on the content, the
+    edits, the comment leader and the file's type (its name's suffix); the
+    directory only appears in messages, so a host whose tree lives elsewhere
+    gets the same plan under its own path. Only successes are kept (an error
+    is raised, and located, for each host); ``hints`` only shape error messages.
+    """
+    name = path.rpartition("/")[2]
+    key = (name, hashlib.sha256(text.encode("utf-8")).digest(), tuple(specs), comment)
+    with _plans_lock:
+        gate = _planning.setdefault(key, threading.Lock())
+    with gate:  # hosts at work at once: one plans, the others take its plan
+        with _plans_lock:
+            known = _plans.get(key)
+        if known is not None:
+            return known if known.path == path else replace(known, path=path)
+        fplan = plan_file(path, text, specs, comment=comment, hints=hints)
+        if fplan.changed:
+            check_structure(fplan, specs)
+        with _plans_lock:
+            _plans[key] = fplan
+            while len(_plans) > PLAN_MEMO_SIZE:
+                _planning.pop(_plans.popitem(last=False)[0], None)
+        return fplan
 
 
 def _text(remote: RemoteFile, target: HostTarget, loaded: LoadedPlaybook, key: str) -> str:

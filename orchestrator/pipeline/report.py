@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Outcome = Literal[
-    "changed", "unchanged", "planned", "failed", "rolled_back", "rollback_failed", "unreachable"
+    "changed", "unchanged", "planned", "failed", "rolled_back", "rollback_failed", "unreachable",
+    "not_started",
 ]
 
 OUTCOMES: dict[str, str] = {
@@ -26,6 +27,8 @@ OUTCOMES: dict[str, str] = {
     "rollback_failed": "the host is not known to be healthy: a person or `orch rollback` "
                        "must act (exit 3)",
     "unreachable": "the host could not be reached or logged into; nothing changed (exit 2)",
+    "not_started": "a fleet run stopped before this host's turn (a batch failed, or Ctrl-C): "
+                   "never connected, nothing changed (exit 2)",
 }
 """Each outcome word and what it means, for ``--help`` and docs/CLI.md."""
 
@@ -37,6 +40,7 @@ EXIT_BY_OUTCOME: dict[str, int] = {
     "rolled_back": 1,
     "rollback_failed": 3,
     "unreachable": 2,
+    "not_started": 2,
 }
 
 UNREACHABLE_ERRORS = ("UnreachableError", "HostKeyError", "LinkLostError")
@@ -74,7 +78,16 @@ class HostReport:
 
 @dataclass
 class RunReport:
+    """Every host's report, in the order the hosts were selected.
+
+    A fleet run that stopped before its last batch says why in ``stopped``
+    and names the file its failed and not-started hosts were written to in
+    ``retry_file`` (``--limit @FILE`` reruns them).
+    """
+
     hosts: dict[str, HostReport] = field(default_factory=dict)
+    stopped: str | None = None
+    retry_file: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -86,7 +99,14 @@ class RunReport:
             "exit_code": self.exit_code,
             "error": None,
             "hosts": {name: r.to_json() for name, r in self.hosts.items()},
+            "stopped": self.stopped,
+            "retry_file": self.retry_file,
         }
+
+
+def not_started(host: str, why: str) -> HostReport:
+    """The report of a host a fleet run never reached (never connected, nothing changed)."""
+    return HostReport(host, "not_started", EXIT_BY_OUTCOME["not_started"], error=f"not started: {why}")
 
 
 def error_report(message: str, exit_code: int) -> dict[str, Any]:

@@ -8,6 +8,7 @@ with a single exec, then every step is a request on that one channel.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import threading
@@ -36,6 +37,12 @@ PING_SECONDS = 5.0
 START_TIMEOUT = 60.0
 
 EventHandler = Callable[[dict[str, Any]], None]
+
+
+@functools.cache
+def bootstrap_payload() -> bytes:
+    """The helper's source as the bootstrap reads it: compressed once per run, not per host."""
+    return base64.b64encode(zlib.compress(AGENT_SOURCE.encode("utf-8"), 9)) + b"\n"
 
 PROTOCOL_LOG = logging.getLogger("orchestrator.protocol")
 """Every line on the helper's channel, at DEBUG (``orch -v``/``-vv`` show them; off by default)."""
@@ -81,8 +88,7 @@ class Agent:
         argv = [self.python, "-u", "-c", BOOTSTRAP]
         _trace(self.transport.target.name, "$", argv)
         proc = self.transport.spawn(argv)
-        payload = base64.b64encode(zlib.compress(AGENT_SOURCE.encode("utf-8"), 9)) + b"\n"
-        proc.write(payload)
+        proc.write(bootstrap_payload())
         # A login shell may print banners (conda, motd) before the helper runs:
         # skip lines until the helper's ready line.
         for _ in range(1000):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 
 import orchestrator
@@ -88,6 +89,15 @@ def ssh_host_aliases(ssh_config_path: str | None) -> list[str]:
     return sorted(n for n in names if not any(c in n for c in "*?!"))
 
 
+def read_retry_file(path: str) -> str:
+    """The text of a retry file named by ``--limit @FILE`` (``ConfigError`` if it cannot be read)."""
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read retry file {path}: {reason}", key="--limit") from None
+
+
 def _with_suffix(name: str) -> str:
     return name if name.endswith((".yaml", ".yml")) else name + ".yaml"
 
@@ -140,6 +150,12 @@ class LoadedPlaybook:
     @property
     def filename(self) -> str:
         return self.locations.file
+
+    @cached_property
+    def renderer(self) -> Renderer:
+        """The playbook's one renderer for the run: every host shares its Jinja environment
+        and the templates it compiled (Jinja's environment is safe to share between threads)."""
+        return _new_renderer(self)
 
 
 def template_dirs_for(playbook_path: Path) -> tuple[Path, ...]:
@@ -199,7 +215,12 @@ def template_lookup(dirs: tuple[Path, ...]) -> Lookup:
 
 
 def make_renderer(loaded: LoadedPlaybook) -> Renderer:
-    """A sandboxed renderer reading templates from the playbook's template folders."""
+    """The sandboxed renderer reading templates from the playbook's template folders
+    (one per loaded playbook, shared by its hosts)."""
+    return loaded.renderer
+
+
+def _new_renderer(loaded: LoadedPlaybook) -> Renderer:
     dirs = loaded.template_dirs
 
     def describe(name: str) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli.options import (
+    BatchFlags,
     HostFlags,
     OutputFlags,
+    batch_options,
     complete_playbooks,
     host_options,
     output_options,
@@ -15,6 +17,7 @@ from orchestrator.cli.options import (
 
 @click.command(short_help="Deploy a playbook on hosts; roll back by itself on failure.")
 @host_options
+@batch_options
 @click.option("--check", is_flag=True, help="Plan, render, stage and validate; change nothing.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Also show the unified diff of each changed file before it is staged.")
@@ -22,23 +25,27 @@ from orchestrator.cli.options import (
 @click.option("--baseline", is_flag=True,
               help="Performance gate: probe the running server before the stop, even where the "
                    "current release has recorded figures to compare with.")
+@click.option("--stats", is_flag=True, help="At the end, the seconds each step took on each host.")
 @click.argument("playbook", required=False, shell_complete=complete_playbooks)
 @output_options
-def deploy(out: OutputFlags, where: HostFlags, check: bool, show_diff: bool, break_lock: bool,
-           baseline: bool, playbook: str | None) -> int:
+def deploy(out: OutputFlags, where: HostFlags, batches: BatchFlags, check: bool, show_diff: bool,
+           break_lock: bool, baseline: bool, stats: bool, playbook: str | None) -> int:
     """Deploy PLAYBOOK (default: playbooks/site.yaml here, else the shipped one) on the hosts.
 
-    Any failure after the backup rolls the host back by itself, a rule of
-    the playbook's performance gate (gate:) that fails included. Exit codes:
-    0 changed, unchanged or planned; 1 failed and rolled back; 2 refused
-    before anything changed (with --check: where a deploy would refuse);
-    3 the host is not known to be healthy.
+    Any failure after the backup rolls the host back by itself, a rule of the
+    playbook's performance gate (gate:) that fails included. Several hosts run
+    --forks at a time, in --serial batches if given. Exit codes (the worst
+    host's): 0 changed, unchanged or planned; 1 failed and rolled back; 2
+    refused before anything changed (with --check: where a deploy would
+    refuse), or hosts left not started; 3 a host is not known to be healthy.
     """
-    from orchestrator.cli.views import ConsoleReporter, print_summary
+    from orchestrator.cli.fleet import run_reports
+    from orchestrator.cli.live import draw_fleet_summary, draw_stats
+    from orchestrator.cli.views import ConsoleReporter
     from orchestrator.core.rendering import vars_for_host
     from orchestrator.core.secrets import secret_names, secret_values
     from orchestrator.pipeline.deploy import deploy_host
-    from orchestrator.pipeline.report import RunReport
+    from orchestrator.pipeline.rollback import rollback_host
     from orchestrator.shell.config_files import (
         display_path,
         find_playbook,
@@ -47,6 +54,7 @@ def deploy(out: OutputFlags, where: HostFlags, check: bool, show_diff: bool, bre
     )
 
     variables = where.variables()
+    plan = where.fleet(batches)  # a bad --serial or --max-fail-percent: exit 2 before any host
     path = find_playbook(playbook)
     loaded = load_playbook(path)
     targets = where.targets()
@@ -57,13 +65,20 @@ def deploy(out: OutputFlags, where: HostFlags, check: bool, show_diff: bool, bre
     for target in targets:  # never shown, even at -vv
         merged = vars_for_host(loaded.model, target, variables)
         output.hide(secret_values(merged, secret_names(merged, loaded.model.secrets)))
-    reporter = ConsoleReporter(output, diff=show_diff, planned_view=check)
     options = where.connect(break_lock=break_lock)
-    report = RunReport()
-    for target in targets:
-        report.hosts[target.name] = deploy_host(target, loaded, variables, options, reporter,
-                                                check=check, baseline=baseline)
-    print_summary(output, report)
+    undo = None
+    if batches.rollback_all_on_failure and not check:
+        def undo(target, reporter):  # type: ignore[no-untyped-def]
+            return rollback_host(target, None, options, reporter)
+    report = run_reports(
+        output, targets,
+        lambda target, reporter: deploy_host(target, loaded, variables, options, reporter, check=check,
+                                             baseline=baseline),
+        plan, ConsoleReporter(output, diff=show_diff, planned_view=check),
+        title="orch deploy --check" if check else "orch deploy", undo=undo)
+    draw_fleet_summary(output, report)
+    if stats:
+        draw_stats(output, report.hosts)
     if out.as_json:
         output.emit_json(report.to_json())
     return report.exit_code

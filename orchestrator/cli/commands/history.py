@@ -16,34 +16,33 @@ def history(out: OutputFlags, where: HostFlags) -> int:
     """Releases and rollbacks on the hosts: id, time, playbook, files, flags, outcome.
 
     Reads only: a host orch never deployed to is left as it was (no state
-    dir is created), and its empty history says so. Exit codes: 0 read;
-    2 a host could not be reached (the others are still shown).
+    dir is created), and its empty history says so. Hosts are read --forks
+    at a time. Exit codes: 0 read; 2 a host could not be reached (the others
+    are still shown).
     """
+    from orchestrator.cli.fleet import read_hosts
     from orchestrator.cli.tables import draw_history
     from orchestrator.cli.views import summary_line
-    from orchestrator.errors import OrchError
     from orchestrator.pipeline.inspect import host_history
-    from orchestrator.pipeline.report import HostReport, error_outcome
+    from orchestrator.pipeline.report import HostReport
 
     targets = where.targets()
     output = out.output()
     options = where.connect()
+    found = read_hosts(output, targets, lambda target: host_history(target, options), where.fleet(),
+                       title="orch history")
     hosts: dict[str, Any] = {}
     failed: dict[str, Any] = {}
     code = 0
-    for target in targets:
-        try:
-            found = host_history(target, options)
-        except OrchError as e:
-            outcome, exit_code = error_outcome(e)
-            report = HostReport(target.name, outcome, exit_code, error=str(e))
-            summary_line(output, target.name, report)
-            failed[target.name] = report.to_json()
-            code = max(code, exit_code)
+    for name, got in found.items():
+        if isinstance(got, HostReport):
+            summary_line(output, name, got)
+            failed[name] = got.to_json()
+            code = max(code, got.exit_code)
             continue
-        hosts[target.name] = [r.to_json() for r in found.rows]
+        hosts[name] = [r.to_json() for r in got.rows]
         if not output.quiet:
-            draw_history(output, found)
+            draw_history(output, got)
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts, "failed": failed})
     return code

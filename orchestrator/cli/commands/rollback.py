@@ -17,22 +17,22 @@ def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: boo
     """Undo the current release: files and server command line as they were; restart; check.
 
     Run again, it goes one release further back (it never toggles). It also
-    finishes a deploy that never did. Exit codes: 0 rolled back or nothing
-    to do; 2 refused (an unknown or undone --to, in every state); 3 the
-    rollback failed and the host is not known to be healthy.
+    finishes a deploy that never did. Several hosts run --forks at a time;
+    each has its own outcome. Exit codes (the worst host's): 0 rolled back or
+    nothing to do; 2 refused (an unknown or undone --to, in every state) or
+    unreachable; 3 the rollback failed and the host is not known to be healthy.
     """
-    from orchestrator.cli.views import ConsoleReporter, print_summary
-    from orchestrator.pipeline.report import RunReport
+    from orchestrator.cli.fleet import run_reports
+    from orchestrator.cli.live import draw_fleet_summary
+    from orchestrator.cli.views import ConsoleReporter
     from orchestrator.pipeline.rollback import rollback_host
 
     targets = where.targets()
     output = out.output()
     options = where.connect(break_lock=break_lock)
-    reporter = ConsoleReporter(output)
-    report = RunReport()
-    for target in targets:
-        report.hosts[target.name] = rollback_host(target, to, options, reporter)
-    print_summary(output, report)
+    report = run_reports(output, targets, lambda target, reporter: rollback_host(target, to, options, reporter),
+                         where.fleet(), ConsoleReporter(output), title="orch rollback")
+    draw_fleet_summary(output, report)
     if out.as_json:
         output.emit_json(report.to_json())
     return report.exit_code

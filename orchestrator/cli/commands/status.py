@@ -22,34 +22,34 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
     is reported, not an error); 1 with --probe: the server fails a rule of
     the current release's performance gate; 2 unreachable; 3 the server is
     not healthy or not running, or a deploy never finished. Reads only
-    (--probe sends the gate's requests to the server).
+    (--probe sends the gate's requests to the server); hosts are read
+    --forks at a time, and each has its own entry.
     """
+    from orchestrator.cli.fleet import read_hosts
     from orchestrator.cli.tables import draw_status
     from orchestrator.cli.views import ConsoleReporter, summary_line
-    from orchestrator.errors import OrchError
     from orchestrator.pipeline.inspect import host_status
-    from orchestrator.pipeline.report import HostReport, error_outcome
+    from orchestrator.pipeline.report import HostReport
 
     targets = where.targets()
     output = out.output()
     options = where.connect()
+    reporter = ConsoleReporter(output, live_line=False) if probe else None
+    found = read_hosts(output, targets, lambda target: host_status(target, options, probe=probe, reporter=reporter),
+                       where.fleet(),
+                       title="orch status", exit_code=lambda s: s.exit_code)
     hosts: dict[str, Any] = {}
     code = 0
-    for target in targets:
-        try:
-            found = host_status(target, options, probe=probe,
-                                reporter=ConsoleReporter(output) if probe else None)
-        except OrchError as e:
-            outcome, exit_code = error_outcome(e)
-            report = HostReport(target.name, outcome, exit_code, error=str(e))
-            summary_line(output, target.name, report)
-            hosts[target.name] = report.to_json()
-            code = max(code, exit_code)
+    for name, got in found.items():
+        if isinstance(got, HostReport):
+            summary_line(output, name, got)
+            hosts[name] = got.to_json()
+            code = max(code, got.exit_code)
             continue
-        hosts[target.name] = found.to_json()
-        code = max(code, found.exit_code)
-        if not output.quiet or found.exit_code or found.gate is not None:
-            draw_status(output, found)
+        hosts[name] = got.to_json()
+        code = max(code, got.exit_code)
+        if not output.quiet or got.exit_code or got.gate is not None:
+            draw_status(output, got)
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts})
     return code

@@ -1,0 +1,276 @@
+"""Many hosts at once: a bounded pool, batches, and when to stop.
+
+``run_fleet`` runs one host's work (a deploy, a rollback, a read) on every
+selected host:
+
+- at most ``forks`` hosts at a time, on as many worker threads (never a
+  thread per host). Each host's work opens its own ``HostSession`` in its
+  worker and keeps it to the end, so no connection (no Paramiko object) is
+  ever shared between threads, and one host's failure is that host's report:
+  it never touches another host's files or holds up another's work. An
+  unreachable host holds one worker until its connect timeout, no more.
+- in batches (``--serial``, cut by ``core.selection.plan_batches``). After
+  each batch, ``core.selection.judge_batch`` decides whether to go on. When
+  it says stop, the hosts of the later batches are never started — not even
+  connected — and come back in ``not_started``; ``after_failed_batch`` may
+  first replace the failed batch's results (``--rollback-all-on-failure``
+  undoes its successes through it).
+- Ctrl-C: no host is started any more, and every host at work gets a
+  ``KeyboardInterrupt`` in its own thread, where the deploy turns it into a
+  rollback, exactly as with one host (a second Ctrl-C reaches it again and
+  stops the rollback waiting). Python delivers signals to the main thread
+  only, so the interrupt is handed to each worker with
+  ``PyThreadState_SetAsyncExc``; the worker sees it at its next Python
+  instruction (the helper's events arrive at least every 5 s).
+
+Generic over the result type: a deploy's ``HostReport``, a history, a status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Generic, TypeVar
+
+from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
+from orchestrator.core.target import HostTarget
+from orchestrator.pipeline.report import HostReport
+
+R = TypeVar("R")
+
+INTERRUPTED = "interrupted (Ctrl-C)"
+
+HostWork = Callable[[HostTarget], R]
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """How to go through the hosts: ``--forks``, ``--serial``, ``--max-fail-percent``."""
+
+    forks: int = 10
+    serial: tuple[BatchSize, ...] = ()
+    max_fail_percent: Fraction | None = None
+
+
+@dataclass
+class FleetHooks(Generic[R]):
+    """What the caller wants to know, and how to make a result the work did not return.
+
+    ``started``/``finished`` are called from the worker threads (a view that
+    draws must be thread-safe). ``interrupted`` makes the result of a host
+    whose work a Ctrl-C cut off outside the work's own handling (rare: between
+    two of its steps). ``outcome`` is the outcome word a batch is judged by.
+    """
+
+    outcome: Callable[[R], str]
+    interrupted: Callable[[HostTarget], R]
+    started: Callable[[HostTarget], None] = lambda _t: None
+    finished: Callable[[HostTarget, R], None] = lambda _t, _r: None
+
+
+@dataclass
+class FleetRun(Generic[R]):
+    """What a run did: results in the selection's order, the hosts never started, and why."""
+
+    results: dict[str, R]
+    not_started: list[str] = field(default_factory=list)
+    stopped: str | None = None  # why the run stopped before its last batch (None: it did not)
+    batches: list[list[str]] = field(default_factory=list)
+
+
+def run_fleet(
+    targets: Sequence[HostTarget],
+    work: HostWork[R],
+    plan: FleetPlan,
+    hooks: FleetHooks[R],
+    *,
+    after_failed_batch: Callable[[list[HostTarget], dict[str, R]], dict[str, R]] | None = None,
+) -> FleetRun[R]:
+    """``work`` on every target, ``plan.forks`` at a time, batch after batch (see the module doc)."""
+    batches = plan_batches(list(targets), list(plan.serial) or None)
+    run: FleetRun[R] = FleetRun({}, batches=[[t.name for t in b] for b in batches])
+    results: dict[str, R] = {}
+    stopped: str | None = None
+    left: list[HostTarget] = []
+    for number, batch in enumerate(batches, start=1):
+        pool = HostPool(batch, work, plan.forks, hooks)
+        done = pool.run()
+        results.update(done)
+        later = [t for b in batches[number:] for t in b]
+        if pool.interrupted:
+            stopped = INTERRUPTED
+            left = pool.never_started + later
+            break
+        verdict = judge_batch([hooks.outcome(done[t.name]) for t in batch if t.name in done],
+                              plan.max_fail_percent)
+        if verdict.stop:
+            if after_failed_batch is not None:
+                results.update(after_failed_batch(batch, done))
+            if later:
+                where = f"batch {number} of {len(batches)}" if len(batches) > 1 else "the batch"
+                stopped = f"{where} failed: {verdict.reason}"
+                left = later
+            break
+    run.results = {t.name: results[t.name] for t in targets if t.name in results}
+    waiting = {t.name for t in left}
+    run.not_started = [t.name for t in targets if t.name in waiting and t.name not in results]
+    run.stopped = stopped
+    return run
+
+
+class HostPool(Generic[R]):
+    """``work`` on ``targets``, at most ``forks`` at a time, each host in one worker thread.
+
+    ``run`` returns when every started host has finished. A Ctrl-C while it
+    waits stops the taking of new hosts (they stay in ``never_started``) and
+    interrupts the hosts at work (see the module doc).
+    """
+
+    def __init__(self, targets: Sequence[HostTarget], work: HostWork[R], forks: int,
+                 hooks: FleetHooks[R]) -> None:
+        self.work = work
+        self.hooks = hooks
+        self.forks = max(1, forks)
+        self.queue = list(targets)
+        self.targets = list(targets)
+        self.results: dict[str, R] = {}
+        self.failures: dict[str, BaseException] = {}
+        self.interrupted = False
+        self._taken: set[str] = set()
+        self._at_work: dict[int, str] = {}  # thread id -> host
+        self._lock = threading.Lock()
+        self._working = 0  # workers not yet returned
+        self._all_done = threading.Event()
+
+    @property
+    def never_started(self) -> list[HostTarget]:
+        return [t for t in self.targets if t.name not in self._taken]
+
+    def run(self) -> dict[str, R]:
+        workers = [threading.Thread(target=self._worker, name=f"orch-worker-{i + 1}", daemon=True)
+                   for i in range(min(self.forks, len(self.queue)))]
+        self._working = len(workers)
+        for w in workers:
+            w.start()
+        # Not ``Thread.join``: a Ctrl-C that interrupts a join marks the thread as stopped
+        # while it still runs (CPython 3.11, bpo-45274's fix releases its state lock).
+        while True:
+            try:
+                if self._all_done.wait(0.25):
+                    break
+            except KeyboardInterrupt:
+                self._interrupt()
+        for w in workers:
+            w.join()
+        for t in self.targets:  # taken, but cut off before its work could say anything
+            if t.name in self._taken and t.name not in self.results and t.name not in self.failures:
+                self.results[t.name] = self.hooks.interrupted(t)
+        if self.failures:  # a bug, not a host's failure: raised once every other host is done
+            raise next(iter(self.failures.values()))
+        return self.results
+
+    def _interrupt(self) -> None:
+        with self._lock:
+            self.interrupted = True
+            self.queue.clear()
+            for ident in self._at_work:
+                raise_in_thread(ident, KeyboardInterrupt)
+
+    def _take(self) -> HostTarget | None:
+        with self._lock:
+            if not self.queue:
+                return None
+            target = self.queue.pop(0)
+            self._taken.add(target.name)
+            self._at_work[threading.get_ident()] = target.name
+            return target
+
+    def _worker(self) -> None:
+        me = threading.get_ident()
+        while True:
+            try:
+                target = self._take()
+                if target is None:
+                    break
+                self._one(target)
+            except KeyboardInterrupt:
+                pass  # meant for a host that had just finished: its result is kept, nothing to stop
+            self._leave(me)
+        while True:  # a late Ctrl-C must not keep ``run`` waiting for this worker
+            try:
+                with self._lock:
+                    self._working -= 1
+                    if self._working == 0:
+                        self._all_done.set()
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _leave(self, ident: int) -> None:
+        while True:
+            try:
+                with self._lock:
+                    self._at_work.pop(ident, None)
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _one(self, target: HostTarget) -> None:
+        try:
+            self.hooks.started(target)
+            # one store: a Ctrl-C aimed at this host lands inside ``work`` (which handles
+            # it), or after its result is kept
+            self.results[target.name] = self.work(target)
+        except KeyboardInterrupt:
+            self.results.setdefault(target.name, self.hooks.interrupted(target))
+        except BaseException as exc:  # noqa: BLE001 - kept and raised by ``run``, after the others
+            self.failures[target.name] = exc
+        self._leave(threading.get_ident())
+        if target.name in self.results:
+            self.hooks.finished(target, self.results[target.name])
+
+
+def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
+    """Make ``exc`` happen in thread ``ident`` at its next Python instruction."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+
+
+def undo_changed(
+    batch: Sequence[HostTarget],
+    done: dict[str, HostReport],
+    undo: HostWork[HostReport],
+    forks: int,
+    hooks: FleetHooks[HostReport],
+) -> dict[str, HostReport]:
+    """``--rollback-all-on-failure``: roll back the hosts of a failed batch whose deploy succeeded.
+
+    Each such host gets ``orch rollback``'s work (its new release undone, the
+    server restarted as it ran before, health-checked) and a report that says
+    so: ``rolled_back``, exit 1 (the run failed there too), or the rollback's
+    own failure. Hosts whose deploy changed nothing are left alone: a rollback
+    there would undo an older release.
+    """
+    changed = [t for t in batch if t.name in done and done[t.name].outcome == "changed"]
+    if not changed:
+        return {}
+    undone = HostPool(changed, undo, forks, hooks).run()
+    return {name: undone_report(done[name], report) for name, report in undone.items()}
+
+
+def undone_report(deployed: HostReport, rollback: HostReport) -> HostReport:
+    """The report of a host whose successful deploy was rolled back with its failed batch."""
+    extra = {**deployed.extra, "undone_by": rollback.release}
+    if rollback.outcome == "rolled_back" and rollback.exit_code == 0:
+        done = rollback.extra.get("restore") or "restored"
+        return HostReport(deployed.host, "rolled_back", 1, release=deployed.release, files=deployed.files,
+                          error=f"rolled back with its failed batch (--rollback-all-on-failure): {done}",
+                          notes=deployed.notes, extra=extra)
+    why = rollback.error or rollback.outcome
+    # still on the release it deployed (healthy then), or not known to be healthy (3)
+    outcome = rollback.outcome if rollback.outcome in ("rollback_failed", "unreachable", "failed") else "failed"
+    return HostReport(deployed.host, outcome, max(rollback.exit_code, 2), release=deployed.release,  # type: ignore[arg-type]
+                      files=deployed.files, notes=deployed.notes, extra=extra,
+                      error=f"its batch failed and --rollback-all-on-failure could not roll it back: {why}")

@@ -1,0 +1,66 @@
+"""How long each step of one host's run took, under the names people read.
+
+A deploy's steps are named once, here, and the same names appear in the
+``timings`` of ``--json`` (and of the release record on the host), in
+``--stats``, and as the "step" column of the live view of a fleet run. They
+follow the contract's steps and the journal's words:
+
+``connect`` (SSH and orch's helper) · ``lock`` (lock and records) · ``plan``
+(read, render, edit in memory) · ``stage`` (staged beside the targets and
+validated) · ``backup`` (the release, the journal, the watchdog) · ``commit``
+(compare-and-swap, read back, pre-flight) · ``restart`` (hooks, stop, start) ·
+``health`` (health checks and the stability window) · ``gate`` (the
+performance gate's probes and verdicts) · ``confirm`` (the
+release made current) · ``rollback`` (a failed deploy's restore).
+
+A step that did not happen has no entry: an unchanged host has
+``connect``, ``lock`` and ``plan`` only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from orchestrator.pipeline.events import Reporter
+
+STEPS = ("connect", "lock", "plan", "stage", "backup", "commit", "restart", "health", "gate", "confirm",
+         "rollback")
+"""Every step name, in the order a deploy goes through them (for tables)."""
+
+
+@dataclass
+class StepClock:
+    """Times one host's steps and tells the reporter which step it is in."""
+
+    host: str
+    reporter: Reporter
+    timings: dict[str, float] = field(default_factory=dict)
+    _started: dict[str, float] = field(default_factory=dict)
+
+    def start(self, name: str) -> None:
+        """Step ``name`` begins now (the live view shows it)."""
+        self._started[name] = time.monotonic()
+        self.reporter.phase(self.host, name)
+
+    def stop(self, name: str) -> None:
+        """Step ``name`` ended now: its duration goes into ``timings``."""
+        began = self._started.pop(name, None)
+        if began is not None:
+            self.timings[name] = round(time.monotonic() - began, 3)
+
+    @property
+    def begun(self) -> set[str]:
+        """The steps that have started (running or done)."""
+        return set(self._started) | set(self.timings)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """``with clock.step("plan"): …``: timed whether it succeeds or fails."""
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(name)

@@ -1,0 +1,116 @@
+"""The fleet runner's pool and batches (orchestrator/pipeline/fleet.py), without hosts.
+
+The work here is plain functions that wait on events, so each test decides
+the order of events itself: nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import threading
+from fractions import Fraction
+
+from orchestrator.core.selection import parse_serial
+from orchestrator.core.target import HostTarget
+from orchestrator.pipeline.fleet import FleetHooks, FleetPlan, HostPool, run_fleet, undone_report
+from orchestrator.pipeline.report import HostReport
+
+WAIT = 30.0
+
+
+def targets(n: int) -> list[HostTarget]:
+    return [HostTarget(name=f"h{i}") for i in range(1, n + 1)]
+
+
+def hooks(**kw: object) -> FleetHooks[HostReport]:
+    return FleetHooks(outcome=lambda r: r.outcome,
+                      interrupted=lambda t: HostReport(t.name, "failed", 1, error="interrupted"), **kw)  # type: ignore[arg-type]
+
+
+def test_no_more_than_forks_hosts_at_work_and_every_host_done() -> None:
+    lock = threading.Lock()
+    at_work: list[str] = []
+    most = 0
+    first_two = threading.Barrier(2, timeout=WAIT)
+
+    def work(t: HostTarget) -> HostReport:
+        nonlocal most
+        with lock:
+            at_work.append(t.name)
+            most = max(most, len(at_work))
+        if t.name in ("h1", "h2"):
+            first_two.wait()  # both of the first two are at work at once: the pool is parallel
+        with lock:
+            at_work.remove(t.name)
+        return HostReport(t.name, "changed", 0)
+
+    run = run_fleet(targets(7), work, FleetPlan(forks=2), hooks())
+    assert most == 2
+    assert list(run.results) == [f"h{i}" for i in range(1, 8)]  # the selection's order
+    assert run.not_started == [] and run.stopped is None
+
+
+def test_a_failed_canary_stops_the_run_and_later_batches_are_never_started() -> None:
+    started: list[str] = []
+
+    def work(t: HostTarget) -> HostReport:
+        started.append(t.name)
+        return HostReport(t.name, "rolled_back" if t.name == "h1" else "changed", 1 if t.name == "h1" else 0)
+
+    plan = FleetPlan(forks=10, serial=tuple(parse_serial("1,100%")), max_fail_percent=Fraction(0))
+    run = run_fleet(targets(4), work, plan, hooks())
+    assert started == ["h1"]
+    assert run.not_started == ["h2", "h3", "h4"]
+    assert run.batches == [["h1"], ["h2", "h3", "h4"]]
+    assert run.stopped == "batch 1 of 2 failed: every host of the batch failed (1 of 1)"
+
+
+def test_batches_go_on_while_failures_stay_under_the_limit() -> None:
+    def work(t: HostTarget) -> HostReport:
+        bad = t.name in ("h2",)
+        return HostReport(t.name, "failed" if bad else "changed", 2 if bad else 0)
+
+    plan = FleetPlan(forks=3, serial=tuple(parse_serial("2")), max_fail_percent=Fraction(50))
+    run = run_fleet(targets(6), work, plan, hooks())
+    assert run.not_started == [] and run.stopped is None and len(run.results) == 6
+
+
+def test_a_failed_batch_hands_its_results_to_after_failed_batch() -> None:
+    seen: list[list[str]] = []
+
+    def work(t: HostTarget) -> HostReport:
+        bad = t.name == "h2"
+        return HostReport(t.name, "rolled_back" if bad else "changed", 1 if bad else 0, release=f"r-{t.name}")
+
+    def after(batch: list[HostTarget], done: dict[str, HostReport]) -> dict[str, HostReport]:
+        seen.append([t.name for t in batch])
+        undo = HostReport("h1", "rolled_back", 0, release="u-h1", extra={"restore": "files restored"})
+        return {"h1": undone_report(done["h1"], undo)}
+
+    plan = FleetPlan(forks=2, serial=tuple(parse_serial("2")), max_fail_percent=Fraction(0))
+    run = run_fleet(targets(4), work, plan, hooks(), after_failed_batch=after)
+    assert seen == [["h1", "h2"]]
+    assert run.results["h1"].outcome == "rolled_back" and run.results["h1"].exit_code == 1
+    assert run.results["h1"].release == "r-h1" and run.results["h1"].extra["undone_by"] == "u-h1"
+    assert run.not_started == ["h3", "h4"]
+
+
+def test_a_bug_in_one_hosts_work_is_raised_after_the_others_finished() -> None:
+    finished: list[str] = []
+    h1_failed = threading.Event()
+
+    def work(t: HostTarget) -> HostReport:
+        if t.name == "h1":
+            h1_failed.set()
+            raise RuntimeError("a bug")
+        assert h1_failed.wait(WAIT)
+        finished.append(t.name)
+        return HostReport(t.name, "changed", 0)
+
+    pool = HostPool(targets(3), work, 3, hooks())
+    try:
+        pool.run()
+    except RuntimeError as e:
+        assert str(e) == "a bug"
+    else:
+        raise AssertionError("the bug was swallowed")
+    assert sorted(finished) == ["h2", "h3"]
