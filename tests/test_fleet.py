@@ -344,3 +344,38 @@ def test_bad_batch_options_are_one_line_and_touch_no_host(fleet: Fleet, args: li
     assert proc.stderr.splitlines() == [f"orch: error: {needle}"]
     assert as_json(proc) == {"exit_code": 2, "error": needle, "hosts": {}}
     assert all(h.logins() == 0 for h in hosts)
+
+
+# ------------------------------------------------------------------ the gate promotes (issue 11)
+
+GATED = STORY.replace("  crash: 0\n", "  crash: 0\n  slow: 1\n").replace(
+    'STANDIN_CRASH_AT_START: "{{ crash }}"}', 'STANDIN_CRASH_AT_START: "{{ crash }}", STANDIN_SLOWDOWN: "{{ slow }}"}'
+) + """\
+gate:
+  probes:
+    - {post: /generate, json: {text: "the gate's prompt", sampling_params: {max_new_tokens: 8}},
+       requests: 32, concurrency: 16, warmup: 16, rounds: 3, timeout: 30s}
+  rules: {tokens_per_s: {min_ratio: 0.6}, errors: 0}
+"""
+"""The story with a performance gate; a host var ``slow: F`` makes that host's new server F times slower."""
+
+
+def test_a_canary_that_fails_the_gate_leaves_every_other_host_untouched(fleet: Fleet) -> None:
+    hosts = fleet.new_boxes(fleet.root, count=3)
+    fleet.write_inventory(hosts, extra={"gpu01": {"vars": {"slow": 2}}})  # the canary halves its throughput
+    untouched = {h.name: h.tree_digest() for h in hosts[1:]}
+    story = fleet.root / "gated.yaml"
+    story.write_text(GATED)
+
+    proc = fleet.orch("deploy", "--host", "fleet", "--serial", "1,100%", "--max-fail-percent", "0",
+                      "--json", str(story))
+
+    report = as_json(proc)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # the rest not started; the canary rolled back
+    canary = report["hosts"]["gpu01"]
+    assert canary["outcome"] == "rolled_back" and "tokens_per_s" in canary["error"], canary
+    assert canary["gate"]["verdict"] == "fail"
+    assert hosts[0].current_flag() == ORIGINAL_FLAG  # the canary serves its previous command line again
+    for h in hosts[1:]:
+        assert report["hosts"][h.name]["outcome"] == "not_started"
+        assert h.tree_digest() == untouched[h.name] and h.logins() == 0

@@ -29,6 +29,7 @@ from rich.text import Text
 
 from orchestrator.cli.output import VERBOSE, Output
 from orchestrator.cli.views import ConsoleReporter, one_line, print_summary
+from orchestrator.core.gate import GateOutcome
 from orchestrator.pipeline.report import HostReport, RunReport
 from orchestrator.pipeline.timings import STEPS
 
@@ -142,6 +143,11 @@ class FleetReporter:
     def server_log(self, host: str, title: str, lines: Sequence[str]) -> None:
         with self.out.lock:
             self.inner.server_log(host, title, lines)
+
+    def gate(self, host: str, outcome: GateOutcome) -> None:
+        self._note(host, f"gate: {outcome.verdict}")
+        with self.out.lock:
+            self.inner.gate(host, outcome)
 
     def progress(self, host: str, event: dict[str, Any]) -> None:
         msg = event.get("msg")
