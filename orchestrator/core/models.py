@@ -725,8 +725,8 @@ def _parse(model: type[M], text: str, filename: str) -> M:
         raise ConfigError(
             exc.message, file=filename, line=doc.line_of(exc.loc), key=key_path(exc.loc) or None
         ) from None
-    if isinstance(result, Playbook):
-        result._locations = Locations(file=filename, doc=doc)
+    if "_locations" in getattr(type(result), "__private_attributes__", {}):
+        result._locations = Locations(file=filename, doc=doc)  # a playbook, a nightly spec
     return result
 
 

@@ -15,7 +15,7 @@ Python versions, and the probe figures. Two nights from one spec have the
 same manifest except ``VARYING`` (times, the build's name, the probe).
 
 Pure: text in, models out; the same ``file:line: key: message`` errors as
-playbooks (``models._config_error``).
+playbooks (``models._parse``).
 """
 
 from __future__ import annotations
@@ -41,11 +41,10 @@ from orchestrator.core.models import (
     LocatedProblem,
     Locations,
     Server,
-    _config_error,
     _Model,
+    _parse,
 )
 from orchestrator.core.probe import ProbeConfig
-from orchestrator.core.yamlsrc import key_path, load_yaml
 from orchestrator.errors import ConfigError
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -167,18 +166,7 @@ class NightlySpec(_Model):
 
 def parse_nightly(text: str, filename: str) -> NightlySpec:
     """Parse a nightly spec; one ``ConfigError`` for the first problem, located."""
-    doc = load_yaml(text, filename)
-    data = {} if doc.data is None else doc.data
-    try:
-        spec = NightlySpec.model_validate(data)
-    except ValidationError as exc:
-        raise _config_error(exc, doc, NightlySpec) from None
-    except LocatedProblem as exc:
-        raise ConfigError(
-            exc.message, file=filename, line=doc.line_of(exc.loc), key=key_path(exc.loc) or None
-        ) from None
-    spec._locations = Locations(file=filename, doc=doc)
-    return spec
+    return _parse(NightlySpec, text, filename)
 
 
 # ------------------------------------------------------- pinned requirements

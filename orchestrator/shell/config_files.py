@@ -43,7 +43,8 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def _read(path: Path, shown: str) -> str:
+def read_text_file(path: Path, shown: str) -> str:
+    """A config file's text; one located error when it is not readable UTF-8."""
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -66,7 +67,7 @@ def load_inventory(path: str | None) -> tuple[Inventory, str]:
         target, shown = Path(path).expanduser(), path
         if not target.is_file():
             raise ConfigError(f"inventory not found: {path}", key="-i")
-    return parse_inventory(_read(target, shown), shown), shown
+    return parse_inventory(read_text_file(target, shown), shown), shown
 
 
 def ssh_host_aliases(ssh_config_path: str | None) -> list[str]:
@@ -169,7 +170,7 @@ def load_playbook(path: Path | str) -> LoadedPlaybook:
     """Read and parse the playbook at ``path``."""
     path = Path(path)
     shown = display_path(path)
-    text = _read(path, shown)
+    text = read_text_file(path, shown)
     model = parse_playbook(text, shown)
     return LoadedPlaybook(
         path=path,
@@ -207,7 +208,7 @@ def template_lookup(dirs: tuple[Path, ...]) -> Lookup:
         if found is None:
             return None
         try:
-            return _read(found, display_path(found))
+            return read_text_file(found, display_path(found))
         except ConfigError as exc:  # located by the renderer at the playbook key
             raise TemplateError(f"{exc.file}: {exc.message}") from None
 

@@ -29,6 +29,7 @@ from orchestrator.shell.config_files import (
     find_playbook,
     find_template,
     load_playbook,
+    read_text_file,
 )
 
 DEFAULT_SPEC = "nightly"
@@ -72,15 +73,6 @@ def find_nightly(arg: str | None) -> Path:
     return find_playbook(arg or DEFAULT_SPEC)
 
 
-def _read(path: Path, shown: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("not UTF-8 text", file=shown) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=shown) from None
-
-
 def _stack_path(spec_path: Path, entry: str, where: dict[str, object]) -> Path:
     candidate = Path(entry).expanduser()
     if candidate.is_absolute():
@@ -112,7 +104,7 @@ def _template_inputs(loaded: LoadedPlaybook) -> list[InputRecord]:
                     continue
                 found = find_template(loaded.template_dirs, name)
                 if found is not None:  # not found: rendering says so, located
-                    out.append(InputRecord(kind="template", name=name, sha256=sha256_text(_read(found, name))))
+                    out.append(InputRecord(kind="template", name=name, sha256=sha256_text(read_text_file(found, name))))
     return out
 
 
@@ -120,7 +112,7 @@ def load_nightly(path: Path | str) -> LoadedNightly:
     """Read and parse the spec at ``path`` and everything it names."""
     path = Path(path)
     shown = display_path(path)
-    text = _read(path, shown)
+    text = read_text_file(path, shown)
     spec = parse_nightly(text, shown)
     locations = spec.locations
     inputs: list[InputRecord] = [InputRecord(kind="spec", name=spec.name, sha256=sha256_text(text))]
@@ -141,7 +133,7 @@ def load_nightly(path: Path | str) -> LoadedNightly:
             candidate = beside if beside.is_file() else candidate
         if not candidate.is_file():
             raise ConfigError(f"requirements file not found: {rel}", **where)
-        req_text = _read(candidate, display_path(candidate))
+        req_text = read_text_file(candidate, display_path(candidate))
         pins = parse_requirements(req_text, display_path(candidate))
         requirements = LoadedRequirements(candidate, req_text, sha256_text(req_text), tuple(pins))
         inputs.append(InputRecord(kind="requirements", name=rel, sha256=requirements.sha256))
