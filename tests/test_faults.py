@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -509,3 +511,66 @@ def test_retention_never_prunes_a_release_that_rollback_needs(link: Link) -> Non
     last = box.orch("rollback", "--host", "gpu")
     assert last.returncode == 0 and "the state before any release" in last.stdout + last.stderr
     assert_as_before(box, original)
+
+
+CRASH_LOOP = """\
+name: crash-loop
+vars: {{port: {port}}}
+files: []
+server:
+  manager: commands
+  command: "{python} -m sglang.launch_server --model-path /models/standin --port {{{{ port }}}}"
+  flags: {{"--speculative-accept-threshold-acc": 0.5}}
+  start: "sh -c 'cd {box}; PYTHONPATH={tree} setsid {box}/supervise.sh {{{{ command }}}} > {box}/loop.log 2>&1 < /dev/null & echo $! > {box}/loop.pid'"
+  stop: "sh -c 'kill -TERM -$(cat {box}/loop.pid); while kill -0 $(cat {box}/loop.pid) 2>/dev/null; do sleep 0.05; done'"
+  pid: "cat {box}/loop.pid"
+  stop_timeout: 5s
+  free_timeout: 5s
+health:
+  base_url: "http://127.0.0.1:{{{{ port }}}}"
+  timeout: 30s
+  interval: 0.2s
+  stable_for: 3s
+  confirm_timeout: 1s
+  checks: [{{get: /health}}]
+"""
+
+SUPERVISE = """\
+#!/bin/sh
+# A supervisor that restarts its server whenever it exits (systemd's Restart=always).
+# The new command line (with --speculative-accept-threshold-acc) dies 0.3 s after it
+# becomes healthy: a crash loop, which a single health check would call healthy.
+case "$*" in *--speculative-accept-threshold-acc*) export STANDIN_EXIT_AFTER_READY=0.3;; esac
+while :; do "$@"; sleep 0.3; done
+"""
+
+
+def test_a_crash_looping_server_under_a_supervisor_is_rolled_back(link: Link) -> None:
+    box = link.box
+    tree = box.sglang_root.parent
+    (box.root / "supervise.sh").write_text(SUPERVISE)
+    (box.root / "supervise.sh").chmod(0o755)
+    pb = box.root / "loop.yaml"
+    pb.write_text(CRASH_LOOP.format(port=box.port, python=sys.executable, box=box.root, tree=tree))
+    # the server runs under its supervisor from the start, as the playbook's own start would run it
+    subprocess.run(["sh", "-c", f"cd {box.root}; PYTHONPATH={tree} setsid {box.root}/supervise.sh "
+                    f"{shlex.join(box_argv(box))} > {box.root}/loop.log 2>&1 < /dev/null & "
+                    f"echo $! > {box.root}/loop.pid"], check=True)
+    wait_healthy(box.port)
+    loop = int((box.root / "loop.pid").read_text())
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(pb))
+    code, rep, text = finish(proc)
+    try:
+        assert code == 1, text
+        assert rep["outcome"] == "rolled_back" and "became unhealthy" in rep["error"], rep
+        wait_healthy(box.port, 60)
+        restored = int((box.root / "loop.pid").read_text())
+        assert restored != loop  # the supervisor was restarted with the previous command line
+        assert "--speculative-accept-threshold-acc" not in cmdline(box.server_pid())
+        assert box.journal()["finished"] is True and box.journal()["step"] == "rolled_back"
+    finally:
+        subprocess.run(["sh", "-c", f"kill -TERM -$(cat {box.root}/loop.pid)"], check=False)
+
+
+def box_argv(box: Sandbox) -> list[str]:
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/standin", "--port", str(box.port)]
