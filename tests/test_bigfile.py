@@ -92,3 +92,30 @@ def test_the_same_plan_reads_a_small_edit_at_the_top_without_reading_the_rest(co
     plan = plan_file("big.py", text, edits)
     check_structure(plan, edits)
     assert sum(counted["tokenized_lines"]) < total // 10  # reading stops after the statements it needs
+
+
+def test_plans_on_several_threads_at_once_never_trip_over_each_other() -> None:
+    """A fleet plans hosts on threads; CPython 3.11's AST machinery is not thread-safe
+    (it raised "SystemError: AST constructor recursion depth mismatch" in a 50-host run),
+    so every parse goes through one lock (``core.pyindex.AST_LOCK``)."""
+    import threading
+
+    base = (TREE / "python" / "sglang" / "srt" / "server_args.py").read_text()
+    errors: list[BaseException] = []
+
+    def plan_many(n: int) -> None:
+        try:
+            for i in range(15):
+                text = base + f"\nX_{n}_{i} = [{', '.join(f'({j}, [{j}])' for j in range(60))}]\n"
+                spec = EditSpec(kind="insert", text=f"Y_{n} = {i}\n", anchor=Anchor("after", f"X_{n}_{i} = "))
+                fplan = plan_file("server_args.py", text, [spec])
+                check_structure(fplan, [spec])
+        except BaseException as e:  # noqa: BLE001 - collected and reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=plan_many, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert errors == []

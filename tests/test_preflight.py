@@ -116,6 +116,14 @@ def test_the_plan_renders_the_playbooks_preflight_or_falls_back_to_the_default()
     rendered = render_playbook(without, None, {"python": "/v/bin/python"}, Renderer())
     assert preflight_argv(rendered.server, new_argv, {}, Renderer()) == default_preflight(new_argv)
     assert preflight_argv(rendered.server, ["vllm", "serve", "m"], {}, Renderer()) is None
+    off = parse_playbook(PLAYBOOK.replace('  preflight: "{{ python }} -m mycheck {{ argv }}"\n', "  preflight: false\n"),
+                         "p.yaml")
+    rendered = render_playbook(off, None, {"python": "/v/bin/python"}, Renderer())
+    assert preflight_argv(rendered.server, new_argv, {}, Renderer()) is None  # turned off: none runs
+    on = parse_playbook(PLAYBOOK.replace('  preflight: "{{ python }} -m mycheck {{ argv }}"\n', "  preflight: true\n"),
+                        "p.yaml")
+    rendered = render_playbook(on, None, {"python": "/v/bin/python"}, Renderer())
+    assert preflight_argv(rendered.server, new_argv, {}, Renderer()) == default_preflight(new_argv)
 
 
 # --------------------------------------------------------------------------- the helper's op, for real

@@ -136,6 +136,19 @@ class Facts:
 _NAMED = re.compile(r"facts\s*\.\s*packages\s*\.\s*([A-Za-z_][\w]*)|facts\s*\.\s*packages\s*\[\s*['\"]([^'\"]+)['\"]")
 
 
+def packages_to_gather(text: str, given: Iterable[str]) -> list[str]:
+    """The packages whose facts this playbook needs, given the vars already set.
+
+    Facts cost a process on the host (the server's interpreter asked for its
+    packages) on every run, a no-op re-run included; a playbook that never
+    says ``facts`` and sets its ``sglang_root``/``vllm_root`` itself needs none.
+    """
+    if "facts" in text:
+        return packages_named([text])
+    known = set(given)
+    return [pkg for var, pkg in ROOT_VARS.items() if var in text and var not in known]
+
+
 def packages_named(texts: Iterable[str]) -> list[str]:
     """The packages to look up: the known servers and every ``facts.packages.X`` the texts name."""
     names = list(DEFAULT_PACKAGES)

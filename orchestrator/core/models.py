@@ -422,7 +422,7 @@ class Server(_Model):
     the new command line without starting a server (``{{ argv }}`` as a word
     of its own is the new command line's words, ``{{ command }}`` the same,
     shell-quoted, as one word); without it orch uses a default for the servers
-    it knows (``core.preflight``).
+    it knows (``core.preflight``); ``preflight: false`` runs none.
     """
 
     manager: Literal["process", "commands"] = "process"
@@ -439,7 +439,7 @@ class Server(_Model):
     stop: str | None = Field(None, min_length=1)
     pid: str | None = Field(None, min_length=1)
     status: str | None = Field(None, min_length=1)
-    preflight: str | None = Field(None, min_length=1)
+    preflight: str | bool | None = None  # a command; false: none; unset/true: the built-in one
     preflight_timeout: Duration = 120.0  # the parser imports the server's modules: seconds, on a big box
     # Hooks around the restart, rendered like ``start`` (``{{ command }}``: the command
     # line): take the host out of a router before the stop, put it back once healthy
@@ -447,6 +447,13 @@ class Server(_Model):
     before_stop: str | None = Field(None, min_length=1)
     after_healthy: str | None = Field(None, min_length=1)
     hook_timeout: Duration = 300.0
+
+    @field_validator("preflight", mode="after")
+    @classmethod
+    def _preflight(cls, value: str | bool | None) -> str | bool | None:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty (false turns the pre-flight off)")
+        return None if value is True else value
 
     @field_validator("flags", mode="after")
     @classmethod

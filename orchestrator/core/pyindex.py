@@ -33,11 +33,34 @@ import __future__
 import ast
 import bisect
 import re
+import threading
 import tokenize
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 BOM = "\ufeff"
+
+# --------------------------------------------------------------------------- parsing
+
+# CPython 3.11's AST machinery keeps a recursion counter in global state, so two
+# threads parsing at once can fail with "SystemError: AST constructor recursion
+# depth mismatch" (python/cpython#106905). A fleet plans several hosts on
+# threads: every parse and every compile of an AST goes through this lock.
+AST_LOCK = threading.Lock()
+
+
+def parse_ast(text: str, filename: str) -> ast.Module:
+    """``ast.parse``, one thread at a time."""
+    with AST_LOCK:
+        return ast.parse(text, filename=filename)
+
+
+def compile_ast(module: ast.Module, filename: str, flags: int) -> None:
+    """Compile an AST (to check it), one thread at a time."""
+    with AST_LOCK:
+        compile(module, filename, "exec", flags=flags, dont_inherit=True)
+
 
 # --------------------------------------------------------------------------- text
 
@@ -177,7 +200,7 @@ def _tokenize_error(
     # Python's own parser says it better ("invalid syntax", at the right
     # line); on this failure path its cost does not matter.
     try:
-        ast.parse("".join(lines), filename=path)
+        parse_ast("".join(lines), path)
     except SyntaxError as parsed:
         row = (parsed.lineno or 1) + offset
         return SyntaxError(f"{path} does not parse: line {row}: {parsed.msg}")
@@ -255,6 +278,35 @@ def _is_docstring(node: ast.stmt) -> bool:
 # --------------------------------------------------------------------------- one chunk
 
 
+CHUNK_CACHE_SIZE = 64
+"""Statement groups kept read: a fleet's hosts carry the same files (``read_chunk``)."""
+
+_chunk_cache: OrderedDict[tuple[int, int, str], _Chunk] = OrderedDict()
+_chunk_cache_lock = threading.Lock()
+
+
+def read_chunk(src: PySource, first: int, last: int) -> _Chunk:
+    """The statement group at rows ``first..last`` of ``src``, read once per content.
+
+    A fleet's hosts (and a host's successive plans) carry the same files, and
+    reading the group that holds a large class is most of a plan's CPU: the
+    read is kept by the group's rows and text (the path only names errors,
+    which are never kept), and shared — a ``_Chunk`` is not changed once read.
+    """
+    key = (first, last, "".join(src.raw[first - 1 : last]))
+    with _chunk_cache_lock:
+        hit = _chunk_cache.get(key)
+        if hit is not None:
+            _chunk_cache.move_to_end(key)
+            return hit
+    chunk = _Chunk(src, first, last)
+    with _chunk_cache_lock:
+        _chunk_cache[key] = chunk
+        while len(_chunk_cache) > CHUNK_CACHE_SIZE:
+            _chunk_cache.popitem(last=False)
+    return chunk
+
+
 class _Chunk:
     """One top-level statement group, read: its logical lines, statements and bodies (file rows)."""
 
@@ -263,7 +315,7 @@ class _Chunk:
         lines = src.raw[first - 1 : last]
         text = "".join(lines)
         try:
-            tree = ast.parse(text, filename=src.path)
+            tree = parse_ast(text, src.path)
         except SyntaxError as exc:
             row = (exc.lineno or 1) + first - 1
             raise SyntaxError(f"{src.path} does not parse: line {row}: {exc.msg}") from None
@@ -502,7 +554,7 @@ class PySource:
         first, last, _ = self._spans[index]
         chunk = self._chunks.get(first)
         if chunk is None or chunk.last != last:
-            chunk = _Chunk(self, first, last)
+            chunk = read_chunk(self, first, last)
             self._chunks[first] = chunk
             self._bodies.update(chunk.bodies)
         return chunk

@@ -178,7 +178,7 @@ class RenderedServer:
     after_healthy: list[str] | None = None
     # rendered once the new command line is known (``core.preflight``): the raw
     # ``server.preflight`` and where it is in the playbook
-    preflight: str | None = None
+    preflight: str | bool | None = None  # False: no pre-flight
     preflight_where: tuple[str | None, int | None, str | None] = (None, None, None)
 
     def desired_argv(self, base: Sequence[str] | None = None) -> list[str] | None:

@@ -38,7 +38,14 @@ from dataclasses import replace
 from orchestrator.core.anchors import is_python, literal_statements, places_for
 from orchestrator.core.edit_spec import Change, EditSpec, FilePlan
 from orchestrator.core.edits import ELEMENT, IN_PLACE
-from orchestrator.core.pyindex import PySource, StmtInfo, Window, split_bom, split_lines
+from orchestrator.core.pyindex import (
+    PySource,
+    StmtInfo,
+    Window,
+    compile_ast,
+    split_bom,
+    split_lines,
+)
 from orchestrator.errors import StructureError
 
 _NODE_NAMES: tuple[tuple[type, str], ...] = (
@@ -471,7 +478,7 @@ def _check_window_compiles(path: str, res: PySource, window: Window, flags: int)
                 "from __future__ imports must occur at the beginning of the file"
             )
     try:
-        compile(ast.Module(body=nodes, type_ignores=[]), path, "exec", flags=flags, dont_inherit=True)
+        compile_ast(ast.Module(body=nodes, type_ignores=[]), path, flags)
     except (SyntaxError, ValueError) as exc:
         where = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
         raise StructureError(f"after the edits, {path} does not compile: {where}") from None

@@ -34,7 +34,7 @@ from orchestrator.core.facts import (
     Facts,
     deferred_facts,
     deferred_root_vars,
-    packages_named,
+    packages_to_gather,
 )
 from orchestrator.core.flags import FlagRequest, expand_edits
 from orchestrator.core.hints import anchor_hints
@@ -256,7 +256,7 @@ def make_plan(
     pb = loaded.model
     renderer = make_renderer(loaded)
     python = pb.server.python if pb.server and pb.server.python else "python3"
-    packages = packages_named([loaded.text])
+    packages = packages_to_gather(loaded.text, {**pb.vars, **target.vars, **cli_vars})
     early = merge_vars(
         pb.vars,
         target.vars,
@@ -272,15 +272,13 @@ def make_plan(
                       pidfile=pidfile if manager == "process" else None,
                       port=port if manager == "process" else None, follow=_follow(pb, early, renderer)),
     ]
-    if manager == "process":
-        steps.append(ops.server_find(pidfile, port))
     if current_release_dir and manager == "process":
         # what the current release started, in case nothing runs now (same round trip)
         steps.append(ops.get_json(f"{current_release_dir}/restore.json"))
     results = session.batch(steps)
     host = results[0]
-    running = results[1] if len(results) > 1 else None
-    last_started = (results[2] or {}).get("started") if len(results) > 2 else None
+    running = host.get("server")  # the process read_host found by the pidfile or the port
+    last_started = (results[1] or {}).get("started") if len(results) > 1 else None
     facts = Facts.from_wire(host.get("facts"))
     variables = merge_vars(
         pb.vars, target.vars, cli_vars, {"python": python, "facts": facts.as_var(), **facts.root_vars()}
@@ -489,9 +487,9 @@ def preflight_argv(
     server may run in a container or under a supervisor whose environment orch
     cannot reproduce, so there only ``server.preflight`` runs.
     """
-    if server is None or not argv:
+    if server is None or not argv or server.preflight is False:
         return None
-    if server.preflight:
+    if isinstance(server.preflight, str):
         file, line, key = server.preflight_where
         return render_preflight(server.preflight, argv, variables, renderer, file=file, line=line, key=key)
     if server.manager != "process":

@@ -40,10 +40,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 PROTOCOL = 1
+
+
+def http():
+    """``urllib.request`` (its ``HTTPError``/``URLError`` too), imported when first
+    needed: it is half of the helper's start-up, and a no-op or a --check never uses it."""
+    import urllib.request
+
+    return urllib.request
+
 READY_MAGIC = "ORCH-AGENT-READY"
 TICK_SECONDS = 5.0
 SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence means it is gone
@@ -1284,17 +1291,18 @@ BODY_LIMIT = 1 << 20  # a health answer larger than this is cut: nothing we chec
 def fetch(url, method, body, headers, timeout):
     """One HTTP request: (status, text), or (None, reason). Bounded by the
     socket timeout per read; ``bounded_fetch`` bounds the whole of it."""
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    request = http()
+    req = request.Request(url, data=body, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read(BODY_LIMIT).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
+    except request.HTTPError as e:
         try:
             text = e.read(BODY_LIMIT).decode("utf-8", "replace")
         except Exception:
             text = ""
         return e.code, text
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (request.URLError, OSError, ValueError) as e:
         return None, str(getattr(e, "reason", e))
 
 
@@ -2000,7 +2008,8 @@ def follow_imports(path, names):
 @op("read_host")
 def op_read_host(paths, packages=(), python=None, pidfile=None, port=None, follow=None, timeout=60.0):
     """Facts, then the files (their paths may hold fact markers), then the modules they import
-    that mention the given names — in one round trip.
+    that mention the given names — in one round trip; and the running server (``server``:
+    its record, found by the pidfile or the port, as ``server_find`` does).
 
     Facts are gathered by the server's interpreter with the server's
     environment when a server runs (found like ``server_find``), else by
@@ -2021,7 +2030,7 @@ def op_read_host(paths, packages=(), python=None, pidfile=None, port=None, follo
         index = int(item["index"])
         if 0 <= index < len(resolved) and files[index]["exists"]:
             companions[str(index)] = follow_imports(expand(resolved[index]), item["names"])
-    return {"facts": facts, "paths": resolved, "files": files, "companions": companions}
+    return {"facts": facts, "paths": resolved, "files": files, "companions": companions, "server": record}
 
 
 PARSER_ERROR = re.compile(r"^(\S.*?): error: (.*)$")
@@ -2362,16 +2371,17 @@ def probe_tokens(doc):
 def probe_request(url, payload, headers, timeout, keep_doc=False):
     """One POST, bounded by ``timeout`` (connect, each read, and in total)."""
     started = time.time()
-    req = urllib.request.Request(url, data=payload, method="POST", headers=headers)
+    request = http()
+    req = request.Request(url, data=payload, method="POST", headers=headers)
     status, raw, error = None, b"", None
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with request.urlopen(req, timeout=timeout) as resp:
             status = resp.status
             raw = resp.read(4 << 20)
-    except urllib.error.HTTPError as e:
+    except request.HTTPError as e:
         status = e.code
         error = "HTTP %d" % e.code
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (request.URLError, OSError, ValueError) as e:
         error = str(getattr(e, "reason", e)) or type(e).__name__
     latency = time.time() - started
     if error is None and latency > timeout:
