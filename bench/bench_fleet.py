@@ -81,6 +81,7 @@ class Sample:
 
     wall: float
     cpu: float
+    host_cpu: float  # the machine's busy CPU during the run less the controller's: the hosts' share
     peak_pss_mb: float
     channels_per_host: float
     connections_per_host: float
@@ -157,6 +158,7 @@ def measured(inv: Invocation, outdir: Path, timeout: float, sample: float) -> tu
     """Run one invocation under measure.py; (figures, None) or (figures, one-line failure)."""
     out = Path(tempfile.mkstemp(prefix="run-", suffix=".json", dir=outdir)[1])
     argv = [sys.executable, str(BENCH / "measure.py"), str(out), "--sample", f"{sample:g}", "--", *inv.argv]
+    busy_before = machine_busy_seconds()
     proc = subprocess.Popen(argv, cwd=inv.cwd, env=inv.env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -177,10 +179,23 @@ def measured(inv: Invocation, outdir: Path, timeout: float, sample: float) -> tu
     if proc.returncode != 0:
         return {}, f"measure.py exit {proc.returncode}: {err.decode(errors='replace')[-300:]}"
     figures = json.loads(out.read_text())
+    figures["machine_busy"] = machine_busy_seconds() - busy_before
     if figures["rc"] != 0:
         tail = (figures["stderr"].strip() or figures["stdout"].strip()).splitlines()[-3:]
         return figures, f"exit {figures['rc']}: {' | '.join(tail)[:400]}"
     return figures, None
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of this machine has been busy since boot (``/proc/stat``).
+
+    The bench's hosts (sshd, servers, orch's helper, the baselines' shells) run on
+    the controller's cores; the busy time during a run less the controller's own is
+    what the hosts cost, a figure a real fleet pays on its own CPUs, in parallel.
+    """
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def check_deployed(hosts: Sequence[FleetHost], expected: dict[str, bytes], threshold: int) -> str | None:
@@ -202,6 +217,7 @@ def sample_of(figures: dict[str, Any], counts: list[Counts]) -> Sample:
     n = len(counts)
     return Sample(
         wall=figures["wall"], cpu=figures["cpu_user"] + figures["cpu_sys"],
+        host_cpu=max(0.0, figures["machine_busy"] - figures["cpu_user"] - figures["cpu_sys"]),
         peak_pss_mb=figures["peak_pss_kb"] / 1024,
         channels_per_host=sum(c.channels for c in counts) / n,
         connections_per_host=sum(c.connections for c in counts) / n,
@@ -352,8 +368,8 @@ def render(rows: Sequence[Sequence[str]]) -> str:
 def detail_table(rows: Sequence[Row]) -> str:
     """One N: every figure of every tool, with orch's wall and no-op as ratios to each."""
     orch = next((r for r in rows if r.tool == "orch" and r.deploys), None)
-    head = ("tool", "wall s", "min s", "CPU s", "CPU/host s", "peak MB", "ch/host", "conn/host",
-            "no-op s", "no-op ch/host", "orch/this", "no-op orch/this")
+    head = ("tool", "wall s", "min s", "CPU s", "CPU/host s", "host CPU s", "peak MB", "ch/host", "conn/host",
+            "no-op s", "no-op host CPU s", "no-op ch/host", "orch/this", "no-op orch/this")
     out = [head]
     for r in rows:
         if not r.deploys:
@@ -367,10 +383,12 @@ def detail_table(rows: Sequence[Row]) -> str:
                   if orch and orch.noops and noop else "-")
         out.append((
             r.tool, fmt(wall), fmt(min(s.wall for s in r.deploys)), fmt(cpu), fmt(cpu / r.n),
+            fmt(med([s.host_cpu for s in r.deploys])),
             fmt(med([s.peak_pss_mb for s in r.deploys]), 0),
             f"{med([s.channels_per_host for s in r.deploys]):g}",
             f"{med([s.connections_per_host for s in r.deploys]):g}",
-            fmt(noop), f"{med([s.channels_per_host for s in r.noops]):g}" if r.noops else "-",
+            fmt(noop), fmt(med([s.host_cpu for s in r.noops])) if r.noops else "-",
+            f"{med([s.channels_per_host for s in r.noops]):g}" if r.noops else "-",
             ratio, nratio,
         ))
     return render(out)
@@ -564,7 +582,7 @@ def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence
         return
     s = sample_of(figures, counts)
     row.deploys.append(s)
-    line = (f"  {tool}: {s.wall:.2f} s, CPU {s.cpu:.2f} s, {s.peak_pss_mb:.0f} MB, "
+    line = (f"  {tool}: {s.wall:.2f} s, CPU {s.cpu:.2f} s, host CPU {s.host_cpu:.2f} s, {s.peak_pss_mb:.0f} MB, "
             f"{s.channels_per_host:g} ch/host, {s.connections_per_host:g} conn/host")
     if tool in NOOP_TOOLS:
         pids = [listening_pid(h.port) for h in hosts]
@@ -580,7 +598,7 @@ def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence
         else:
             ns = sample_of(figures, counts)
             row.noops.append(ns)
-            line += f"; no-op {ns.wall:.2f} s, {ns.channels_per_host:g} ch/host"
+            line += f"; no-op {ns.wall:.2f} s, host CPU {ns.host_cpu:.2f} s, {ns.channels_per_host:g} ch/host"
     print(line, flush=True)
 
 
