@@ -2337,15 +2337,9 @@ def op_nightly_link_swap(link, to, expect):
         raise AgentError("switch", "%s points to %s, expected %s; not switching" % (link, now, expect))
     if to is None:
         os.unlink(link)
+        fsync_dir(os.path.dirname(link))
     else:
-        tmp = "%s.orch-new-%d" % (link, os.getpid())
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        os.symlink(to, tmp)
-        os.replace(tmp, link)
-    fsync_dir(os.path.dirname(link))
+        point_link(link, to)
     return {"changed": True, "was": now}
 
 
