@@ -21,8 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from tests.fixtures.sandbox import (
     get_json,
     sha256,
     wait_healthy,
+    wait_until,
 )
 
 
@@ -72,16 +72,6 @@ def story(box: Sandbox, name: str = "story.yaml", *, env: dict[str, str] | None 
     path = box.root / name
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def release_dirs(box: Sandbox) -> list[Path]:

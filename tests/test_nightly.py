@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,15 @@ import pytest
 from orchestrator.core.nightly import NightManifest
 from orchestrator.standin import make_tree
 from tests.fixtures.proxy import TcpProxy
-from tests.fixtures.sandbox import REPO, Sandbox, cmdline, get_json, health_status, wait_healthy
+from tests.fixtures.sandbox import (
+    REPO,
+    Sandbox,
+    cmdline,
+    get_json,
+    health_status,
+    wait_healthy,
+    wait_until,
+)
 from tests.test_cli import run_in_pty
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
@@ -301,17 +309,6 @@ def test_a_new_server_that_crashes_at_start_is_switched_back(nightbox: NightBox)
     assert not (nightbox.builds / host["build"] / "manifest.json").exists()  # never a good night
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
     assert [r["outcome"] for r in rows] == ["current", "switched back"]
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
-    """Poll ``check`` until it holds: a state to wait for, never a sleep to hope on."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def server_build(box: Sandbox, builds: Path) -> tuple[list[str], str]:
