@@ -27,7 +27,7 @@ READY_MAGIC = "ORCH-AGENT-READY"
 # the command line stays short and nothing is written to the host's disk.
 BOOTSTRAP = (
     "import sys,zlib,base64;s=zlib.decompress(base64.b64decode(sys.stdin.buffer.readline()))"
-    ".decode();exec(compile(s,'orch-agent','exec'),{'__name__':'__main__','AGENT_SOURCE':s})"
+    ".decode();exec(compile(s,'orch-agent','exec'),{'__name__':'__main__'})"
 )
 # Ticks arrive every 5 s while an op runs: this much silence means the link is dead.
 LINK_TIMEOUT = 30.0
