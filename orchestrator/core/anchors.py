@@ -37,6 +37,7 @@ from orchestrator.core.pyindex import (
     PySource,
     StmtInfo,
     leading_ws,
+    rows_containing,
     split_lines,
     strip_eol,
 )
@@ -323,7 +324,7 @@ def _inside_literal(src: PySource, row: int, anchor: Anchor) -> Callable[[LineLa
 
 
 def _rows_with(src: PySource, needles: Sequence[str]) -> list[int]:
-    return [n for n, line in enumerate(src.raw, 1) if any(needle in line for needle in needles)]
+    return rows_containing(src.raw, needles)
 
 
 def _structural_places(src: PySource, anchor: Anchor) -> list[Place]:
@@ -341,7 +342,7 @@ def field_statements(src: PySource, name: str) -> list[StmtInfo]:
     owner, _, field_name = name.rpartition(".")
     rx = re.compile(rf"^\s*{re.escape(field_name)}\s*:")
     out: dict[int, StmtInfo] = {}
-    for row in [n for n, line in enumerate(src.raw, 1) if rx.match(line)]:
+    for row in [n for n in rows_containing(src.raw, [field_name]) if rx.match(src.raw[n - 1])]:
         info = src.statement_at(row)
         node = info.node if info else None
         if (

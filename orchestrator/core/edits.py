@@ -53,7 +53,7 @@ from orchestrator.core.anchors import (
 )
 from orchestrator.core.edit_spec import Anchor, Change, EditSpec, FilePlan
 from orchestrator.core.patches import PatchError, apply_patch
-from orchestrator.core.pyindex import split_bom
+from orchestrator.core.pyindex import rows_containing, split_bom
 from orchestrator.errors import AnchorError, EditError
 
 # ``Change.note`` values: how an edit changed its lines (``core.structure`` reads them).
@@ -482,8 +482,8 @@ class _Planner:
         name = re.escape(marker_id)
         begin_rx = re.compile(rf"^[ \t]*{prefix} >>> orch {name}[ \t]*$")
         end_rx = re.compile(rf"^[ \t]*{prefix} <<< orch {name}[ \t]*$")
-        begins = [n for n, line in enumerate(lines, 1) if begin_rx.match(strip_eol(line))]
-        ends = [n for n, line in enumerate(lines, 1) if end_rx.match(strip_eol(line))]
+        begins = [n for n in rows_containing(lines, [f">>> orch {marker_id}"]) if begin_rx.match(strip_eol(lines[n - 1]))]
+        ends = [n for n in rows_containing(lines, [f"<<< orch {marker_id}"]) if end_rx.match(strip_eol(lines[n - 1]))]
         label = f"{self.comment} >>> orch {marker_id}"
         if not begins and not ends:
             return None

@@ -1167,6 +1167,9 @@ def op_server_stop(pid, pgid=None, stop_timeout=30.0, port=None, free_timeout=12
     SESSION.event("progress", msg="SIGTERM sent to %s" % ("group %d" % pgid if use_group else "pid %d" % pid))
     killed = False
     deadline = time.time() + stop_timeout
+    # Polls start at 10 ms and back off to 100 ms: a server that leaves at
+    # once costs the restart no 100 ms sleep, one that takes a minute no CPU.
+    pause = 0.01
     while any(pid_alive(p) for p in targets):
         reap_children()
         if time.time() >= deadline:
@@ -1176,16 +1179,19 @@ def op_server_stop(pid, pgid=None, stop_timeout=30.0, port=None, free_timeout=12
             SESSION.event("progress", msg="still running after %ss: SIGKILL" % stop_timeout)
             killed = True
             deadline = time.time() + 10.0
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(0.1, pause * 2)
     reap_children()
     left = [p for p in targets if pid_alive(p)]
     if left:
         raise AgentError("server", "server processes %s did not exit" % left)
     deadline = time.time() + free_timeout
+    pause = 0.01
     while port and port_busy(port):
         if time.time() >= deadline:
             raise AgentError("server", "port %d still in use %ss after the server stopped" % (port, free_timeout))
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(0.1, pause * 2)
     while True:
         on_gpu = gpu_pids()
         if not on_gpu or not (on_gpu & set(targets)):
