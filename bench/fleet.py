@@ -199,7 +199,21 @@ class FleetHost:
             if leftover.name != target.name and leftover.name.startswith(target.name):
                 leftover.unlink()  # .bak, Ansible's timestamped backups, a staged copy
         shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
-        shutil.rmtree(self.box.state_dir, ignore_errors=True)
+        self.clear_state()
+
+    def clear_state(self) -> None:
+        """orch's releases, journal, lock and pidfile go; its copy of the helper
+        (``state/helper``) stays, as on any host orch has deployed to before: only
+        a host's first run pays the helper's transfer and compile."""
+        if not self.box.state_dir.is_dir():
+            return
+        for entry in self.box.state_dir.iterdir():
+            if entry.name == "helper":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def file_sha(self) -> str:
         return hashlib.sha256(self.target_file.read_bytes()).hexdigest()

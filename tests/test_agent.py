@@ -276,3 +276,44 @@ def test_after_a_lost_link_no_request_waits_on_it() -> None:
         agent.call("lock_release", state_dir="/nonexistent")
     assert agent.calls == sent  # nothing was sent
     agent.close()
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
+    python: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first start sends the helper's source and the host keeps a compiled copy in
+    its state dir; the next start runs that copy and is sent nothing. A copy in a
+    directory someone else could write is never run: the source is sent again."""
+    state = tmp_path / "state"
+
+    def start_with_state() -> tuple[bool, dict[str, object]]:
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="orchestrator.protocol"):
+            transport = open_transport(HostTarget(name="local", connection="local", python=python))
+            transport.connect()
+            agent = Agent(transport, python=python, state_dir=str(state)).start()
+            try:
+                root = agent.call("state_init", state_dir=str(state))
+                hello = agent.call("hello")
+            finally:
+                agent.close()
+        assert root == str(state)
+        sent = any(getattr(r, "orch_dir", "") == "<" and '"send": true' in r.orch_line for r in caplog.records)
+        return sent, hello
+
+    assert start_with_state()[0]  # a new host: the source is sent, then kept once state_init made the dir
+    kept = sorted(p.name for p in (state / "helper").iterdir())
+    assert kept[0] == "__pycache__" and kept[1].startswith("orch_helper_"), kept
+    assert list((state / "helper" / "__pycache__").iterdir()), "no compiled copy"
+    assert (state / "helper").stat().st_mode & 0o777 == 0o700
+
+    sent, hello = start_with_state()
+    assert not sent and hello  # the kept copy ran
+
+    os.chmod(state / "helper", 0o770)  # group-writable: not trusted
+    assert start_with_state()[0]
+    os.chmod(state / "helper", 0o700)
+    (state / "helper" / kept[1]).rename(state / "helper" / "orch_helper_0000000000000000.py")
+    assert start_with_state()[0]  # another version's copy is not this helper
+    assert sorted(p.name for p in (state / "helper").iterdir()) == kept  # ... and was replaced

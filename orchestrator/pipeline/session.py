@@ -73,7 +73,7 @@ class HostSession:
         )
         try:
             self.transport.connect()
-            self.agent = Agent(self.transport, python=self.target.python).start()
+            self.agent = Agent(self.transport, python=self.target.python, state_dir=self.target.state_dir).start()
         except BaseException:
             self.transport.close()
             raise

@@ -769,6 +769,7 @@ def op_state_init(state_dir):
         if not os.path.isdir(d):
             os.makedirs(d, 0o700)
     os.chmod(root, 0o700)
+    keep_helper()  # a first deploy: the state dir exists from now on
     return root
 
 
@@ -2532,11 +2533,64 @@ def op_probe_http(base_url, path, body, requests, concurrency, timeout, headers=
     return {"samples": samples, "duration": duration, "greedy": greedy}
 
 
+HELPER_KEPT = False
+
+
+def keep_helper():
+    """Keep this helper's source where the next run's bootstrap imports it
+    (``agent_client.BOOTSTRAP``): ``<state dir>/helper/<name>.py``, older
+    versions' copies removed. Tried at start and again when ``state_init``
+    makes the state dir; only into a state dir that the login user owns and
+    nobody else can write. A copy that cannot be kept costs the next run a
+    transfer and a compile, nothing else.
+
+    ``HELPER_CACHE`` (state dir, name) and ``HELPER_SOURCE`` are set by the
+    bootstrap when it received the source; a helper imported from its copy
+    has neither and keeps nothing.
+    """
+    global HELPER_KEPT
+    cache, source = globals().get("HELPER_CACHE"), globals().get("HELPER_SOURCE")
+    if HELPER_KEPT or not cache or not cache[0] or not source:
+        return
+    state_dir, name = cache
+    state = expand(state_dir)
+    here = os.path.join(state, "helper")
+    try:
+        if not owned_private(state):
+            return
+        HELPER_KEPT = True
+        if not os.path.isdir(here):
+            os.mkdir(here, 0o700)
+        if not owned_private(here):
+            return
+        for entry in os.listdir(here):
+            if entry.startswith("orch_helper_") and entry != name + ".py":
+                os.unlink(os.path.join(here, entry))
+        shutil.rmtree(os.path.join(here, "__pycache__"), ignore_errors=True)
+        path = os.path.join(here, name + ".py")
+        write_atomic(path, source.encode("utf-8"), 0o600)
+        # Compiled now, where the import machinery looks for it: a host whose
+        # environment sets PYTHONDONTWRITEBYTECODE would never write it itself.
+        import importlib.util
+        import py_compile
+
+        py_compile.compile(path, cfile=importlib.util.cache_from_source(path), doraise=True)
+    except Exception:  # noqa: BLE001 - best effort: see above
+        pass
+
+
+def owned_private(path):
+    """``path`` belongs to this user and nobody else can write it (what the bootstrap checks)."""
+    st = os.stat(path)
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def main(argv):
     os.umask(0o022)
     # A dropped SSH session must not kill a restore half-way: the helper
     # notices the end of its input and leaves by itself.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    keep_helper()
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 
