@@ -317,3 +317,62 @@ def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
     (state / "helper" / kept[1]).rename(state / "helper" / "orch_helper_0000000000000000.py")
     assert start_with_state()[0]  # another version's copy is not this helper
     assert sorted(p.name for p in (state / "helper").iterdir()) == kept  # ... and was replaced
+
+
+@pytest.mark.parametrize("text", [b"x = 1\n", b"def f(:\n    pass\n", b"x = (1,\n", b"a = 1\x00\n",
+                                  b"\xef\xbb\xbfy = 2\n", b"print 'py2'\n"])
+def test_the_syntax_check_answers_alike_in_the_helper_and_in_a_second_interpreter(
+    text: bytes, tmp_path: Path
+) -> None:
+    """The helper checks in its own process when the server's interpreter is its own
+    binary; that answer must be the one a second interpreter would have given."""
+    from orchestrator.shell import agent
+
+    staged = tmp_path / "server_args.py.orch-staged"
+    staged.write_bytes(text)
+    shown = str(tmp_path / "server_args.py")
+    assert agent.is_this_interpreter(sys.executable)
+    assert not agent.is_this_interpreter("/bin/sh")
+    here = agent.syntax_check(str(staged), shown)
+    there = agent.run_argv([sys.executable, "-c", agent.PYTHON_SYNTAX_CHECK, str(staged), shown])
+    assert here["rc"] == there["rc"]
+    assert here["stdout"] == there["stdout"]
+    if here["rc"] and not here["stdout"]:  # died with an exception: the same one is named
+        assert here["stderr"].split(":")[0] in there["stderr"]
+
+
+IMPORTS_TEXT = '''\
+"""Doc.
+
+from docs.example import shown_in_a_docstring
+"""
+from __future__ import annotations
+from .import sibling
+from . import (a,  # a comment (with parentheses)
+               b)
+from pkg.mod \\
+    import (c,
+            d)
+import os; from pkg.semi import e
+if os.name:
+    from pkg.nested import f
+
+def g():
+    from ..up import h
+'''
+
+
+@pytest.mark.parametrize("text", [IMPORTS_TEXT, "x = '''\n" + "from x import (a\n" * 300 + "'''\nfrom y import z\n"])
+def test_the_helper_finds_every_from_import_a_parse_of_the_whole_module_finds(text: str) -> None:
+    """``import_froms`` reads only the lines that can start an import (a no-op's CPU on the
+    host): it may also read an import written in a string, never miss a real one, and
+    keeps a whole-module walk's outer-first order."""
+    from orchestrator.shell import agent
+
+    def key(node: ast.ImportFrom) -> tuple[int, str | None, tuple[str, ...]]:
+        return (node.level, node.module, tuple(a.name for a in node.names))
+
+    walked = [key(n) for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)]
+    found = [key(n) for n in agent.import_froms(text)]
+    assert set(walked) <= set(found)
+    assert [k for k in found if k in walked] == walked

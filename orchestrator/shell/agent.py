@@ -56,17 +56,24 @@ SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence mean
 LOCK_HEARTBEAT_SECONDS = 5.0
 LOG_TAIL_LINES = 40
 
-PYTHON_SYNTAX_CHECK = (
+SYNTAX_CHECK = (
+    "def syntax_problem(staged, shown):\n"
+    "    src = open(staged, 'rb').read()\n"
+    "    try:\n"
+    "        compile(src, shown, 'exec', dont_inherit=True)\n"
+    "    except SyntaxError as e:\n"
+    "        lines = src.decode('utf-8', 'replace').splitlines()\n"
+    "        n = e.lineno or 0\n"
+    "        line = lines[n - 1].strip() if 0 < n <= len(lines) else ''\n"
+    "        return '%s:%s: SyntaxError: %s%s' % (shown, e.lineno, e.msg, (' :: ' + line) if line else '')\n"
+    "    return None\n"
+)
+"""``python-syntax``: one source for both ways it runs (``syntax_check``)."""
+PYTHON_SYNTAX_CHECK = SYNTAX_CHECK + (
     "import sys\n"
-    "staged, shown = sys.argv[1], sys.argv[2]\n"
-    "src = open(staged, 'rb').read()\n"
-    "try:\n"
-    "    compile(src, shown, 'exec', dont_inherit=True)\n"
-    "except SyntaxError as e:\n"
-    "    lines = src.decode('utf-8', 'replace').splitlines()\n"
-    "    n = e.lineno or 0\n"
-    "    line = lines[n - 1].strip() if 0 < n <= len(lines) else ''\n"
-    "    print('%s:%s: SyntaxError: %s%s' % (shown, e.lineno, e.msg, (' :: ' + line) if line else ''))\n"
+    "problem = syntax_problem(sys.argv[1], sys.argv[2])\n"
+    "if problem:\n"
+    "    print(problem)\n"
     "    sys.exit(1)\n"
 )
 
@@ -649,8 +656,14 @@ def op_validate(checks, token, keep_staged=True, timeout=600.0):
         cache_existed = os.path.isdir(cache)
         for argv in check["argvs"]:
             if argv == ["python-syntax"]:
-                argv = [check.get("python") or sys.executable, "-c", PYTHON_SYNTAX_CHECK, staged, target]
-            res = run_argv(argv, cwd=directory, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
+                python = check.get("python") or sys.executable
+                argv = [python, "-c", PYTHON_SYNTAX_CHECK, staged, target]
+                if is_this_interpreter(python):
+                    res = syntax_check(staged, target)
+                else:
+                    res = run_argv(argv, cwd=directory, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
+            else:
+                res = run_argv(argv, cwd=directory, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
             res["argv"] = argv
             res["target"] = target
             results.append(res)
@@ -675,6 +688,32 @@ def op_validate(checks, token, keep_staged=True, timeout=600.0):
             except OSError:
                 pass
     return results
+
+
+def is_this_interpreter(python):
+    """``python`` (a path or a name on PATH) is the binary this helper runs on.
+
+    The same binary compiles a text alike wherever it is started from, so
+    the syntax check then runs in this process: no second interpreter start
+    per host and deploy (15 ms of the host's CPU, measured on the fleet
+    bench). Another binary (the server's own, another version) runs it.
+    """
+    found = python if os.sep in python else shutil.which(python)
+    try:
+        return bool(found) and os.path.realpath(found) == os.path.realpath(sys.executable)
+    except (OSError, ValueError):
+        return False
+
+
+def syntax_check(staged, shown):
+    """``PYTHON_SYNTAX_CHECK`` in this process, with the answer ``run_argv`` would give."""
+    scope = {}
+    exec(SYNTAX_CHECK, scope)
+    try:
+        problem = scope["syntax_problem"](staged, shown)
+    except Exception as e:  # noqa: BLE001 - the script would die with this and exit 1
+        return {"rc": 1, "stdout": "", "stderr": "%s: %s" % (type(e).__name__, e)}
+    return {"rc": 1 if problem else 0, "stdout": problem + "\n" if problem else "", "stderr": ""}
 
 
 @op("remove")
@@ -2022,19 +2061,71 @@ def fill_facts(path, facts):
     return FACT_MARKER.sub(value, path)
 
 
-def imported_modules(path, text):
-    """Files of the same package that ``path`` imports (``from pkg.a.b import c``; relative too)."""
+FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+[.\w]", re.M)
+FROM_AFTER_SEMICOLON = re.compile(r";[ \t]*from[ \t]+[.\w]")  # "import os; from x import y"
+INDENT = re.compile(r"[ \t]*")
+IMPORT_WORD = re.compile(r"[\s.]import\b")
+IMPORT_PAREN_TRIES = 20  # bounds the work a line of prose like "from (a) ..." can cause
+IMPORT_MAX_CHARS = 16384
+
+
+def import_froms(text):
+    """The ``from ... import ...`` statements of ``text``, outer ones first.
+
+    A regex finds the lines that can start one and ``ast`` parses each, with
+    its backslash-continued and parenthesised rest: parsing the whole module
+    and walking every node of it was most of the helper's CPU in a no-op
+    (11 ms for a 3,900-line ``server_args.py``, on every host of a fleet).
+    A line inside a string that looks like an import is parsed too; that can
+    only add a module that exists, which is then looked at, never hide one.
+    Text that would make this parse more than a few times its size (prose
+    full of "from x import (") gets the whole-module parse instead.
+    """
     import ast
 
+    found = []
+    budget = 4 * len(text) + IMPORT_MAX_CHARS
+    starts = {m.start() for m in FROM_IMPORT.finditer(text)}
+    starts.update(text.rfind("\n", 0, m.start()) + 1 for m in FROM_AFTER_SEMICOLON.finditer(text))
+    for start in sorted(starts):
+        indent = INDENT.match(text, start).end() - start
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        while text[start:end].rstrip().endswith("\\") and end < len(text):
+            after = text.find("\n", end + 1)
+            end = len(text) if after < 0 else after
+        if not IMPORT_WORD.search(text, start, end):
+            continue  # prose that starts with "from"
+        tree = None
+        for _ in range(IMPORT_PAREN_TRIES):
+            budget -= end - start
+            if budget < 0:
+                return [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)]
+            try:
+                tree = ast.parse(text[start:end].strip())
+                break
+            except (SyntaxError, ValueError):
+                # a parenthesised list goes on to a later ")" (a comment may hold one first)
+                close = text.find(")", end) if "(" in text[start:end] else -1
+                if close < 0 or close - start > IMPORT_MAX_CHARS:
+                    break
+                end = close + 1
+        if tree is None:
+            continue
+        # outer statements first, as a walk of the whole tree would meet them
+        found.extend((indent, start, node) for node in tree.body if isinstance(node, ast.ImportFrom))
+    return [node for _, _, node in sorted(found, key=lambda item: item[:2])]
+
+
+def imported_modules(path, text):
+    """Files of the same package that ``path`` imports (``from pkg.a.b import c``; relative too)."""
     try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+        nodes = import_froms(text)
+    except (SyntaxError, ValueError):  # the whole-module parse, for a text that does not parse
         return []
     parts = os.path.abspath(path).split(os.sep)
     out = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.ImportFrom):
-            continue
+    for node in nodes:
         if node.level:
             base = os.path.dirname(os.path.abspath(path))
             for _ in range(node.level - 1):
@@ -2590,6 +2681,7 @@ def main(argv):
     # A dropped SSH session must not kill a restore half-way: the helper
     # notices the end of its input and leaves by itself.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    name_process("orch-helper")
     keep_helper()
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
