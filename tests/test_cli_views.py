@@ -170,3 +170,18 @@ def test_colour_follows_the_medium_no_color_and_the_flags(
     out.line("gpu: rolled_back", "yellow")
     assert ("\x1b[" in stream.getvalue()) is coloured
     assert "gpu: rolled_back" in stream.getvalue()
+
+
+@pytest.mark.parametrize("text", ["plain", "tab\there\tx", "cr\rline", "esc \x1b[31mred\x1b[0m",
+                                  "  lead and trail  ", "multi\nline", "[bold]markup[/]", "bell\x07",
+                                  "uni ❱ é", "", "a" * 300, "x\x0by\x0cz"])
+def test_a_line_off_a_terminal_is_what_rich_would_have_printed(text: str) -> None:
+    """Off a terminal without colour a line skips Rich's layout (a fleet prints hundreds);
+    the bytes must be the ones Rich gives: control codes dropped, tabs expanded, never cut."""
+    from rich.text import Text
+
+    fast, rich_way = io.StringIO(), io.StringIO()
+    make_output(stream=fast).line(text, "red")
+    reference = make_output(stream=rich_way)
+    reference.console.print(Text(text, style="red"))
+    assert fast.getvalue() == rich_way.getvalue()

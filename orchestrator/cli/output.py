@@ -62,9 +62,19 @@ class Output:
         return self.verbosity <= QUIET
 
     def line(self, text: str, style: str | None = None) -> None:
-        """One line of text as it is (never read as markup)."""
+        """One line of text as it is (never read as markup).
+
+        Off a terminal without colour the line is written as it is: Rich's
+        layout would only give it back unchanged, at a cost a fleet's
+        hundreds of lines notice.
+        """
+        line = Text(text, style=style or "")
         with self.lock:
-            self.console.print(Text(text, style=style or ""))
+            if self.console.is_terminal or self.console.color_system:
+                self.console.print(line)
+            else:
+                line.expand_tabs(self.console.tab_size)
+                self.console.file.write(line.plain + "\n")
 
     def emit_json(self, data: dict[str, Any]) -> None:
         """The ``--json`` report: always on stdout, whatever the console uses."""

@@ -151,7 +151,7 @@ def _optional_style(src: PySource, info: StmtInfo) -> str:
     owner = info.owner
     if owner is None:
         return "Optional"
-    text = "\n".join(src.line(row) for row in range(owner.start, owner.end + 1))
+    text = src.text_of(owner.start, owner.end)
     optional = text.count("Optional[")
     union = len(re.findall(r"\|\s*None\b", text))
     if optional == union == 0:

@@ -28,6 +28,7 @@ import shlex
 import socket
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +110,52 @@ def load_known_hosts(keys: paramiko.HostKeys, path: Path) -> frozenset[str]:
     Paramiko's own loader gives up on the whole file at one malformed line
     (and at ``@cert-authority`` lines), which would make every host
     "unknown". Returns the base64 of keys marked ``@revoked``, which must
-    never be accepted.
+    never be accepted. The file is read once per content (``read_known_hosts``).
     """
-    revoked: set[str] = set()
+    known = read_known_hosts(path)
+    for name, kind, key in known.entries:
+        keys.add(name, kind, key)
+    return known.revoked
+
+
+@dataclass(frozen=True)
+class KnownHosts:
+    """A known_hosts file, read: (host pattern, key type, key) per usable entry, and revoked keys."""
+
+    entries: tuple[tuple[str, str, paramiko.PKey], ...]
+    revoked: frozenset[str]
+
+
+_known_hosts: dict[tuple[str, int, int, int], KnownHosts] = {}
+_known_hosts_lock = threading.Lock()
+
+
+def read_known_hosts(path: Path) -> KnownHosts:
+    """``path`` read and its keys decoded, once per content (path, inode, mtime, size).
+
+    A fleet connects to every host with the same file: decoding each of its
+    keys for every host cost O(hosts x keys) of the controller's CPU. A key
+    orch appends (``--accept-new-host-key``) changes the size: it is read again.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return KnownHosts((), frozenset())
+    except OSError as exc:
+        raise HostKeyError(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from exc
+    stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    with _known_hosts_lock:
+        known = _known_hosts.get(stamp)
+    if known is not None:
+        return known
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        return frozenset()
+        return KnownHosts((), frozenset())
     except OSError as exc:
         raise HostKeyError(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from exc
+    entries: list[tuple[str, str, paramiko.PKey]] = []
+    revoked: set[str] = set()
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -133,9 +171,11 @@ def load_known_hosts(keys: paramiko.HostKeys, path: Path) -> frozenset[str]:
             continue
         if entry is None or entry.key is None:
             continue
-        for name in entry.hostnames:
-            keys.add(name, entry.key.get_name(), entry.key)
-    return frozenset(revoked)
+        entries.extend((name, entry.key.get_name(), entry.key) for name in entry.hostnames)
+    known = KnownHosts(tuple(entries), frozenset(revoked))
+    with _known_hosts_lock:
+        _known_hosts[stamp] = known
+    return known
 
 
 class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
