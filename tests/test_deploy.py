@@ -72,6 +72,10 @@ def test_deploy_changes_file_restarts_with_flag_and_is_idempotent(sandbox: Sandb
     assert again.returncode == 0, again.stderr
     assert report(again)["hosts"]["gpu"]["outcome"] == "unchanged"
     assert sandbox.server_pid() == new_pid  # no restart
+    # a no-op is two round trips (the state with the lock, the read); the lock goes back
+    # with the helper's goodbye, before orch exits
+    assert report(again)["hosts"]["gpu"]["round_trips"] == 2
+    assert not (sandbox.state_dir / "lock.json").exists()
 
     flags_only = sandbox.orch("deploy", "--host", "gpu", "--json", "--var", "threshold=64",
                               "speculative-disable")

@@ -695,7 +695,7 @@ def _deploy_in_session(
         reporter.plan(label, plan)
         if not plan.changed:
             reporter.step(label, "unchanged: files and server command line already as planned")
-            release_lock(session, state_dir)
+            # the lock goes back with the helper's goodbye as the session closes: no round trip
             return HostReport(label, "unchanged", 0)
         with clock.step("stage"):
             staged = stage_and_validate(session, plan, keep=True)

@@ -391,8 +391,9 @@ def serve(stdin, stdout):
     SESSION = Session(stdout)
     ticker = threading.Thread(target=SESSION.background, daemon=True)
     ticker.start()
-    SESSION.send(
-        {"ready": READY_MAGIC, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0]}
+    SESSION.send(  # with hello's answer: the controller needs no round trip for it
+        {"ready": READY_MAGIC, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0],
+         "hello": op_hello()}
     )
     threading.Thread(target=SESSION.reader, args=(stdin,), daemon=True).start()
     while True:

@@ -144,7 +144,7 @@ class Agent:
             if isinstance(msg, dict) and msg.get("ready") == READY_MAGIC:
                 self._proc = proc
                 threading.Thread(target=self._ping, name=f"orch-ping-{label}", daemon=True).start()
-                self.info = self.call("hello")
+                self.info = msg["hello"] if isinstance(msg.get("hello"), dict) else self.call("hello")
                 return self
         raise UnreachableError(f"{label}: orch's helper never said it was ready")
 
