@@ -64,13 +64,14 @@ class Output:
     def line(self, text: str, style: str | None = None) -> None:
         """One line of text as it is (never read as markup).
 
-        Off a terminal without colour the line is written as it is: Rich's
-        layout would only give it back unchanged, at a cost a fleet's
-        hundreds of lines notice.
+        Where Rich would neither fold the line (``soft_wrap``: off a
+        terminal) nor colour it, the line is written as it is: Rich's layout
+        pass would only give it back unchanged, at a cost a fleet's hundreds
+        of lines notice.
         """
         line = Text(text, style=style or "")
         with self.lock:
-            if self.console.is_terminal or self.console.color_system:
+            if not self.console.soft_wrap or self.console.color_system:
                 self.console.print(line)
             else:
                 line.expand_tabs(self.console.tab_size)
