@@ -376,3 +376,74 @@ def test_the_helper_finds_every_from_import_a_parse_of_the_whole_module_finds(te
     found = [key(n) for n in agent.import_froms(text)]
     assert set(walked) <= set(found)
     assert [k for k in found if k in walked] == walked
+
+
+class _Answers:
+    """A real HTTP server on loopback with the answers a health check can meet."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes, *extra: tuple[str, str]) -> None:
+                self.send_response(code)
+                for key, value in extra:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path == "/ok":
+                    self._send(200, b'{"status": "ok"}')
+                elif self.path == "/redirect":
+                    self._send(302, b"", ("Location", "/ok"))
+                elif self.path == "/chunked":
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                     b"5\r\nhello\r\n0\r\n\r\n")
+                elif self.path == "/kept-open":  # a server that ignores HTTP/1.0's close
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nopen")
+                    self.wfile.flush()
+                    time.sleep(3)
+                else:
+                    self._send(404, b"no such page")
+
+            def do_POST(self) -> None:  # noqa: N802
+                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._send(200, b"echo:" + data + b" type:" + self.headers.get("Content-Type", "").encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_the_helper_s_plain_http_answers_what_urllib_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Health checks skip urllib's import (30 ms of each host's CPU) for plain http; every
+    answer must be urllib's, and what the plain client does not expect goes to urllib."""
+    from orchestrator.shell import agent
+
+    answers = _Answers()
+    try:
+        cases = [("GET", "/ok", None, {}), ("GET", "/missing", None, {}),
+                 ("POST", "/echo", b'{"text": "ping"}', {"Content-Type": "application/json"}),
+                 ("GET", "/redirect", None, {}), ("GET", "/chunked", None, {})]
+        plain = {path: agent.fetch_plain(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
+        got = {path: agent.fetch(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
+        with monkeypatch.context() as patch:
+            patch.setattr(agent, "fetch_plain", lambda *args: None)
+            by_urllib = {path: agent.fetch(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
+        assert got == by_urllib
+        assert got["/ok"] == (200, '{"status": "ok"}') and got["/missing"] == (404, "no such page")
+        assert got["/echo"] == (200, 'echo:{"text": "ping"} type:application/json')
+        assert got["/redirect"] == got["/ok"] and got["/chunked"] == (200, "hello")
+        assert plain["/redirect"] is None and plain["/chunked"] is None  # left to urllib
+        assert plain["/ok"] == got["/ok"] and plain["/echo"] == got["/echo"]
+        assert agent.fetch_plain(answers.base + "/kept-open", "GET", None, {}, 5.0) == (200, "open")
+        refused = agent.fetch("http://127.0.0.1:9/health", "GET", None, {}, 5.0)
+        assert refused[0] is None and "refused" in refused[1]
+    finally:
+        answers.server.shutdown()

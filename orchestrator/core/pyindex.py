@@ -33,7 +33,6 @@ import __future__
 import ast
 import bisect
 import hashlib
-import itertools
 import threading
 import tokenize
 from collections import OrderedDict
@@ -107,22 +106,27 @@ def strip_eol(line: str) -> str:
 def rows_containing(lines: Sequence[str], needles: Sequence[str]) -> list[int]:
     """The rows (1-based, ascending, each once) of ``lines`` that hold any of ``needles``.
 
-    One ``str.find`` scan of the joined text per needle rather than a Python
-    test per line: on SGLang's 4,000-8,000-line ``server_args.py`` those
-    per-line loops were a third of a plan's CPU.
+    ``lines`` are split on ``\\n`` (``split_lines``). One ``str.find`` scan of
+    the joined text per needle, rows counted by ``str.count`` between hits,
+    rather than a Python test per line: on SGLang's 4,000-8,000-line
+    ``server_args.py`` those per-line loops were a third of a plan's CPU.
     """
     text = "".join(lines)
-    starts = list(itertools.accumulate(map(len, lines), initial=0))
     rows: set[int] = set()
     for needle in needles:
         if not needle or "\n" in needle:  # in every line / never within one line
             rows.update(n for n, line in enumerate(lines, 1) if needle in line)
             continue
+        row, counted = 1, 0  # the row of text[counted]
         pos = text.find(needle)
         while pos != -1:
-            row = bisect.bisect_right(starts, pos)
+            row += text.count("\n", counted, pos)
             rows.add(row)
-            pos = text.find(needle, starts[row]) if row < len(lines) else -1
+            end = text.find("\n", pos)
+            if end == -1:
+                break
+            row, counted = row + 1, end + 1
+            pos = text.find(needle, counted)
     return sorted(rows)
 
 
@@ -337,6 +341,7 @@ CHUNK_CACHE_SIZE = 64
 """Statement groups kept read (``read_chunk``)."""
 SPANS_CACHE_SIZE = 64
 """Windows kept split into statement groups (``cached_top_level_spans``)."""
+SPANS_CACHE_MAX_ROWS = 50_000
 
 _chunks: _Kept[tuple[int, int, str], _Chunk] = _Kept(CHUNK_CACHE_SIZE)
 _spans: _Kept[tuple[bytes, int, int | None], tuple[list[tuple[int, int]], int | None]] = _Kept(SPANS_CACHE_SIZE)
@@ -358,8 +363,12 @@ def cached_top_level_spans(
     """``top_level_spans``, once per content: the tokenize pass over a large file
     is the rest of a plan's CPU, and every host of a fleet would pay it.
 
-    Kept by a digest of the text (a 50 MB target must not be kept twice).
+    Kept by a digest of the text; a window longer than ``SPANS_CACHE_MAX_ROWS``
+    (a generated file, not a fleet's server_args.py) is not kept: hashing
+    it again for each statement asked about would cost more than it saves.
     """
+    if len(lines) > SPANS_CACHE_MAX_ROWS:
+        return top_level_spans(path, lines, offset, stop_after=stop_after)
     digest = hashlib.blake2b("".join(lines).encode("utf-8", "surrogatepass"), digest_size=20).digest()
     return _spans.get((digest, offset, stop_after),
                       lambda: top_level_spans(path, lines, offset, stop_after=stop_after))
