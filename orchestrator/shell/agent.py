@@ -656,13 +656,13 @@ def op_validate(checks, token, keep_staged=True, timeout=600.0):
         cache = os.path.join(directory, "__pycache__")
         cache_existed = os.path.isdir(cache)
         for argv in check["argvs"]:
+            here = False
             if argv == ["python-syntax"]:
                 python = check.get("python") or sys.executable
                 argv = [python, "-c", PYTHON_SYNTAX_CHECK, staged, target]
-                if is_this_interpreter(python):
-                    res = syntax_check(staged, target)
-                else:
-                    res = run_argv(argv, cwd=directory, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
+                here = is_this_interpreter(python)
+            if here:
+                res = syntax_check(staged, target)
             else:
                 res = run_argv(argv, cwd=directory, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
             res["argv"] = argv
@@ -1356,6 +1356,7 @@ def fetch(url, method, body, headers, timeout):
 
 
 HEAD_LIMIT = 64 * 1024
+CONTENT_LENGTH = re.compile(br"(?im)^content-length:[ \t]*(\d+)[ \t]*$")
 
 
 def fetch_plain(url, method, body, headers, timeout):
@@ -1392,34 +1393,36 @@ def fetch_plain(url, method, body, headers, timeout):
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
     except UnicodeEncodeError:
         return None
-    raw = b""
+    raw = bytearray()
+    head = None
+    length = -1  # no Content-Length: the answer ends where the server closes
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.sendall(request)
-            length = None
             while len(raw) <= HEAD_LIMIT + BODY_LIMIT:
                 data = sock.recv(65536)
                 if not data:
                     break
                 raw += data
-                head, sep, rest = raw.partition(b"\r\n\r\n")
-                if sep and length is None:
-                    found = re.search(br"(?im)^content-length:[ \t]*(\d+)[ \t]*$", head)
+                if head is None and b"\r\n\r\n" in raw:
+                    head = bytes(raw).partition(b"\r\n\r\n")[0]
+                    found = CONTENT_LENGTH.search(head)
                     length = int(found.group(1)) if found else -1
-                if sep and 0 <= length <= len(rest):
+                if head is not None and 0 <= length <= len(raw) - len(head) - 4:
                     break  # all of it, even from a server that keeps the connection open
     except OSError as e:
         return None, str(e)
-    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if head is None:
+        return None
+    rest = bytes(raw[len(head) + 4:])
     status = re.match(br"HTTP/1\.[01] (\d{3})[ \r]", head + b"\r")
-    if not sep or not status or re.search(br"(?im)^transfer-encoding:", head):
+    if not status or re.search(br"(?im)^transfer-encoding:", head):
         return None
     code = int(status.group(1))
     if 300 <= code < 400:
         return None
-    found = re.search(br"(?im)^content-length:[ \t]*(\d+)[ \t]*$", head)
-    if found:
-        rest = rest[: int(found.group(1))]
+    if length >= 0:
+        rest = rest[:length]
     return code, rest[:BODY_LIMIT].decode("utf-8", "replace")
 
 

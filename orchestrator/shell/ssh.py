@@ -139,16 +139,11 @@ def read_known_hosts(path: Path) -> KnownHosts:
     """
     try:
         st = path.stat()
-    except FileNotFoundError:
-        return KnownHosts((), frozenset())
-    except OSError as exc:
-        raise HostKeyError(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from exc
-    stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
-    with _known_hosts_lock:
-        known = _known_hosts.get(stamp)
-    if known is not None:
-        return known
-    try:
+        stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+        with _known_hosts_lock:
+            known = _known_hosts.get(stamp)
+        if known is not None:
+            return known
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return KnownHosts((), frozenset())
