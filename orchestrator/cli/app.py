@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import click
 
 from orchestrator import __version__
+from orchestrator.cli.commands.config import config
 from orchestrator.cli.commands.demo import demo
 from orchestrator.cli.commands.deploy import deploy
 from orchestrator.cli.commands.history import history
@@ -46,7 +47,7 @@ def cli() -> None:
     """
 
 
-for command in (deploy, rollback, history, status, nightly, lint, demo):
+for command in (deploy, rollback, history, status, nightly, lint, config, demo):
     cli.add_command(command)
 
 

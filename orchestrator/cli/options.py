@@ -15,6 +15,8 @@ shell completion (``_ORCH_COMPLETE``) too.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +27,11 @@ from click.shell_completion import CompletionItem
 
 if TYPE_CHECKING:
     from orchestrator.cli.output import Output
+    from orchestrator.core.settings import Settings
     from orchestrator.core.target import HostTarget
     from orchestrator.pipeline.fleet import FleetPlan
     from orchestrator.pipeline.session import ConnectOptions
+    from orchestrator.shell.config_files import FoundConfig
 
 F = Callable[..., Any]
 
@@ -43,7 +47,8 @@ class OutputFlags:
 
     as_json: bool = False
     verbosity: int = 0
-    color: bool | None = None
+    color: bool | None = None  # in effect: --color/--no-color, else NO_COLOR, else the config file
+    color_flag: bool | None = None  # --color/--no-color as typed (orch config names the source)
 
     def output(self) -> Output:
         from orchestrator.cli.output import make_output
@@ -71,7 +76,39 @@ def output_options(fn: F) -> F:
 def _output_flags(as_json: bool, verbose: int, quiet: bool, color: bool | None) -> OutputFlags:
     if quiet and verbose:
         raise click.UsageError("-q and -v cannot be used together")
-    return OutputFlags(as_json=as_json, verbosity=-1 if quiet else min(verbose, 2), color=color)
+    in_effect = settings_in_effect({"color": color}).color.value
+    return OutputFlags(as_json=as_json, verbosity=-1 if quiet else min(verbose, 2), color=in_effect,
+                       color_flag=color)
+
+
+def settings_in_effect(flags: dict[str, Any]) -> Settings:
+    """orch's settings from ``flags`` (those given), the environment and the config file.
+
+    The config file is found and read once per process; a warning about a
+    file that was skipped is printed once, on stderr.
+    """
+    from orchestrator.core.settings import resolve_settings
+
+    found = _config_file()
+    return resolve_settings(flags, os.environ, found.model, found.path)
+
+
+def var_options(items: Sequence[str]) -> dict[str, Any]:
+    """``--var`` in command-line order; ``@file.yaml`` read here, where files may be read."""
+    from orchestrator.core.rendering import parse_cli_vars
+    from orchestrator.shell.config_files import read_var_file
+
+    return parse_cli_vars([read_var_file(item[1:]) if item.startswith("@") else item for item in items])
+
+
+@functools.cache
+def _config_file() -> FoundConfig:
+    from orchestrator.shell.config_files import find_config
+
+    found = find_config(os.environ)
+    if found.warning:
+        click.echo(f"orch: warning: {found.warning}", err=True)
+    return found
 
 
 @dataclass(frozen=True)
@@ -86,6 +123,7 @@ class HostFlags:
     limit: str | None = None
     forks: int = 10
     connect_timeout: float = 10.0
+    list_hosts: bool = False
 
     def targets(self) -> list[HostTarget]:
         """The selected hosts, narrowed by ``--limit``; a bare word in no inventory is
@@ -117,9 +155,7 @@ class HostFlags:
                                          param_hint="'--host'")
 
     def variables(self) -> dict[str, Any]:
-        from orchestrator.core.rendering import parse_cli_vars
-
-        return parse_cli_vars(list(self.cli_vars))
+        return var_options(self.cli_vars)
 
     def connect(self, *, break_lock: bool = False) -> ConnectOptions:
         from orchestrator.pipeline.session import ConnectOptions
@@ -146,32 +182,47 @@ def host_options(fn: F | None = None, *, required: bool = True) -> Any:
     """
 
     def decorate(fn: F) -> F:
+        fn = click.option("--list-hosts", "list_hosts", is_flag=True,
+                          help="Print the hosts selected (and, with --serial, their batches); "
+                               "resolve and contact nothing.")(fn)
         fn = click.option("--connect-timeout", "connect_timeout", default=10.0, show_default=True,
                           type=click.FloatRange(min=0.1), metavar="SECONDS",
                           help="How long to wait for a host's SSH connection before it is unreachable.")(fn)
-        fn = click.option("--forks", default=10, show_default=True, type=click.IntRange(min=1), metavar="N",
-                          help="How many hosts at once (each with its own connection).")(fn)
+        fn = click.option("--forks", default=None, type=click.IntRange(min=1), metavar="N",
+                          help="How many hosts at once (each with its own connection); "
+                               "else ORCH_FORKS, else the config file, else 10.")(fn)
         fn = click.option("--limit", default=None, metavar="PATTERN",
                           help="Narrow the selected hosts: globs over host and group names, "
                                "'!' excludes, '&' intersects, @FILE reads a retry file "
                                "(e.g. 'gpu*:!gpu07', 'blackwell:&rack2', @orch.retry).")(fn)
         fn = click.option("--ssh-config", "ssh_config", default=None, metavar="PATH",
                           type=click.Path(dir_okay=False),
-                          help="ssh_config file to read instead of ~/.ssh/config.")(fn)
+                          help="ssh_config file to read instead of ~/.ssh/config "
+                               "(else ORCH_SSH_CONFIG, else the config file).")(fn)
         fn = click.option("--accept-new-host-key", is_flag=True,
                           help="Add an unknown SSH host key to known_hosts (never a changed one).")(fn)
-        fn = click.option("--var", "cli_vars", multiple=True, metavar="K=V",
-                          help="Set a variable, k=v (value read as YAML); repeatable; wins over "
+        fn = click.option("--var", "cli_vars", multiple=True, metavar="K=V|@FILE",
+                          help="Set a variable, k=v (value read as YAML), or every top-level key "
+                               "of a YAML file (@vars.yaml); repeatable, later wins; wins over "
                                "every other source.")(fn)
         fn = click.option("-i", "--inventory", default=None, metavar="PATH",
                           type=click.Path(dir_okay=False),
-                          help="Inventory file (default: ./inventory.yaml if present).")(fn)
+                          help="Inventory file (else ORCH_INVENTORY, else the config file, "
+                               "else ./inventory.yaml if present).")(fn)
         fn = click.option("--host", "hosts", multiple=True, required=required, metavar="H",
                           shell_complete=complete_hosts, help=HOST_HELP)(fn)
         return _collect(fn, ("hosts", "inventory", "cli_vars", "ssh_config", "accept_new_host_key", "limit",
-                             "forks", "connect_timeout"), "where", HostFlags)
+                             "forks", "connect_timeout", "list_hosts"), "where", _host_flags)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _host_flags(*, inventory: str | None, ssh_config: str | None, forks: int | None,
+                **given: Any) -> HostFlags:
+    """``HostFlags`` with the inventory, ssh_config and forks in effect (flag > env > file)."""
+    settings = settings_in_effect({"inventory": inventory, "ssh_config": ssh_config, "forks": forks})
+    return HostFlags(inventory=settings.inventory.value, ssh_config=settings.ssh_config.value,
+                     forks=settings.forks.value, **given)
 
 
 @dataclass(frozen=True)

@@ -101,10 +101,14 @@ def file_state(release_root: str, entry: dict[str, Any], side: str) -> FileState
 
 
 def resolve_release(ref: str, applied: list[str], releases: dict[str, dict[str, Any]]) -> str:
-    """A full id or a unique prefix of one; ``ConfigError`` (exit 2) otherwise."""
+    """A full id, a unique prefix, or the suffix every view prints (``ba72``); else exit 2.
+
+    A string that is the prefix of one release and the suffix of another is
+    ambiguous and refused with both named: guessing would undo the wrong one.
+    """
     if ref in releases:
         return ref
-    hits = sorted(r for r in releases if r.startswith(ref))
+    hits = sorted(r for r in releases if ref and (r.startswith(ref) or r.endswith(ref)))
     if len(hits) == 1:
         return hits[0]
     if not hits:

@@ -50,10 +50,18 @@ FORCED_BUILTINS = ("python", "facts")
 # ----------------------------------------------------------------- vars
 
 
-def parse_cli_vars(items: Sequence[str]) -> dict[str, Any]:
-    """``--var k=v`` items to a dict; values read as YAML scalars (``64`` is int 64)."""
+def parse_cli_vars(items: Sequence[str | Mapping[str, Any]]) -> dict[str, Any]:
+    """``--var k=v`` items to a dict; values read as YAML scalars (``64`` is int 64).
+
+    A mapping in ``items`` is a ``--var @file.yaml`` already read: its
+    top-level keys replace earlier ones, in command-line order, so
+    ``--var @cluster.yaml --var tp=4`` overrides the file's ``tp``.
+    """
     out: dict[str, Any] = {}
     for item in items:
+        if not isinstance(item, str):
+            out.update(item)
+            continue
         name, sep, text = item.partition("=")
         name = name.strip()
         if not sep or not name or any(c.isspace() for c in name):

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import orchestrator
 from orchestrator.core.models import Inventory, Locations, Playbook, parse_inventory, parse_playbook
+from orchestrator.core.settings import ConfigFile, parse_config_file
 from orchestrator.core.templating import Lookup, Renderer
+from orchestrator.core.yamlsrc import load_yaml
 from orchestrator.errors import ConfigError, TemplateError
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -234,3 +239,58 @@ def _new_renderer(loaded: LoadedPlaybook) -> Renderer:
     return Renderer(
         template_lookup(dirs), searched=[display_path(d) for d in dirs], describe=describe
     )
+
+
+# ------------------------------------------------------------ orch's settings
+
+CONFIG_NAMES = ("orch.yaml",)
+
+
+@dataclass(frozen=True)
+class FoundConfig:
+    """The config file in effect (if any), and a warning about one that was skipped."""
+
+    path: str | None
+    model: ConfigFile | None
+    warning: str | None = None
+
+
+def config_candidates(env: Mapping[str, str]) -> list[Path]:
+    """Where orch looks for its config file, first wins: ``./orch.yaml``, then the XDG one."""
+    xdg = env.get("XDG_CONFIG_HOME") or str(Path("~/.config").expanduser())
+    return [Path("orch.yaml"), Path(xdg) / "orch" / "config.yaml"]
+
+
+def find_config(env: Mapping[str, str]) -> FoundConfig:
+    """The first config file found, read and checked; the other is ignored, as ansible.cfg's are.
+
+    A ``./orch.yaml`` in a directory anyone can write is ignored with a
+    warning: another user could have put it there to point orch at their
+    inventory (Ansible refuses ``ansible.cfg`` there for the same reason).
+    """
+    warning = None
+    for candidate in config_candidates(env):
+        if not candidate.is_file():
+            continue
+        folder = candidate.resolve().parent
+        if candidate == Path("orch.yaml") and folder.stat().st_mode & stat.S_IWOTH:
+            warning = (f"ignoring ./orch.yaml: its directory {folder} is world-writable "
+                       "(anyone could have written it)")
+            continue
+        shown = str(candidate) if candidate.is_absolute() else f"./{candidate}"
+        return FoundConfig(shown, parse_config_file(read_text_file(candidate, shown), shown), warning)
+    return FoundConfig(None, None, warning)
+
+
+def read_var_file(name: str) -> dict[str, Any]:
+    """``--var @file.yaml``: a mapping of variables, read under the YAML alias budget."""
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"variables file not found: {name}", key=f"--var @{name}")
+    doc = load_yaml(read_text_file(path, name), name)
+    if doc.data is None:
+        return {}
+    if not isinstance(doc.data, dict) or not all(isinstance(k, str) for k in doc.data):
+        raise ConfigError("expected a mapping of variable names to values at the top level",
+                          file=name, line=1, key=f"--var @{name}")
+    return dict(doc.data)

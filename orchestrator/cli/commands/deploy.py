@@ -39,6 +39,10 @@ def deploy(out: OutputFlags, where: HostFlags, batches: BatchFlags, check: bool,
     refused before anything changed (with --check: where a deploy would
     refuse), or hosts left not started; 3 a host is not known to be healthy.
     """
+    if where.list_hosts:
+        from orchestrator.cli.hostlist import list_hosts
+
+        return list_hosts(out, where, batches)
     from orchestrator.cli.fleet import run_reports
     from orchestrator.cli.live import draw_fleet_summary, draw_stats
     from orchestrator.cli.views import ConsoleReporter

@@ -20,6 +20,10 @@ def history(out: OutputFlags, where: HostFlags) -> int:
     at a time. Exit codes: 0 read; 2 a host could not be reached (the others
     are still shown).
     """
+    if where.list_hosts:
+        from orchestrator.cli.hostlist import list_hosts
+
+        return list_hosts(out, where)
     from orchestrator.cli.fleet import read_hosts
     from orchestrator.cli.tables import draw_history
     from orchestrator.cli.views import summary_line

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli.options import OutputFlags, complete_playbooks, output_options
+from orchestrator.cli.options import (
+    OutputFlags,
+    complete_playbooks,
+    output_options,
+    settings_in_effect,
+    var_options,
+)
 
 
 @click.command(short_help="Check playbooks and the inventory without contacting hosts.")
 @click.option("-i", "--inventory", default=None, metavar="PATH", type=click.Path(dir_okay=False),
-              help="Inventory file (default: ./inventory.yaml if present).")
-@click.option("--var", "cli_vars", multiple=True, metavar="K=V",
-              help="Set a variable, k=v (value read as YAML), as a deploy would.")
+              help="Inventory file (else ORCH_INVENTORY, else the config file, "
+                   "else ./inventory.yaml if present).")
+@click.option("--var", "cli_vars", multiple=True, metavar="K=V|@FILE",
+              help="Set a variable, k=v (value read as YAML), or a YAML file's keys (@vars.yaml), "
+                   "as a deploy would.")
 @click.argument("playbooks", nargs=-1, shell_complete=complete_playbooks)
 @output_options
 def lint(out: OutputFlags, inventory: str | None, cli_vars: tuple[str, ...],
@@ -22,11 +30,11 @@ def lint(out: OutputFlags, inventory: str | None, cli_vars: tuple[str, ...],
     playbook for every inventory host with its vars. No host is contacted.
     Exit codes: 0 no problem; 2 problems (one line each, file:line: key).
     """
-    from orchestrator.core.rendering import parse_cli_vars
     from orchestrator.pipeline.lint import lint as run_lint
     from orchestrator.shell.config_files import find_playbook
 
-    variables = parse_cli_vars(list(cli_vars))
+    variables = var_options(cli_vars)
+    inventory = settings_in_effect({"inventory": inventory}).inventory.value
     paths = [find_playbook(p) for p in playbooks] if playbooks else [find_playbook(None)]
     output = out.output()
     report = run_lint(paths, inventory, variables)

@@ -38,6 +38,11 @@ def nightly(out: OutputFlags, where: HostFlags, frozen: bool, force: bool, break
     host was switched back; 2 refused or failed before the switch (nothing
     live touched); 3 the host is not known to be healthy.
     """
+    if where.list_hosts:
+        from orchestrator.cli.hostlist import list_hosts
+
+        where.require()
+        return list_hosts(out, where)
     output = out.output()
     if list_schedules:
         return _list_schedules(output, out.as_json)

@@ -22,6 +22,10 @@ def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: boo
     nothing to do; 2 refused (an unknown or undone --to, in every state) or
     unreachable; 3 the rollback failed and the host is not known to be healthy.
     """
+    if where.list_hosts:
+        from orchestrator.cli.hostlist import list_hosts
+
+        return list_hosts(out, where)
     from orchestrator.cli.fleet import run_reports
     from orchestrator.cli.live import draw_fleet_summary
     from orchestrator.cli.views import ConsoleReporter

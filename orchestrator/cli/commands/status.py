@@ -25,6 +25,10 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
     (--probe sends the gate's requests to the server); hosts are read
     --forks at a time, and each has its own entry.
     """
+    if where.list_hosts:
+        from orchestrator.cli.hostlist import list_hosts
+
+        return list_hosts(out, where)
     from orchestrator.cli.fleet import read_hosts
     from orchestrator.cli.tables import draw_status
     from orchestrator.cli.views import ConsoleReporter, summary_line
