@@ -163,7 +163,7 @@ class ProtocolEcho(logging.Handler):
         except ValueError:
             return [] if verbose_only else [f"{kind} {payload[:LONG]}"]
         if not verbose_only:
-            return [f"{kind} {json.dumps(masked(msg), separators=(',', ':'))}"]
+            return [f"{kind} {json.dumps(elided(masked(msg)), separators=(',', ':'))}"]
         if kind == ">":
             return describe_request(msg)
         if (isinstance(msg, dict) and not msg.get("done") and not msg.get("msg")
@@ -223,6 +223,34 @@ def masked(value: Any, key: str = "") -> Any:
     if isinstance(value, str) and key and SECRET_NAME.search(key) and value != MASK:
         return MASK
     return value
+
+
+BIG = 4 * LONG
+
+
+def elided(value: Any) -> Any:
+    """``value`` with every list or mapping whose JSON exceeds ``BIG`` shown as ``<N chars>``.
+
+    ``-vv`` shows each protocol line; a file list or a state read of many
+    releases would be one line of tens of thousands of characters. The
+    message's own keys stay, so the line still says what it was.
+    """
+    if isinstance(value, dict):
+        return {k: _small(v) for k, v in value.items()}
+    return _small(value)
+
+
+def _small(value: Any) -> Any:
+    if not isinstance(value, dict | list):
+        return value
+    size = len(json.dumps(value, separators=(",", ":")))
+    if size <= BIG:
+        return value
+    if isinstance(value, dict):
+        inner = {k: _small(v) for k, v in value.items()}
+        if len(json.dumps(inner, separators=(",", ":"))) <= BIG:
+            return inner
+    return f"<{size} chars>"
 
 
 def _echo_protocol(out: Output) -> None:

@@ -72,6 +72,16 @@ def draw_history(out: Output, history: HostHistory) -> None:
         _history_blocks(out, history.host, rows)
 
 
+def history_line(host: str, history: HostHistory) -> str:
+    """``-q``'s one line: ``H: current <id>, N releases`` (or why there are none)."""
+    rows = history.rows
+    if not rows:
+        return f"{host}: {history.empty_reason}"
+    current = next((r.id for r in reversed(rows) if r.current), None)
+    count = f"{len(rows)} release{'s' if len(rows) != 1 else ''}"
+    return f"{host}: current {current}, {count}" if current else f"{host}: no current release, {count}"
+
+
 def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
     """Nights bring two columns, source and tok/s; a history of deploys only has none."""
     nights = any(r.source or r.tokens_per_s is not None for r in rows)

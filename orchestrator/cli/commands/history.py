@@ -25,7 +25,7 @@ def history(out: OutputFlags, where: HostFlags) -> int:
 
         return list_hosts(out, where)
     from orchestrator.cli.fleet import read_hosts
-    from orchestrator.cli.tables import draw_history
+    from orchestrator.cli.tables import draw_history, history_line
     from orchestrator.cli.views import summary_line
     from orchestrator.pipeline.inspect import host_history
     from orchestrator.pipeline.report import HostReport
@@ -45,7 +45,9 @@ def history(out: OutputFlags, where: HostFlags) -> int:
             code = max(code, got.exit_code)
             continue
         hosts[name] = [r.to_json() for r in got.rows]
-        if not output.quiet:
+        if output.quiet:
+            output.line(history_line(name, got))
+        else:
             draw_history(output, got)
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts, "failed": failed})

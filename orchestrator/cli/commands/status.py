@@ -52,7 +52,10 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
             continue
         hosts[name] = got.to_json()
         code = max(code, got.exit_code)
-        if not output.quiet or got.exit_code or got.gate is not None:
+        if output.quiet:
+            output.line(f"{name}: {'; '.join(got.problems) or 'ok'}",
+                        "red" if got.exit_code else None)
+        else:
             draw_status(output, got)
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts})

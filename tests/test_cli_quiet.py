@@ -1,0 +1,46 @@
+"""``-q`` says each host's outcome in one line, and ``-vv`` never prints a line of
+tens of thousands of characters (issue 21's table, rows ``-q`` and ``-vv``).
+
+The real ``orch`` in a subprocess over real sshd, against the stand-in server.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.fixtures.sandbox import Sandbox
+from tests.test_cli import run
+
+
+def test_quiet_status_and_history_say_one_line_per_host(sandbox: Sandbox) -> None:
+    history = run(sandbox, "history", "--host", "gpu", "-q")
+    assert history.returncode == 0, history.stderr
+    lines = history.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu: no releases: orch has never deployed"), lines
+    sandbox.start_by_hand()
+    deployed = run(sandbox, "deploy", "--host", "gpu", "-q", "speculative-disable")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    status = run(sandbox, "status", "--host", "gpu", "-q")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.splitlines() == ["gpu: ok"]
+    history = run(sandbox, "history", "--host", "gpu", "-q")
+    lines = history.stdout.splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"gpu: current \S+, 1 release", lines[0]), history.stdout
+    sandbox.stop_all()  # the server gone: status names the problem in its one line, exit 3
+    status = run(sandbox, "status", "--host", "gpu", "-q")
+    assert status.returncode == 3
+    assert len(status.stdout.splitlines()) == 1 and status.stdout.startswith("gpu: server not"), status.stdout
+
+
+def test_protocol_lines_elide_big_values(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    for threshold in (8, 16, 24, 32):  # a few releases make the state read big
+        deployed = run(sandbox, "deploy", "--host", "gpu", "-q", "--var", f"threshold={threshold}",
+                       "speculative-disable")
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    proc = run(sandbox, "history", "--host", "gpu", "-vv")
+    assert proc.returncode == 0, proc.stderr
+    protocol = [line for line in proc.stdout.splitlines() if line.startswith(("gpu > {", "gpu < {"))]
+    assert protocol, proc.stdout
+    assert max(len(line) for line in protocol) <= 2000, max(len(line) for line in protocol)
+    assert "chars>" in proc.stdout
