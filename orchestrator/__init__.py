@@ -1,3 +1,40 @@
 """orch: change code and flags on remote inference servers, and never leave a box broken."""
 
+import sys as _sys
+
 __version__ = "0.2.0"
+
+
+def interrupted(args: "list[str]") -> None:
+    """Ctrl-C outside a command's own handling: one line, exit 1, the JSON report if asked.
+
+    The same answer as a Ctrl-C anywhere else before a host was touched
+    (docs/CLI.md, the signal table). It lives here, the first module of
+    orch any run imports, so it can answer while the rest is still being
+    imported; it needs nothing but the standard library.
+    """
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+    _sys.stderr.write("orch: error: interrupted\n")
+    _sys.stderr.flush()
+    if "--json" in (args[: args.index("--")] if "--" in args else args):
+        import json
+
+        report = {"exit_code": 1, "error": "interrupted", "hosts": {}}
+        _sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        _sys.stdout.flush()
+    _sys.exit(1)  # SystemExit leaves even an import half-way quietly
+
+
+def _ctrl_c_while_starting(_signum: int, _frame: object) -> None:
+    interrupted(_sys.argv[1:])
+
+
+if _sys.argv and (_sys.argv[0] in ("-m", "orch") or _sys.argv[0].endswith("/orch")):
+    # This process is the orch command (not a library user, such as the tests): until the
+    # command line is imported (cli/entry.py), a Ctrl-C is answered from here. ``_signal``,
+    # not ``signal``: that one imports enum, a window of its own.
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _ctrl_c_while_starting)

@@ -1,3 +1,3 @@
-from orchestrator.cli.app import main
+from orchestrator.cli.entry import main
 
 main()
