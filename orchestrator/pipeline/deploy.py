@@ -721,8 +721,8 @@ def _check(
     with clock.step("plan"):
         plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)
-    for note in plan.notes:
-        reporter.warn(label, note)
+    for note in plan.notes:  # the same level as the deploy's: a layout found is news, not a warning
+        reporter.note(label, note)
     if not plan.changed and plan.refusal is None:
         reporter.step(label, "unchanged: nothing to do")
         return HostReport(label, "unchanged", 0)
