@@ -119,7 +119,7 @@ def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) ->
     rows = history.stdout.splitlines()
     assert rows[0] == "history of gpu (3 releases)"
     assert len(rows) == 4  # one line per release
-    assert rows[1].split()[4] == "current" and f"files: {sandbox.server_args}" in rows[1]
+    assert rows[1].split()[5] == "current" and f"files: {sandbox.server_args}" in rows[1]
     assert rows[2].endswith("error: " + PREFLIGHT_SAID)
     assert rows[3].endswith("error: server exited during start (code 1)")
     no_boxes(history.stdout)
@@ -386,18 +386,35 @@ def test_history_under_a_terminal_at_80_columns_breaks_no_word(sandbox: Sandbox)
     lines = text.splitlines()
     assert all(len(line) <= 80 for line in lines), text
     whole = [r["id"] for r in rows] + [
-        "speculative-disable", "bad-flag", "(rollback)", "…/sglang/srt/server_args.py",
+        "speculative-disable", "bad-flag", "(rollback)",
         "--speculative-disable-batch-threshold: (absent) -> 32",
         "--speculative-disable-batch-treshold: (absent) -> 8",
         "unrecognized arguments: --speculative-disable-batch-treshold 8", f"undone by {rows[2]['id']}", f"undid {rows[0]['id']}",
     ]
     for words in whole:
         assert any(words in line for line in lines), f"{words!r} is broken or missing in:\n{text}"
+    # a path longer than the screen is folded whole, never shortened or cut
+    assert str(sandbox.server_args) in folded(text), text
 
     code, text = run_in_pty(sandbox, "status", "--host", "gpu")
     assert code == 0, text
     assert all(len(line) <= 80 for line in text.splitlines()), text
     assert "status" in text and "ok" in text
+
+    assert run(sandbox, "deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    with sandbox.server_args.open("a") as f:  # drift: status names the drifted file in full
+        f.write("# a hand edit\n")
+    code, text = run_in_pty(sandbox, "status", "--host", "gpu")
+    assert code == 0, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "…" not in text, text
+    assert str(sandbox.server_args) in folded(text), text
+
+
+def folded(text: str) -> str:
+    """The screen's lines joined with their borders and indentation dropped: a folded word
+    reads whole again."""
+    return "".join(line.strip(" │┃║") for line in text.splitlines())
 
 
 # ------------------------------------------------------- completion and lint

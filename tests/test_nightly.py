@@ -361,7 +361,7 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
     # off a terminal: one line per release, kind after the outcome, then source and tok/s
     lines = box.orch("history", "--host", "gpu").stdout.splitlines()
     assert lines[0] == "history of gpu (6 releases)"
-    assert lines[2].split()[4:6] == ["current", "night"] and f"source: {source}  tok/s: " in lines[2]
+    assert lines[2].split()[5:7] == ["current", "night"] and f"source: {source}  tok/s: " in lines[2]
     # on an 80-column terminal: nothing wider, and no word broken
     code, text = run_in_pty(box, "history", "--host", "gpu")
     assert code == 0, text

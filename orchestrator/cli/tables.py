@@ -27,19 +27,23 @@ from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus
 
 
 def fmt_time(ts: float, *, full: bool = False) -> str:
+    """A time recorded on the host, in the controller's local zone with its UTC offset.
+
+    Without the offset, two engineers in two zones (or a controller and a
+    host) read one release's time differently.
+    """
     if not ts:
         return "?"
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S" if full else "%m-%d %H:%M:%S")
+    local = datetime.fromtimestamp(ts).astimezone()
+    return local.strftime("%Y-%m-%d %H:%M:%S %z" if full else "%m-%d %H:%M:%S %z")
 
 
 def fmt_duration(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds is not None else "-"
 
 
-def short_path(path: str, keep: int = 3) -> str:
-    """``…/sglang/srt/server_args.py``: enough to recognise, short enough for a table."""
-    parts = path.split("/")
-    return path if len(parts) <= keep + 1 else "…/" + "/".join(parts[-keep:])
+FOLDED_PATH_WIDTH = 30
+"""The narrowest a history table's files column may be: longer paths fold within it."""
 
 
 def row_style(r: HistoryRow) -> str:
@@ -94,7 +98,7 @@ def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
         by_column = {
             "id": r.id, "when": fmt_time(r.when), "kind": r.kind, "playbook": r.playbook,
             "source": r.source or "-",
-            "files": "\n".join(short_path(f) for f in r.files) or "-",
+            "files": "\n".join(r.files) or "-",
             "flag changes": "\n".join(r.flag_changes) or "-",
             "outcome": r.outcome + (f"\n{r.error}" if r.error and failed else ""),
             "tok/s": fmt_tokens(r), "duration": fmt_duration(r.duration),
@@ -105,6 +109,8 @@ def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
         whole = col in whole_columns
         longest = max((len(part) for c in cells
                        for part in (c[i].splitlines() if whole else c[i].split())), default=1)
+        if col == "files":  # a path is folded where it must be, never cut or shortened
+            longest = min(longest, FOLDED_PATH_WIDTH)
         table.add_column(col, min_width=max(longest, len(col)), no_wrap=whole, overflow="fold",
                          justify="right" if col in ("duration", "tok/s") else "left")
     for r, row in zip(rows, cells, strict=True):
@@ -120,14 +126,14 @@ def _history_blocks(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
         out.console.print(title)
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
-        grid.add_column()
+        grid.add_column(overflow="fold")
         grid.add_row("  outcome", Text(r.outcome, style=row_style(r)))
         if r.source:
             grid.add_row("  source", Text(r.source))
         if r.tokens_per_s is not None:
             grid.add_row("  probe", Text(f"{fmt_tokens(r)} tok/s"))
         if r.files:
-            grid.add_row("  files", Text("\n".join(short_path(f) for f in r.files)))
+            grid.add_row("  files", Text("\n".join(r.files), overflow="fold"))
         if r.flag_changes:
             grid.add_row("  flags", Text("\n".join(r.flag_changes)))
         if r.error:
@@ -207,5 +213,5 @@ def draw_status(out: Output, s: HostStatus) -> None:
     grid.add_column(style="dim", no_wrap=True)
     grid.add_column()
     for label, value in rows:
-        grid.add_row(label, Text(value, style=style if label == "status" else ""))
+        grid.add_row(label, Text(value, style=style if label == "status" else "", overflow="fold"))
     out.console.print(Panel(grid, title=escape(s.host), border_style=style))
