@@ -44,3 +44,37 @@ def test_protocol_lines_elide_big_values(sandbox: Sandbox) -> None:
     assert protocol, proc.stdout
     assert max(len(line) for line in protocol) <= 2000, max(len(line) for line in protocol)
     assert "chars>" in proc.stdout
+
+
+def test_history_release_prints_one_release_in_full(sandbox: Sandbox) -> None:
+    from tests.fixtures.sandbox import sha256
+    from tests.test_cli import as_json, folded
+
+    before = sha256(sandbox.server_args)
+    sandbox.start_by_hand()
+    deployed = run(sandbox, "deploy", "--host", "gpu", "speculative-disable", "--json")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    rid = as_json(deployed)["hosts"]["gpu"]["release"]
+    after = sha256(sandbox.server_args)
+
+    shown = run(sandbox, "history", "--host", "gpu", "--release", rid[-4:])
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    text = shown.stdout
+    assert f"release {rid} on gpu (current)" in text
+    whole = folded(text)  # at 80 columns a path or a sha256 may fold over two lines
+    assert str(sandbox.server_args) in whole
+    assert before in whole and after in whole, text
+    assert "--speculative-disable-batch-threshold: (absent) -> 32" in text
+    assert re.search(r"argv after .*--speculative-disable-batch-threshold 32", text), text
+    assert "sed -n" in text and 'help="Disable speculation when decode batch size exceeds' in text
+    assert "timings" in text
+
+    report = as_json(run(sandbox, "history", "--host", "gpu", "--release", rid, "--json"))
+    got = report["hosts"]["gpu"]
+    assert got["id"] == rid and got["current"] is True
+    assert got["files"] == [{"path": str(sandbox.server_args), "sha256_before": before, "sha256_after": after}]
+    assert got["argv_after"][-2:] == ["--speculative-disable-batch-threshold", "32"]
+
+    missing = run(sandbox, "history", "--host", "gpu", "--release", "zzzz")
+    assert missing.returncode == 2
+    assert missing.stdout.strip() == "gpu: no release zzzz"

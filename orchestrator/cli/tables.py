@@ -23,7 +23,7 @@ from rich.text import Text
 from orchestrator.cli.output import Output
 from orchestrator.cli.views import draw_gate
 from orchestrator.core.secrets import redact_argv
-from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus
+from orchestrator.pipeline.inspect import HistoryRow, HostHistory, HostStatus, ReleaseView
 
 
 def fmt_time(ts: float, *, full: bool = False) -> str:
@@ -161,6 +161,55 @@ def _history_lines(out: Output, host: str, rows: Sequence[HistoryRow]) -> None:
         if r.error:
             text += "  error: " + r.error
         out.line(text, row_style(r) or None)
+
+
+def draw_release(out: Output, view: ReleaseView) -> None:
+    """One release in full: its record, each file's sha256 before and after, and the
+    ``sed -n`` view of what it changed, read from the host's own copies."""
+    from orchestrator.cli.views import draw_view
+    from orchestrator.core.gate import GateOutcome
+    from orchestrator.core.regions import text_changes, view_ranges
+
+    m = view.manifest
+    playbook = m.get("playbook")
+    rows = [
+        ("kind", str(m.get("kind") or "?")),
+        ("playbook", str(playbook.get("name") if isinstance(playbook, dict) else playbook or "-")),
+        ("when", fmt_time(float(m.get("created") or 0), full=True)),
+        ("outcome", view.outcome),
+    ]
+    if m.get("restored_by"):
+        rows.append(("restored by", str(m["restored_by"])))
+    if m.get("error"):
+        rows.append(("error", str(m["error"])))
+    for f in view.files:
+        rows.append(("file", f.path))
+        rows.append(("  sha256 before", f.sha256_before or "(did not exist)"))
+        rows.append(("  sha256 after", f.sha256_after or "(removed)"))
+    for side in ("before", "after"):
+        argv = (m.get(f"server_{side}") or {}).get("argv")
+        if argv:
+            rows.append((f"argv {side}", " ".join(redact_argv(argv))))
+    rows.extend(("flag", change) for change in m.get("flag_changes") or [])
+    health = m.get("health") or {}
+    if health.get("checks"):
+        checks = ", ".join(f"{c.get('method', 'GET')} {c.get('path')}" for c in health["checks"])
+        rows.append(("health", f"{checks} at {health.get('base_url')}"))
+    timings = m.get("timings") or {}
+    if timings:
+        rows.append(("timings", ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())))
+    title = f"release {view.release} on {view.host}" + (" (current)" if view.current else "")
+    out.line(title, "bold")
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:  # folded on a terminal, whole through a pipe: never cut
+        out.line(f"  {label:<{width}}  {value}")
+    if isinstance(m.get("gate"), dict):
+        draw_gate(out, view.host, GateOutcome.from_json(m["gate"]))
+    for f in view.files:
+        if f.before is None or f.after is None:
+            continue
+        ranges = view_ranges(text_changes(f.before, f.after), len(f.after.splitlines()))
+        draw_view(out, f.path, f.after, ranges, title=f"release {view.release[-4:]}, after")
 
 
 # -------------------------------------------------------------------- status

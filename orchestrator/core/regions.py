@@ -7,6 +7,7 @@ fix with ``sed -n A,Bp`` before restarting. Pure: changes in, line ranges out.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,3 +58,18 @@ def view_ranges(changes: Sequence[Change], total_lines: int, context: int = 3) -
         else:
             merged.append(ViewRange(start, end, marked))
     return merged
+
+
+def text_changes(before: str, after: str) -> list[Change]:
+    """The changed regions between two whole texts (a release's before and after copies).
+
+    For a release recorded earlier, where the plan's own changes are no
+    longer at hand: ``orch history --release`` shows its ``sed -n`` view
+    from the two backups alone.
+    """
+    old, new = before.splitlines(), after.splitlines()
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    return [
+        Change(edit_index=0, kind="replace", old_start=i1 + 1, old_end=i2, new_start=j1 + 1, new_end=j2)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"
+    ]

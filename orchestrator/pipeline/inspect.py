@@ -211,3 +211,93 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             gate=gate,
             gate_note=gate_note,
         )
+
+
+# ------------------------------------------------------------ one release in full
+
+
+@dataclass
+class FileBackups:
+    """One file of a release: its record, and the text of its before and after copies."""
+
+    path: str
+    sha256_before: str | None
+    sha256_after: str | None
+    before: str | None
+    after: str | None
+
+
+@dataclass
+class ReleaseView:
+    """``orch history --release R`` on one host: the release's record and its files' copies.
+
+    ``manifest`` is the host's record as written (an untyped dict until the
+    records are typed); the view reads the fields it shows by name.
+    """
+
+    host: str
+    release: str
+    manifest: dict[str, Any]
+    files: list[FileBackups]
+    current: bool
+    outcome: str  # in history's words (describe_release)
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "id": self.release, "kind": m.get("kind"), "current": self.current,
+            "playbook": (m.get("playbook") or {}).get("name") if isinstance(m.get("playbook"), dict)
+            else m.get("playbook"),
+            "outcome": self.outcome, "error": m.get("error"), "created": m.get("created"),
+            "restored_by": m.get("restored_by"),
+            "files": [{"path": f.path, "sha256_before": f.sha256_before, "sha256_after": f.sha256_after}
+                      for f in self.files],
+            "argv_before": redact_argv(((m.get("server_before") or {}).get("argv")) or []),
+            "argv_after": redact_argv(((m.get("server_after") or {}).get("argv")) or []),
+            "flag_changes": list(m.get("flag_changes") or []),
+            "timings": m.get("timings"), "gate": m.get("gate"),
+        }
+
+
+@dataclass(frozen=True)
+class NoRelease:
+    """This host has no release that ``ref`` names (another host of the selection may)."""
+
+    host: str
+    ref: str
+
+
+def host_release(target: HostTarget, options: ConnectOptions, ref: str) -> ReleaseView | NoRelease:
+    """The release ``ref`` names on this host (full id, unique prefix or suffix), or ``NoRelease``.
+
+    Two round trips: the state read, then the release's backup copies.
+    """
+    from orchestrator.core.releases import resolve_release
+    from orchestrator.errors import ConfigError
+
+    with HostSession(target, options) as session:
+        state = dict(session.run(ops.state_read(target.state_dir)))
+        releases = {m["id"]: m for m in state.get("releases") or [] if isinstance(m, dict) and "id" in m}
+        applied = list((state.get("state") or {}).get("applied") or [])
+        try:
+            rid = resolve_release(ref, applied, releases)
+        except ConfigError:
+            return NoRelease(target.name, ref)
+        manifest = releases[rid]
+        entries = [f for f in manifest.get("files") or [] if isinstance(f, dict)]
+        root = f"{state.get('root') or target.state_dir}/releases/{rid}/files"
+        paths = [f"{root}/{f.get('n')}.{side}" for f in entries for side in ("before", "after")]
+        infos = session.run(ops.read(paths)) if paths else []
+    texts = [_text_of(info) for info in infos]
+    files = [FileBackups(str(f.get("path")), f.get("sha256_before"), f.get("sha256_after"),
+                         texts[2 * i], texts[2 * i + 1]) for i, f in enumerate(entries)]
+    return ReleaseView(target.name, rid, manifest, files, bool(applied) and applied[-1] == rid,
+                       describe_release(manifest, applied))
+
+
+def _text_of(info: Any) -> str | None:
+    import base64
+
+    if not isinstance(info, dict) or not info.get("exists"):
+        return None
+    return base64.b64decode(info.get("data") or "").decode("utf-8", "replace")
