@@ -35,3 +35,45 @@ def test_the_layout_note_is_a_note_in_check_and_in_deploy(spec_box: Sandbox) -> 
         notes = [line for line in said.splitlines() if "add_flag" in line and "uses" in line]
         assert notes, said
         assert all("note:" in line and "warning:" not in line for line in notes), notes
+
+
+STARTING = """\
+name: starting
+vars: {{port: {port}}}
+files: []
+server:
+  manager: process
+  command: "{{{{ python }}}} -m sglang.launch_server --model-path {{{{ model }}}} --port {{{{ port }}}}"
+  python: {python}
+  env: {{PYTHONPATH: "{pythonpath}", PYTHONDONTWRITEBYTECODE: "1"}}
+  flags: {{"--speculative-accept-threshold-acc": 0.5}}
+health:
+  base_url: "http://127.0.0.1:{{{{ port }}}}"
+  timeout: 2m
+  interval: 0.2s
+  stable_for: 0.5s
+  checks: [{{get: /health}}]
+"""
+
+
+def test_a_stopped_server_is_started_not_listed_as_flag_changes(sandbox: Sandbox) -> None:
+    import sys
+
+    playbook = sandbox.root / "starting.yaml"
+    playbook.write_text(STARTING.format(port=sandbox.port, python=sys.executable,
+                                        pythonpath=sandbox.sglang_root.parent))
+    got = sandbox.orch("deploy", "--host", "gpu", str(playbook))
+    assert got.returncode == 0, got.stdout + got.stderr
+    said = got.stdout + got.stderr
+    assert "no server running: starting " in said and "--speculative-accept-threshold-acc 0.5" in said
+    assert "flag command:" not in said and "flag -m:" not in said and "(absent) ->" not in said, said
+
+
+def test_an_unhealthy_server_is_called_not_healthy_once(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
+    sandbox.stop_all()
+    got = sandbox.orch("status", "--host", "gpu")
+    assert got.returncode == 3
+    health = [line for line in got.stdout.splitlines() if "health:" in line]
+    assert health and all(line.lower().count("not healthy") == 1 for line in health), got.stdout

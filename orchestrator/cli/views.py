@@ -20,6 +20,7 @@ a terminal view is drawn.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from orchestrator.cli.diffs import unified_diff
 from orchestrator.cli.output import Output
 from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
 from orchestrator.core.regions import ViewRange, view_ranges
+from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.report import HostReport, RunReport
 
 if TYPE_CHECKING:
@@ -123,7 +125,9 @@ class ConsoleReporter:
         if change is not None and change.restart:
             for c in change.flag_changes:
                 self.step(host, f"flag {c}")
-            if not change.flag_changes:
+            if change.before is None and change.after_argv:
+                self.step(host, f"no server running: starting {shlex.join(redact_argv(change.after_argv))}")
+            elif not change.flag_changes:
                 self.step(host, f"server restarts ({change.why or 'files changed'})")
 
     def readback(self, host: str, path: str, text: str, ranges: Sequence[Any]) -> None:

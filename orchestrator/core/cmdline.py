@@ -212,7 +212,11 @@ def flag_changes(before: Sequence[str], after: Sequence[str]) -> list[str]:
 
     e.g. ``--speculative-disable-batch-threshold: (absent) -> 32``. A change
     of the program or positional words is one ``command: … -> …`` line.
+    With no ``before`` (no server was running) there is nothing to compare:
+    the caller says the server is being started, with its command line.
     """
+    if not before:  # nothing ran to compare with: the whole new argv is not a "change" of flags
+        return []
     old, new = parse_flags(before), parse_flags(after)
     lines: list[str] = []
     old_head = list(before[:1]) + [w for w in _positionals(before)]

@@ -177,7 +177,8 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
                 got = session.run(ops.health_wait(dict(health_spec, timeout=0.0, interval=0.0)))
                 health, healthy = f"healthy ({got['last']})", True
             except RemoteStepError as e:
-                health, healthy = f"NOT healthy: {e.message}", False
+                reason = e.message.removeprefix("not healthy: ")  # said once, not "not healthy: not healthy"
+                health, healthy = f"NOT healthy: {reason}", False
         drift: list[str] = []
         if current:
             files = current.get("files", [])
