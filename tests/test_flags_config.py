@@ -79,7 +79,7 @@ def test_add_flag_and_structural_anchors_render_to_engine_values() -> None:
     flag, call, item = rendered.files[0].edits
     assert flag == FlagRequest(
         name="speculative_disable_batch_threshold", type="int", default=32, help="Threshold 32.",
-        near="speculative_accept_threshold_acc", markers=True, marker_id="t:0.0",
+        near=("speculative_accept_threshold_acc",), markers=True, marker_id="t:0.0",
         file="p.yaml", line=6, key="files[0].edits[0].add_flag",
     )
     assert isinstance(call, EditSpec) and call.anchor == Anchor(

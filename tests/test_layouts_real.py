@@ -1,7 +1,13 @@
-"""The layout matrix: the shipped flag playbooks on the REAL files of seven releases.
+"""The layout matrix: the shipped flag playbooks on the REAL files of eleven releases.
 
-SGLang 0.4.10.post2 and 0.5.13 (classic), 0.5.14 and 0.5.18 (annotated, NS()
-from 0.5.18), 0.5.23 (spec); vLLM 0.8.5.post1 and 0.33.0 (EngineArgs). The
+SGLang 0.4.3 (classic, beside ``--speculative-num-draft-tokens``: no
+``--speculative-accept-threshold-acc`` yet), 0.4.10.post2 and 0.5.13
+(classic), 0.5.14 and 0.5.18 (annotated, NS() from 0.5.18), 0.5.23 (spec);
+vLLM 0.6.6, 0.7.3 and 0.8.0 (EngineArgs, beside ``--num-speculative-tokens``:
+no ``--speculative-config`` yet), 0.8.5.post1 and 0.33.0. The playbooks'
+``near:`` lists the neighbours in order; the first the file declares wins.
+SGLang 0.3.6 and 0.4.0 declare none of them (no speculative decoding at
+all): the playbook is refused there, naming the names it looked for. The
 files come from the registry (``tests.fixtures.registry``, pinned, cached).
 For each: the unchanged shipped playbook (``speculative-disable.yaml`` on
 SGLang, ``vllm-add-flag.yaml`` on vLLM) is rendered and planned through
@@ -34,7 +40,7 @@ from orchestrator.core.flags import FlagPlan, expand_edits
 from orchestrator.core.hints import anchor_hints
 from orchestrator.core.rendering import render_playbook
 from orchestrator.core.structure import check_structure
-from orchestrator.errors import AnchorError
+from orchestrator.errors import AnchorError, EditError
 from orchestrator.shell import agent
 from orchestrator.shell.config_files import load_playbook, make_renderer
 from tests.fixtures.flag_probe import TolerantParser, load_tolerant, parse
@@ -53,21 +59,37 @@ class Release:
     version: str
     layout: str
     near: str
+    quote: str = '"'  # how the release quotes its flags
 
     @property
     def id(self) -> str:
         return f"{self.product}-{self.version}"
 
 
+SGLANG_NEAR = ("speculative_accept_threshold_acc", "speculative_num_draft_tokens")
+VLLM_NEAR = ("speculative_config", "num_speculative_tokens")
+
 RELEASES = [
+    Release("sglang", "0.4.3", "classic", "speculative_num_draft_tokens"),
     Release("sglang", "0.4.10.post2", "classic", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.13", "classic", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.14", "annotated", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.18", "annotated", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.23", "spec", "speculative_accept_threshold_acc"),
-    Release("vllm", "0.8.5.post1", "vllm", "speculative_config"),
+    Release("vllm", "0.6.6", "vllm", "num_speculative_tokens", "'"),
+    Release("vllm", "0.7.3", "vllm", "num_speculative_tokens", "'"),
+    Release("vllm", "0.8.0", "vllm", "num_speculative_tokens", "'"),
+    Release("vllm", "0.8.5.post1", "vllm", "speculative_config", "'"),
     Release("vllm", "0.33.0", "vllm", "speculative_config"),
 ]
+REFUSED = [  # no name of the playbook's near: list: not covered (docs/FLAGS.md says so)
+    Release("sglang", "0.3.6", "classic", ""),
+    Release("sglang", "0.4.0", "classic", ""),
+]
+
+
+def release_of(product: str, version: str) -> Release:
+    return next(r for r in RELEASES if (r.product, r.version) == (product, version))
 
 
 def target_of(release: Release) -> Path:
@@ -153,6 +175,13 @@ def _is_call_of(flag: str):  # type: ignore[no-untyped-def]
 def test_the_layout_is_recognised(applied: tuple[Release, Applied]) -> None:
     release, done = applied
     assert [f.layout.kind for f in done.flags] == [release.layout]
+    # the first name of the playbook's near: list that the release declares
+    names = SGLANG_NEAR if release.product == "sglang" else VLLM_NEAR
+    assert done.flags[0].request.near == names
+    assert done.flags[0].layout.near == release.near
+    text = target_of(release).read_text()
+    for earlier in names[: names.index(release.near)]:  # an older release: the newer name is absent
+        assert f"--{earlier.replace('_', '-')}" not in text and f"{earlier}:" not in text
     paths = list(done.plans)
     if release.layout == "spec":  # the field moved to the namespace module server_args.py imports
         assert [Path(p).name for p in paths] == ["spec.py"]
@@ -182,8 +211,7 @@ def test_declarations_land_beside_the_neighbour(applied: tuple[Release, Applied]
         assert result[call_end + shift].strip().endswith(".argument")
         call = result[call_end + shift + 1]
         assert call.endswith(".add_argument(") and call.strip().startswith(("parser.", "speculative_group.", "vllm_group."))
-        quote = "'" if release.version == "0.8.5.post1" else '"'
-        assert result[call_end + shift + 2].strip() == f"{quote}{FLAG}{quote},"
+        assert result[call_end + shift + 2].strip() == f"{release.quote}{FLAG}{release.quote},"
     else:  # one A[...] field, the style of its neighbours; NS() copied on 0.5.18
         block = "\n".join(result[field_end : field_end + 8])
         assert f"{FIELD}: A[" in block and "Optional[int]," in block
@@ -265,9 +293,27 @@ def test_the_patched_file_parses_the_flag_and_the_original_refuses_it(
     assert f"error: unrecognized arguments: {FLAG} 32" in message
 
 
+@pytest.mark.parametrize("release", REFUSED, ids=lambda r: r.id)
+def test_a_release_without_any_near_name_is_refused_naming_the_names(release: Release) -> None:
+    """SGLang 0.3.6 and 0.4.0 have no speculative flags at all: no neighbour, no guess."""
+    with pytest.raises(EditError) as error:
+        apply_shipped(release)
+    message = str(error.value)
+    assert message.startswith("playbooks/speculative-disable.yaml:") or "speculative-disable.yaml:" in message
+    assert "files[0].edits[0].add_flag: near: none of " + ", ".join(SGLANG_NEAR) + " is a flag of " in message
+    assert "it uses the classic layout (SGLang ≤ 0.5.13" in message
+    assert "\n" not in message
+    # the release's own parser has no such flag, and none of the neighbours
+    target = str(target_of(release))
+    parser = build_parser(release, {target: Path(target).read_text()})
+    refused, said = parse(parser, [FLAG, "32"])
+    assert refused is None and f"unrecognized arguments: {FLAG} 32" in said
+    assert all(f"--{n.replace('_', '-')}" not in parser._option_string_actions for n in SGLANG_NEAR)  # noqa: SLF001
+
+
 def test_on_the_annotated_layout_a_plain_field_compiles_and_is_not_a_flag() -> None:
     """The trap add_flag avoids: only A[...] fields become flags from 0.5.14 on."""
-    release = RELEASES[2]
+    release = release_of("sglang", "0.5.14")
     target = target_of(release)
     text = target.read_text()
     plain = EditSpec(
@@ -285,7 +331,7 @@ def test_on_the_annotated_layout_a_plain_field_compiles_and_is_not_a_flag() -> N
 
 
 def test_the_storys_anchor_on_the_annotated_layout_says_what_it_means() -> None:
-    release = RELEASES[2]
+    release = release_of("sglang", "0.5.14")
     target = target_of(release)
     story = EditSpec(
         kind="insert",
@@ -309,7 +355,7 @@ def test_the_storys_anchor_on_the_annotated_layout_says_what_it_means() -> None:
 
 
 def test_on_the_spec_layout_the_hint_names_the_field_in_its_module() -> None:
-    release = RELEASES[4]
+    release = release_of("sglang", "0.5.23")
     target = target_of(release)
     story = EditSpec(kind="insert", text="x = 1\n", anchor=Anchor("after", "speculative_accept_threshold_acc:"))
     related = companions(target, [release.near])
@@ -406,6 +452,21 @@ def test_check_with_the_shipped_playbook_plans_the_right_place(
     # the read-back preview: the new declaration right after the neighbour
     assert "❱" in err and FIELD in err
     assert not (tmp_path / "state").exists()  # --check creates nothing on the host
+
+
+@pytest.mark.parametrize("release", REFUSED, ids=lambda r: r.id)
+def test_check_on_a_release_without_any_near_name_exits_2_naming_them(
+    tmp_path: Path, sshd: SshdServer, release: Release
+) -> None:
+    before = target_of(release).read_bytes()
+    code, err, report = check_over_ssh(tmp_path, sshd, release)
+    assert code == 2, err
+    error = report["hosts"]["gpu"]["error"] if report.get("hosts") else report["error"]
+    assert "near: none of speculative_accept_threshold_acc, speculative_num_draft_tokens is a flag of " in error
+    assert error.endswith("server_args.py; it uses the classic layout (SGLang ≤ 0.5.13: a dataclass field and a parser.add_argument call)")
+    host_file = tmp_path / "host" / "sglang" / "srt" / "server_args.py"
+    assert host_file.read_bytes() == before  # nothing changed
+    assert not (tmp_path / "state").exists()
 
 
 # --------------------------------------------------------------------------- an element of a tuple (0.5.23's field order)

@@ -43,7 +43,7 @@ class FlagRequest:
     type: str  # int, float, str or bool
     default: Any
     help: str
-    near: str  # the neighbour's field name
+    near: tuple[str, ...]  # the neighbours' field names, tried in order (the first the file declares wins)
     markers: bool = True
     marker_id: str = ""
     file: str | None = None
@@ -110,7 +110,7 @@ def template_context(request: FlagRequest, layout: Layout) -> dict[str, Any]:
         "type": request.type,
         "default": default,
         "help": request.help,
-        "near": request.near,
+        "near": layout.near,
         "layout": layout.kind,
         "cls": layout.cls,
         "type_hint": type_hint(request.type, default, style.optional),

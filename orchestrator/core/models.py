@@ -239,27 +239,45 @@ class CallAnchor(_Model):
     arg: str | None = Field(None, min_length=1)
 
 
+def _flag_word(value: str) -> str:
+    """A field name or a ``--flag`` (a template is checked once rendered)."""
+    stem = value.strip()
+    if "{" not in stem and not FLAG_NAME.fullmatch(stem):
+        raise ValueError(f"expected a field name or a --flag (got: {value!r})")
+    return stem
+
+
 class FlagEdit(_Model):
     """``add_flag``: a new server flag, declared the way the file's release declares flags.
 
     ``name`` is the field (``speculative_disable_batch_threshold``) or the flag
     (``--speculative-disable-batch-threshold``); ``near`` the neighbouring
-    flag it goes after, in either form.
+    flag it goes after, in either form, or a list of them: the first the file
+    declares wins (older releases lack the newer neighbours).
     """
 
     name: str = Field(min_length=1)
     type: Literal["int", "float", "str", "bool"] = "str"
     default: Any = None
     help: str = ""
-    near: str = Field(min_length=1)
+    near: str | list[str] = Field(min_length=1)
 
-    @field_validator("name", "near")
+    @field_validator("name")
     @classmethod
     def _flag_like(cls, value: str) -> str:
-        stem = value.strip()
-        if "{" not in stem and not FLAG_NAME.fullmatch(stem):  # a template is checked once rendered
-            raise ValueError(f"expected a field name or a --flag (got: {value!r})")
-        return stem
+        return _flag_word(value)
+
+    @field_validator("near")
+    @classmethod
+    def _flags_like(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            return _flag_word(value)
+        return [_flag_word(one) for one in value]
+
+    @property
+    def near_names(self) -> list[str]:
+        """``near`` as a list, in the playbook's order."""
+        return [self.near] if isinstance(self.near, str) else list(self.near)
 
     @model_validator(mode="after")
     def _default_fits(self) -> FlagEdit:

@@ -351,8 +351,8 @@ def _follow(pb: Any, variables: dict[str, Any], renderer: Renderer) -> list[dict
         names = []
         for edit in entry.edits:
             if edit.add_flag is not None:
-                near = _early_string(edit.add_flag.near, variables, renderer) or edit.add_flag.near
-                names.append(field_name(near))
+                for near in edit.add_flag.near_names:
+                    names.append(field_name(_early_string(near, variables, renderer) or near))
         if names:
             out.append({"index": index, "names": sorted(set(names))})
     return out
