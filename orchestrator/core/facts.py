@@ -111,6 +111,46 @@ class NoVersion:
     __hash__ = object.__hash__
 
 
+class Unknown:
+    """A value ``orch lint`` cannot know without a host: ``facts``, ``sglang_root`` when no var
+    sets it, a var an absent inventory would give. Any attribute, item, operation or
+    comparison of it is unknown too; as a condition it is true, so what it guards is still
+    checked; it renders as ``<name>``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, name: str) -> Unknown:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return Unknown(f"{self.name}.{name}")
+
+    def __getitem__(self, key: Any) -> Unknown:
+        return Unknown(f"{self.name}[{key!r}]")
+
+    def __call__(self, *_: Any, **__: Any) -> Unknown:
+        return self
+
+    def _same(self, *_: Any) -> Unknown:
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __mod__ = _same
+
+    def _true(self, *_: Any) -> bool:
+        return True
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __contains__ = __bool__ = _true  # type: ignore[assignment]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+    def __str__(self) -> str:
+        return f"<{self.name}>"
+
+    __repr__ = __str__
+    __hash__ = object.__hash__
+
+
 def is_none(value: Any) -> bool:
     """The ``none`` Jinja test, true also for a version that is not there (``NoVersion``)."""
     return value is None or isinstance(value, NoVersion)
@@ -118,7 +158,7 @@ def is_none(value: Any) -> bool:
 
 def version_of(value: Any) -> Any:
     """The ``version()`` Jinja global: text that compares as a version (a missing one still refuses)."""
-    return value if isinstance(value, NoVersion) else VersionString(str(value))
+    return value if isinstance(value, NoVersion | Unknown) else VersionString(str(value))
 
 
 def version_test(value: Any, other: str, op: str = ">=") -> bool:
@@ -127,6 +167,8 @@ def version_test(value: Any, other: str, op: str = ">=") -> bool:
     Agrees with the comparison form: a missing version is an error in both."""
     if isinstance(value, NoVersion):
         return value.refuse()
+    if isinstance(value, Unknown):  # orch lint: the guarded part is checked
+        return True
     if value is None:
         raise FactError("version test on none (no version to compare)")
     ops = {"<", "<=", ">", ">=", "==", "!=", "lt", "le", "gt", "ge", "eq", "ne"}
