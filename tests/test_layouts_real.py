@@ -38,6 +38,7 @@ from orchestrator.core.edit_spec import Anchor, EditSpec, FilePlan
 from orchestrator.core.edits import plan_file
 from orchestrator.core.flags import FlagPlan, expand_edits
 from orchestrator.core.hints import anchor_hints
+from orchestrator.core.layouts import LayoutError, find_layout
 from orchestrator.core.rendering import render_playbook
 from orchestrator.core.structure import check_structure
 from orchestrator.errors import AnchorError, EditError
@@ -291,6 +292,46 @@ def test_the_patched_file_parses_the_flag_and_the_original_refuses_it(
     refused, message = parse(build_parser(release, original), [FLAG, "32"])
     assert refused is None
     assert f"error: unrecognized arguments: {FLAG} 32" in message
+
+
+def test_vllm_0_6_6_skips_the_config_field_of_the_newer_name_for_the_older_flag(tmp_path: Path) -> None:
+    """On a host, the helper follows arg_utils.py's import of vllm/config.py, where
+    ``VllmConfig.speculative_config`` is a plain field (no flag): the newer name is skipped,
+    not blamed, and the flag goes beside --num-speculative-tokens."""
+    root = tmp_path / "vllm"
+    (root / "engine").mkdir(parents=True)
+    shutil.copy(vllm_file("0.6.6"), root / "engine" / "arg_utils.py")
+    shutil.copy(vllm_file("0.6.6", "vllm/config.py"), root / "config.py")
+    target = root / "engine" / "arg_utils.py"
+    related = companions(target, list(VLLM_NEAR))
+    assert list(related) == [str(root / "config.py")]
+    layout = find_layout(str(target), target.read_text(), VLLM_NEAR, related)
+    assert (layout.kind, layout.near, layout.cls) == ("vllm", "num_speculative_tokens", "EngineArgs")
+    with pytest.raises(LayoutError) as error:  # the newer name alone: refused, saying why
+        find_layout(str(target), target.read_text(), "speculative_config", related)
+    message = str(error.value)
+    assert message.startswith(f"near: speculative_config is no flag of {target} or of the 1 module(s) it imports "
+                              f"(speculative_config: only a field of VllmConfig in {root / 'config.py'} (line 2971)")
+    assert "it uses vLLM's EngineArgs layout" in message
+    assert "did you mean: speculative_config" not in message
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.id)
+def test_a_misspelt_near_names_the_layout_and_the_closest_flags(release: Release) -> None:
+    """What the deploy says for a typo: the layout it recognised and the closest flags, on
+    every real file. On the spec layout the pipeline reads the field modules (those with
+    ``A[``) once more for this message; here they are given the same way."""
+    target = target_of(release)
+    typo = release.near.replace("tokens", "tokns").replace("threshold", "treshold").replace("config", "confg")
+    assert typo != release.near
+    related = companions(target, ["A["] if release.layout == "spec" else [typo])
+    with pytest.raises(LayoutError) as error:
+        find_layout(str(target), target.read_text(), typo, related)
+    message = str(error.value)
+    described = "vLLM's EngineArgs layout" if release.layout == "vllm" else f"the {release.layout} layout"
+    assert f"near: {typo} is no flag of {target}" in message
+    assert f"; it uses {described}" in message
+    assert f"; did you mean: {release.near}" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("release", REFUSED, ids=lambda r: r.id)

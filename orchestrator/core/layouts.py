@@ -226,6 +226,18 @@ def _annotated_style(src: PySource, info: StmtInfo, alias: str) -> dict[str, obj
 # --------------------------------------------------------------------------- the layouts
 
 
+class NoNeighbour(LayoutError):
+    """No name of ``near`` is a flag of the file; ``kind`` is the layout the file seems to use.
+
+    The spec layout keeps its fields in modules the misspelt name does not lead to, so the
+    caller may look through more of them (``find_layout`` again, wider ``companions``) for
+    the closest names."""
+
+    def __init__(self, message: str, kind: str | None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class _Miss(LayoutError):
     """``near`` names no flag here (not found, or found as something that is no flag): the next name is tried."""
 
@@ -251,7 +263,7 @@ def find_layout(
             return _layout_of(src, name, companions or {})
         except _Miss as miss:
             misses.append(str(miss))
-    raise LayoutError(_nothing_near(path, text, names, misses, companions or {}))
+    raise NoNeighbour(_nothing_near(path, text, names, misses, companions or {}), describe_file_layout(text))
 
 
 def _layout_of(src: PySource, near: str, companions: Mapping[str, str]) -> Layout:
@@ -284,7 +296,7 @@ def _nothing_near(
     file seems to use, and the names in it closest to those asked for."""
     kind = describe_file_layout(text)
     wanted = ", ".join(names)
-    looked = f" nor in the {len(companions)} module(s) it imports" if companions else ""
+    looked = f" or of the {len(companions)} module(s) it imports" if companions else ""
     subject = f"near: {wanted} is no flag" if len(names) == 1 else f"near: none of {wanted} is a flag"
     why = "; ".join(m for m in misses if "no class field" not in m)
     why = f" ({why})" if why else ""
@@ -299,17 +311,18 @@ def _nothing_near(
     return f"{subject} of {path}{looked}{why}; it uses {LAYOUT_NAMES[kind]}{hint}"
 
 
-_FIELD_ROW = re.compile(r"^[ \t]+([A-Za-z_]\w*)[ \t]*:(?!=)", re.MULTILINE)
+_ANNOTATED_ROW = re.compile(r"^[ \t]+([A-Za-z_]\w*)[ \t]*:[ \t]*(?:A|Annotated)\[", re.MULTILINE)
 _FLAG_STRING = re.compile(r"[\"']--([A-Za-z][\w-]*)[\"']")
 
 
 def close_flag_names(names: Sequence[str], texts: Sequence[str], limit: int = 3) -> list[str]:
-    """The field and flag names of ``texts`` closest to ``names`` (difflib), best first."""
+    """The flags of ``texts`` (``"--x"`` strings, ``A[...]`` fields) closest to ``names`` (difflib),
+    best first; never one of ``names`` (those were looked for and are no flag)."""
     known: set[str] = set()
     for text in texts:
-        known.update(_FIELD_ROW.findall(text))
+        known.update(_ANNOTATED_ROW.findall(text))
         known.update(field_name(flag) for flag in _FLAG_STRING.findall(text))
-    known -= {"self", "cls", "return", "else", "try", "finally", "lambda"}
+    known -= set(names)
     scored: dict[str, float] = {}
     for name in names:
         for match in difflib.get_close_matches(name, sorted(known), n=limit, cutoff=0.6):
