@@ -36,11 +36,14 @@ import pytest
 
 from orchestrator.core.edit_spec import Anchor, EditSpec, FilePlan
 from orchestrator.core.edits import plan_file
+from orchestrator.core.facts import Facts
 from orchestrator.core.flags import FlagPlan, expand_edits
 from orchestrator.core.hints import anchor_hints
 from orchestrator.core.layouts import LayoutError, find_layout
+from orchestrator.core.models import parse_playbook
 from orchestrator.core.rendering import render_playbook
 from orchestrator.core.structure import check_structure
+from orchestrator.core.templating import Renderer
 from orchestrator.errors import AnchorError, EditError
 from orchestrator.shell import agent
 from orchestrator.shell.config_files import load_playbook, make_renderer
@@ -544,3 +547,33 @@ def test_into_positional_field_order_lands_inside_the_tuple() -> None:
     at = old.index("speculative_accept_threshold_acc") + 1
     assert new == old[:at] + (FIELD,) + old[at:]
     assert not plan_file(str(path), plan.result, [spec]).changed
+
+
+def test_the_docs_field_order_example_appends_as_sglangs_docstring_asks() -> None:
+    """docs/FLAGS.md's `when:` example, run on 0.5.23's field_order.py: its docstring says
+    "Append new built-in fields to this tuple; inserting or regrouping changes existing
+    calls" — the old order stays a prefix (the positional constructor is unchanged)."""
+    root = sglang_tree("0.5.23") / "sglang"
+    path = root / "srt" / "arg_groups" / "field_order.py"
+    text = path.read_text()
+    assert "Append new built-in fields to this tuple; inserting or regrouping changes existing\ncalls." in text
+    docs = (REPO / "docs" / "FLAGS.md").read_text()
+    blocks = [b.split("```")[0] for b in docs.split("```yaml\n")[1:]]
+    block = next(b for b in blocks if "into: POSITIONAL_FIELD_ORDER" in b)
+    book = parse_playbook("name: order\n" + block, "FLAGS.md")
+    edits: list[EditSpec] = []
+    for version, applies in (("0.5.18", False), ("0.5.23", True)):
+        facts = Facts.from_wire({"packages": {"sglang": {"path": str(root), "version": version}}})
+        variables = {"sglang_root": str(root), "facts": facts.as_var()}
+        rendered = render_playbook(book, None, variables, Renderer())
+        assert bool(rendered.files) is applies
+        edits = [e for f in rendered.files for e in f.edits if isinstance(e, EditSpec)]
+    assert [f.path for f in rendered.files] == [str(path)] and len(edits) == 1
+    plan = plan_file(str(path), text, edits)
+    check_structure(plan, edits)
+    before: dict = {}
+    after: dict = {}
+    exec(compile(text, str(path), "exec"), before)  # noqa: S102 - a stdlib-only module of constants
+    exec(compile(plan.result, str(path), "exec"), after)  # noqa: S102
+    assert after["POSITIONAL_FIELD_ORDER"] == before["POSITIONAL_FIELD_ORDER"] + (FIELD,)
+
