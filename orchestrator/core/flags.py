@@ -63,10 +63,10 @@ class NeighbourNotFound(EditError):
     has no "did you mean" yet: the fields live in modules only a wider read finds
     (``wider_refusal``)."""
 
-    request: FlagRequest
-    path: str
-    text: str
-    kind: str | None
+    request: FlagRequest | None = None
+    path: str = ""
+    text: str = ""
+    kind: str | None = None  # a copy made by ``located()`` has none: no wider read then
 
 
 def neighbour_not_found(request: FlagRequest, path: str, text: str, exc: NoNeighbour) -> NeighbourNotFound:
@@ -77,11 +77,13 @@ def neighbour_not_found(request: FlagRequest, path: str, text: str, exc: NoNeigh
 
 def wants_wider_read(error: NeighbourNotFound) -> bool:
     """The spec layout: the closest names are in field modules the first read did not follow."""
-    return error.kind == SPEC
+    return error.kind == SPEC and error.request is not None
 
 
 def wider_refusal(error: NeighbourNotFound, companions: Mapping[str, str]) -> EditError:
     """``error`` again, with the closest names found in ``companions`` (more of the package's modules)."""
+    if error.request is None:
+        return error
     try:
         find_layout(error.path, error.text, error.request.near, companions)
     except LayoutError as exc:
