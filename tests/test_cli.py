@@ -15,6 +15,7 @@ import json
 import os
 import pty
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -461,11 +462,15 @@ def test_lint_renders_every_playbook_for_every_host_without_contacting_any(tmp_p
     (tmp_path / "syntax.yaml").write_text(GOOD.replace("{{ staged }}", "{{ staged }"))
 
     proc = run(tmp_path, "lint", "good.yaml", "--json")
-    assert proc.returncode == 2  # host b has no sglang_root
+    assert proc.returncode == 0, proc.stdout  # host b has no sglang_root: the host's facts give it
     report = as_json(proc)
-    assert report["problems"] == [{"error": "good.yaml:4: files[0].path: 'sglang_root' is undefined",
-                                   "hosts": ["b"]}]
+    assert report["problems"] == [] and report["warnings"] == []
     assert report["rendered_for"] == ["a", "b"]
+    (tmp_path / "rot.yaml").write_text(GOOD.replace("{{ sglang_root }}", "{{ sglang_rot }}"))
+    proc = run(tmp_path, "lint", "rot.yaml", "--json")
+    assert proc.returncode == 2
+    assert as_json(proc)["problems"] == [{"error": "rot.yaml:4: files[0].path: 'sglang_rot' is undefined",
+                                          "hosts": ["a", "b"]}]
 
     proc = run(tmp_path, "lint", "good.yaml", "--var", "sglang_root=/srv/x")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -478,6 +483,65 @@ def test_lint_renders_every_playbook_for_every_host_without_contacting_any(tmp_p
                        "'threshhold' is undefined (for hosts a, b)"
     assert lines[1].startswith("syntax.yaml:8: files[0].validate[0]: ")
     assert lines[-1] == "lint: 2 playbooks with inventory.yaml (2 hosts): 2 problems"
+
+
+def test_lint_of_the_shipped_playbooks_in_a_fresh_copy_of_the_repo_is_clean(tmp_path: Path) -> None:
+    """The README's own example: `orch lint playbooks/*.yaml` beside the example inventory,
+    whose hosts set sglang_root but not vllm_root, and playbooks whose when: test facts."""
+    for folder in ("playbooks", "templates"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    shutil.copy(REPO / "inventory.yaml", tmp_path / "inventory.yaml")
+    (tmp_path / "playbooks" / "versions.yaml").write_text(
+        "name: versions\nfiles:\n  - path: '{{ sglang_root }}/srt/arg_groups/field_order.py'\n"
+        "    when: \"facts.packages.sglang is defined and facts.packages.sglang.version >= '0.5.20'\"\n"
+        "    edits:\n      - content: '\"x\"'\n        into: POSITIONAL_FIELD_ORDER\n        after_item: y\n"
+        "  - path: '{{ vllm_root }}/engine/arg_utils.py'\n"
+        "    when: \"facts.packages.vllm.version is version('0.8.5', '<')\"\n"
+        "    edits: [{content: 'x = 1', after: 'y'}]\n")
+    books = sorted(f"playbooks/{p.name}" for p in (tmp_path / "playbooks").glob("*.yaml"))
+    assert len(books) == 6
+    proc = run(tmp_path, "lint", *books)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["skipped playbooks/nightly.yaml: a nightly spec, not a playbook",
+                                        "lint: 6 playbooks with inventory.yaml (2 hosts): ok"]
+
+
+def test_lint_without_an_inventory_warns_of_undefined_variables_it_cannot_check(tmp_path: Path) -> None:
+    (tmp_path / "rot.yaml").write_text(GOOD.replace("{{ sglang_root }}", "{{ sglang_rot }}")
+                                       .replace("{{ threshold }}", "{{ threshhold }}"))
+    proc = run(tmp_path, "lint", "rot.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "warning: rot.yaml:4: files[0].path: 'sglang_rot' is undefined (not checked: no inventory)",
+        "warning: rot.yaml:11: server.flags.--speculative-disable-batch-threshold: 'threshhold' is undefined "
+        "(not checked: no inventory)",
+        "lint: 1 playbook: ok, 2 warnings",
+    ]
+    write_inventory(tmp_path)  # ./inventory.yaml now: the same names are errors, both in one run
+    proc = run(tmp_path, "lint", "rot.yaml")
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [
+        "rot.yaml:4: files[0].path: 'sglang_rot' is undefined (for host box)",
+        "rot.yaml:11: server.flags.--speculative-disable-batch-threshold: 'threshhold' is undefined (for host box)",
+        "lint: 1 playbook with inventory.yaml (1 host): 2 problems",
+    ]
+
+
+def test_lint_reports_every_schema_error_of_a_file_in_one_run(tmp_path: Path) -> None:
+    write_inventory(tmp_path)
+    broken = (GOOD.replace("    edits:", "    edtis:").replace("  manager: process", "  manager: systemd")
+              .replace("vars: {threshold: 32}", "vars: {threshold: 32}\nkeep_releases: 0"))
+    (tmp_path / "three.yaml").write_text(broken)
+    (tmp_path / "good.yaml").write_text(GOOD)
+    proc = run(tmp_path, "lint", "three.yaml", "good.yaml")
+    assert proc.returncode == 2
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "three.yaml:3: keep_releases: must be >= 1 (got: 0)"
+    assert lines[1].startswith("three.yaml:6: files[0].edtis: extra key not permitted (did you mean 'edits'?)")
+    assert lines[2].startswith("three.yaml:11: server.manager: expected one of process, commands (got: systemd)")
+    assert lines[3] == "lint: 2 playbooks with inventory.yaml (1 host): 3 problems"
+    assert lines[-1].startswith("lint: 2 playbooks with inventory.yaml (1 host): ")
+    assert not any("edits: field required" in line for line in lines)  # the typo is the cause, not a second error
 
 
 def test_the_default_playbook_is_the_working_directorys_then_the_shipped_one(tmp_path: Path) -> None:

@@ -195,3 +195,36 @@ def test_a_target_with_a_utf8_bom_deploys_and_keeps_its_bom(classic_box: Sandbox
     assert data.startswith(b"\xef\xbb\xbf") and data.count(b"\xef\xbb\xbf") == 1
     assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
     assert "sed -n 79,87p" in err  # the read-back view counts lines as Python does (the BOM is no line)
+
+
+# --------------------------------------------------------------------------- a misspelt near:
+
+
+@pytest.mark.parametrize("layout", sorted(WRITES))
+def test_a_misspelt_near_is_one_line_naming_the_layout_and_the_closest_names(
+    tmp_path: Path, sshd: SshdServer, layout: str
+) -> None:
+    box = sandbox_for(tmp_path, sshd, layout)
+    book = tmp_path / "typo.yaml"
+    book.write_text(Path(PLAYBOOK).read_text().replace(
+        "near: [speculative_accept_threshold_acc, speculative_num_draft_tokens]",
+        "near: speculative_accept_treshold_acc"))
+    before = {p: sha256(p) for p in box.sglang_root.rglob("*.py")}
+    proc = box.orch("deploy", "--host", "gpu", "--check", str(book))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "near:" in line]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    said = {"classic": "the classic layout (SGLang ≤ 0.5.13", "annotated": "the annotated layout (SGLang 0.5.14",
+            "spec": "the spec layout (SGLang ≥ 0.5.20"}[layout]
+    assert f"typo.yaml:{_near_line(book)}: files[0].edits[0].add_flag: near: speculative_accept_treshold_acc " \
+           f"is no flag of {box.server_args}" in lines[0]
+    assert f"it uses {said}" in lines[0]
+    # the spec layout's fields are in modules the misspelt name does not lead to: a second read finds them
+    assert "did you mean: speculative_accept_threshold_acc" in lines[0]
+    assert "cannot tell how" not in lines[0]
+    assert {p: sha256(p) for p in before} == before
+
+
+def _near_line(book: Path) -> int:
+    """The playbook line of the add_flag edit (where its errors point)."""
+    return next(i for i, line in enumerate(book.read_text().splitlines(), 1) if "add_flag:" in line)

@@ -79,7 +79,7 @@ def test_add_flag_and_structural_anchors_render_to_engine_values() -> None:
     flag, call, item = rendered.files[0].edits
     assert flag == FlagRequest(
         name="speculative_disable_batch_threshold", type="int", default=32, help="Threshold 32.",
-        near="speculative_accept_threshold_acc", markers=True, marker_id="t:0.0",
+        near=("speculative_accept_threshold_acc",), markers=True, marker_id="t:0.0",
         file="p.yaml", line=6, key="files[0].edits[0].add_flag",
     )
     assert isinstance(call, EditSpec) and call.anchor == Anchor(
@@ -271,3 +271,72 @@ def test_an_undefined_root_says_no_package_was_found_to_default_it(tmp_path: Pat
     error = json.loads(proc.stdout)["hosts"]["sandbox"]["error"]
     assert "files[0].path: 'sglang_root' is undefined (set it, or install sglang for" in error
     assert "\n" not in error
+
+
+NO_VERSION_BOOK = """\
+name: no-version
+files:
+  - path: '{{ sglang_root }}/srt/server_args.py'
+    when: "%s"
+    edits:
+      - content: 'HERE = 1'
+        after: 'logger = logging.getLogger(__name__)'
+server: {manager: process}
+health: {base_url: 'http://127.0.0.1:{{ port }}', checks: [{get: /health}]}
+"""
+
+
+def test_a_version_test_on_a_package_without_version_metadata_is_an_error_in_both_forms(
+    tmp_path: Path, sshd: SshdServer
+) -> None:
+    """The stand-in runs from a source tree on PYTHONPATH: sglang has a path and no version.
+    A `when:` that tests its version is refused (exit 2, one line), never false (a skipped
+    file) nor a TypeError; the comparison and the `is version(...)` forms say the same."""
+    root = make_tree(tmp_path / "box", layout="classic")
+    box = Sandbox(tmp_path, sshd, free_port(), root, tmp_path / "state")
+    box.write_inventory()
+    server_args = root / "srt" / "server_args.py"
+    before = server_args.read_bytes()
+    forms = {
+        "compare": "facts.packages.sglang.version >= '0.5.20'",
+        "test": "facts.packages.sglang.version is version('0.5.20', '>=')",
+        "guarded": "facts.packages.sglang.version is not none and facts.packages.sglang.version >= '0.5.20'",
+    }
+    errors = {}
+    try:
+        pid = box.start_by_hand()
+        for name, when in forms.items():
+            book = tmp_path / f"{name}.yaml"
+            book.write_text(NO_VERSION_BOOK % when)
+            proc = box.orch("deploy", "--json", "--host", "gpu", str(book))
+            if name == "guarded":  # `is none` tells a missing version apart: false, nothing to do
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+                assert json.loads(proc.stdout)["hosts"]["gpu"]["outcome"] == "unchanged"
+                continue
+            assert proc.returncode == 2, proc.stdout + proc.stderr
+            errors[name] = json.loads(proc.stdout)["hosts"]["gpu"]["error"]
+        assert box.server_pid() == pid  # the running server was not touched
+    finally:
+        box.stop_all()
+    for name, error in errors.items():
+        assert error == (f"{name}.yaml:4: files[0].when: facts.packages.sglang has no version "
+                         "(no installed metadata: a source tree on PYTHONPATH?)")
+    assert server_args.read_bytes() == before
+    assert not (tmp_path / "state" / "releases").exists() or not any((tmp_path / "state" / "releases").iterdir())
+
+
+def test_versions_missing_refuse_every_version_test() -> None:
+    facts = Facts.from_wire({"packages": {"sglang": {"path": "/s/sglang", "version": None},
+                                          "vllm": {"path": "/v/vllm", "version": "0.8.0"}}}).as_var()
+    renderer = Renderer()
+    for expression in ("facts.packages.sglang.version >= '0.5.20'", "'0.5.20' <= facts.packages.sglang.version",
+                       "facts.packages.sglang.version is version('0.5.20', '>=')",
+                       "version(facts.packages.sglang.version) < '1'", "facts.packages.sglang.version == '0.5'"):
+        with pytest.raises(TemplateError) as error:
+            renderer.evaluate(expression, {"facts": facts}, file="p.yaml", line=4, key="files[0].when")
+        assert str(error.value) == ("p.yaml:4: files[0].when: facts.packages.sglang has no version "
+                                    "(no installed metadata: a source tree on PYTHONPATH?)")
+    assert renderer.evaluate("facts.packages.sglang.version is none", {"facts": facts}) is True
+    assert renderer.evaluate("facts.packages.vllm.version is version('0.8', '>=')", {"facts": facts}) is True
+    assert renderer.evaluate("facts.packages.vllm.version >= '0.8'", {"facts": facts}) is True
+    assert renderer.evaluate("facts.packages.vllm.version is none", {"facts": facts}) is False

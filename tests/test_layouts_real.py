@@ -1,7 +1,13 @@
-"""The layout matrix: the shipped flag playbooks on the REAL files of seven releases.
+"""The layout matrix: the shipped flag playbooks on the REAL files of eleven releases.
 
-SGLang 0.4.10.post2 and 0.5.13 (classic), 0.5.14 and 0.5.18 (annotated, NS()
-from 0.5.18), 0.5.23 (spec); vLLM 0.8.5.post1 and 0.33.0 (EngineArgs). The
+SGLang 0.4.3 (classic, beside ``--speculative-num-draft-tokens``: no
+``--speculative-accept-threshold-acc`` yet), 0.4.10.post2 and 0.5.13
+(classic), 0.5.14 and 0.5.18 (annotated, NS() from 0.5.18), 0.5.23 (spec);
+vLLM 0.6.6, 0.7.3 and 0.8.0 (EngineArgs, beside ``--num-speculative-tokens``:
+no ``--speculative-config`` yet), 0.8.5.post1 and 0.33.0. The playbooks'
+``near:`` lists the neighbours in order; the first the file declares wins.
+SGLang 0.3.6 and 0.4.0 declare none of them (no speculative decoding at
+all): the playbook is refused there, naming the names it looked for. The
 files come from the registry (``tests.fixtures.registry``, pinned, cached).
 For each: the unchanged shipped playbook (``speculative-disable.yaml`` on
 SGLang, ``vllm-add-flag.yaml`` on vLLM) is rendered and planned through
@@ -30,11 +36,15 @@ import pytest
 
 from orchestrator.core.edit_spec import Anchor, EditSpec, FilePlan
 from orchestrator.core.edits import plan_file
+from orchestrator.core.facts import Facts
 from orchestrator.core.flags import FlagPlan, expand_edits
 from orchestrator.core.hints import anchor_hints
+from orchestrator.core.layouts import LayoutError, find_layout
+from orchestrator.core.models import parse_playbook
 from orchestrator.core.rendering import render_playbook
 from orchestrator.core.structure import check_structure
-from orchestrator.errors import AnchorError
+from orchestrator.core.templating import Renderer
+from orchestrator.errors import AnchorError, EditError
 from orchestrator.shell import agent
 from orchestrator.shell.config_files import load_playbook, make_renderer
 from tests.fixtures.flag_probe import TolerantParser, load_tolerant, parse
@@ -53,21 +63,37 @@ class Release:
     version: str
     layout: str
     near: str
+    quote: str = '"'  # how the release quotes its flags
 
     @property
     def id(self) -> str:
         return f"{self.product}-{self.version}"
 
 
+SGLANG_NEAR = ("speculative_accept_threshold_acc", "speculative_num_draft_tokens")
+VLLM_NEAR = ("speculative_config", "num_speculative_tokens")
+
 RELEASES = [
+    Release("sglang", "0.4.3", "classic", "speculative_num_draft_tokens"),
     Release("sglang", "0.4.10.post2", "classic", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.13", "classic", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.14", "annotated", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.18", "annotated", "speculative_accept_threshold_acc"),
     Release("sglang", "0.5.23", "spec", "speculative_accept_threshold_acc"),
-    Release("vllm", "0.8.5.post1", "vllm", "speculative_config"),
+    Release("vllm", "0.6.6", "vllm", "num_speculative_tokens", "'"),
+    Release("vllm", "0.7.3", "vllm", "num_speculative_tokens", "'"),
+    Release("vllm", "0.8.0", "vllm", "num_speculative_tokens", "'"),
+    Release("vllm", "0.8.5.post1", "vllm", "speculative_config", "'"),
     Release("vllm", "0.33.0", "vllm", "speculative_config"),
 ]
+REFUSED = [  # no name of the playbook's near: list: not covered (docs/FLAGS.md says so)
+    Release("sglang", "0.3.6", "classic", ""),
+    Release("sglang", "0.4.0", "classic", ""),
+]
+
+
+def release_of(product: str, version: str) -> Release:
+    return next(r for r in RELEASES if (r.product, r.version) == (product, version))
 
 
 def target_of(release: Release) -> Path:
@@ -153,6 +179,13 @@ def _is_call_of(flag: str):  # type: ignore[no-untyped-def]
 def test_the_layout_is_recognised(applied: tuple[Release, Applied]) -> None:
     release, done = applied
     assert [f.layout.kind for f in done.flags] == [release.layout]
+    # the first name of the playbook's near: list that the release declares
+    names = SGLANG_NEAR if release.product == "sglang" else VLLM_NEAR
+    assert done.flags[0].request.near == names
+    assert done.flags[0].layout.near == release.near
+    text = target_of(release).read_text()
+    for earlier in names[: names.index(release.near)]:  # an older release: the newer name is absent
+        assert f"--{earlier.replace('_', '-')}" not in text and f"{earlier}:" not in text
     paths = list(done.plans)
     if release.layout == "spec":  # the field moved to the namespace module server_args.py imports
         assert [Path(p).name for p in paths] == ["spec.py"]
@@ -182,8 +215,7 @@ def test_declarations_land_beside_the_neighbour(applied: tuple[Release, Applied]
         assert result[call_end + shift].strip().endswith(".argument")
         call = result[call_end + shift + 1]
         assert call.endswith(".add_argument(") and call.strip().startswith(("parser.", "speculative_group.", "vllm_group."))
-        quote = "'" if release.version == "0.8.5.post1" else '"'
-        assert result[call_end + shift + 2].strip() == f"{quote}{FLAG}{quote},"
+        assert result[call_end + shift + 2].strip() == f"{release.quote}{FLAG}{release.quote},"
     else:  # one A[...] field, the style of its neighbours; NS() copied on 0.5.18
         block = "\n".join(result[field_end : field_end + 8])
         assert f"{FIELD}: A[" in block and "Optional[int]," in block
@@ -265,9 +297,67 @@ def test_the_patched_file_parses_the_flag_and_the_original_refuses_it(
     assert f"error: unrecognized arguments: {FLAG} 32" in message
 
 
+def test_vllm_0_6_6_skips_the_config_field_of_the_newer_name_for_the_older_flag(tmp_path: Path) -> None:
+    """On a host, the helper follows arg_utils.py's import of vllm/config.py, where
+    ``VllmConfig.speculative_config`` is a plain field (no flag): the newer name is skipped,
+    not blamed, and the flag goes beside --num-speculative-tokens."""
+    root = tmp_path / "vllm"
+    (root / "engine").mkdir(parents=True)
+    shutil.copy(vllm_file("0.6.6"), root / "engine" / "arg_utils.py")
+    shutil.copy(vllm_file("0.6.6", "vllm/config.py"), root / "config.py")
+    target = root / "engine" / "arg_utils.py"
+    related = companions(target, list(VLLM_NEAR))
+    assert list(related) == [str(root / "config.py")]
+    layout = find_layout(str(target), target.read_text(), VLLM_NEAR, related)
+    assert (layout.kind, layout.near, layout.cls) == ("vllm", "num_speculative_tokens", "EngineArgs")
+    with pytest.raises(LayoutError) as error:  # the newer name alone: refused, saying why
+        find_layout(str(target), target.read_text(), "speculative_config", related)
+    message = str(error.value)
+    assert message.startswith(f"near: speculative_config is no flag of {target} or of the 1 module(s) it imports "
+                              f"(speculative_config: only a field of VllmConfig in {root / 'config.py'} (line 2971)")
+    assert "it uses vLLM's EngineArgs layout" in message
+    assert "did you mean: speculative_config" not in message
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.id)
+def test_a_misspelt_near_names_the_layout_and_the_closest_flags(release: Release) -> None:
+    """What the deploy says for a typo: the layout it recognised and the closest flags, on
+    every real file. On the spec layout the pipeline reads the field modules (those with
+    ``A[``) once more for this message; here they are given the same way."""
+    target = target_of(release)
+    typo = release.near.replace("tokens", "tokns").replace("threshold", "treshold").replace("config", "confg")
+    assert typo != release.near
+    related = companions(target, ["A["] if release.layout == "spec" else [typo])
+    with pytest.raises(LayoutError) as error:
+        find_layout(str(target), target.read_text(), typo, related)
+    message = str(error.value)
+    described = "vLLM's EngineArgs layout" if release.layout == "vllm" else f"the {release.layout} layout"
+    assert f"near: {typo} is no flag of {target}" in message
+    assert f"; it uses {described}" in message
+    assert f"; did you mean: {release.near}" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("release", REFUSED, ids=lambda r: r.id)
+def test_a_release_without_any_near_name_is_refused_naming_the_names(release: Release) -> None:
+    """SGLang 0.3.6 and 0.4.0 have no speculative flags at all: no neighbour, no guess."""
+    with pytest.raises(EditError) as error:
+        apply_shipped(release)
+    message = str(error.value)
+    assert message.startswith("playbooks/speculative-disable.yaml:") or "speculative-disable.yaml:" in message
+    assert "files[0].edits[0].add_flag: near: none of " + ", ".join(SGLANG_NEAR) + " is a flag of " in message
+    assert "it uses the classic layout (SGLang ≤ 0.5.13" in message
+    assert "\n" not in message
+    # the release's own parser has no such flag, and none of the neighbours
+    target = str(target_of(release))
+    parser = build_parser(release, {target: Path(target).read_text()})
+    refused, said = parse(parser, [FLAG, "32"])
+    assert refused is None and f"unrecognized arguments: {FLAG} 32" in said
+    assert all(f"--{n.replace('_', '-')}" not in parser._option_string_actions for n in SGLANG_NEAR)  # noqa: SLF001
+
+
 def test_on_the_annotated_layout_a_plain_field_compiles_and_is_not_a_flag() -> None:
     """The trap add_flag avoids: only A[...] fields become flags from 0.5.14 on."""
-    release = RELEASES[2]
+    release = release_of("sglang", "0.5.14")
     target = target_of(release)
     text = target.read_text()
     plain = EditSpec(
@@ -285,7 +375,7 @@ def test_on_the_annotated_layout_a_plain_field_compiles_and_is_not_a_flag() -> N
 
 
 def test_the_storys_anchor_on_the_annotated_layout_says_what_it_means() -> None:
-    release = RELEASES[2]
+    release = release_of("sglang", "0.5.14")
     target = target_of(release)
     story = EditSpec(
         kind="insert",
@@ -309,7 +399,7 @@ def test_the_storys_anchor_on_the_annotated_layout_says_what_it_means() -> None:
 
 
 def test_on_the_spec_layout_the_hint_names_the_field_in_its_module() -> None:
-    release = RELEASES[4]
+    release = release_of("sglang", "0.5.23")
     target = target_of(release)
     story = EditSpec(kind="insert", text="x = 1\n", anchor=Anchor("after", "speculative_accept_threshold_acc:"))
     related = companions(target, [release.near])
@@ -408,6 +498,21 @@ def test_check_with_the_shipped_playbook_plans_the_right_place(
     assert not (tmp_path / "state").exists()  # --check creates nothing on the host
 
 
+@pytest.mark.parametrize("release", REFUSED, ids=lambda r: r.id)
+def test_check_on_a_release_without_any_near_name_exits_2_naming_them(
+    tmp_path: Path, sshd: SshdServer, release: Release
+) -> None:
+    before = target_of(release).read_bytes()
+    code, err, report = check_over_ssh(tmp_path, sshd, release)
+    assert code == 2, err
+    error = report["hosts"]["gpu"]["error"] if report.get("hosts") else report["error"]
+    assert "near: none of speculative_accept_threshold_acc, speculative_num_draft_tokens is a flag of " in error
+    assert error.endswith("server_args.py; it uses the classic layout (SGLang ≤ 0.5.13: a dataclass field and a parser.add_argument call)")
+    host_file = tmp_path / "host" / "sglang" / "srt" / "server_args.py"
+    assert host_file.read_bytes() == before  # nothing changed
+    assert not (tmp_path / "state").exists()
+
+
 # --------------------------------------------------------------------------- an element of a tuple (0.5.23's field order)
 
 
@@ -442,3 +547,33 @@ def test_into_positional_field_order_lands_inside_the_tuple() -> None:
     at = old.index("speculative_accept_threshold_acc") + 1
     assert new == old[:at] + (FIELD,) + old[at:]
     assert not plan_file(str(path), plan.result, [spec]).changed
+
+
+def test_the_docs_field_order_example_appends_as_sglangs_docstring_asks() -> None:
+    """docs/FLAGS.md's `when:` example, run on 0.5.23's field_order.py: its docstring says
+    "Append new built-in fields to this tuple; inserting or regrouping changes existing
+    calls" — the old order stays a prefix (the positional constructor is unchanged)."""
+    root = sglang_tree("0.5.23") / "sglang"
+    path = root / "srt" / "arg_groups" / "field_order.py"
+    text = path.read_text()
+    assert "Append new built-in fields to this tuple; inserting or regrouping changes existing\ncalls." in text
+    docs = (REPO / "docs" / "FLAGS.md").read_text()
+    blocks = [b.split("```")[0] for b in docs.split("```yaml\n")[1:]]
+    block = next(b for b in blocks if "into: POSITIONAL_FIELD_ORDER" in b)
+    book = parse_playbook("name: order\n" + block, "FLAGS.md")
+    edits: list[EditSpec] = []
+    for version, applies in (("0.5.18", False), ("0.5.23", True)):
+        facts = Facts.from_wire({"packages": {"sglang": {"path": str(root), "version": version}}})
+        variables = {"sglang_root": str(root), "facts": facts.as_var()}
+        rendered = render_playbook(book, None, variables, Renderer())
+        assert bool(rendered.files) is applies
+        edits = [e for f in rendered.files for e in f.edits if isinstance(e, EditSpec)]
+    assert [f.path for f in rendered.files] == [str(path)] and len(edits) == 1
+    plan = plan_file(str(path), text, edits)
+    check_structure(plan, edits)
+    before: dict = {}
+    after: dict = {}
+    exec(compile(text, str(path), "exec"), before)  # noqa: S102 - a stdlib-only module of constants
+    exec(compile(plan.result, str(path), "exec"), after)  # noqa: S102
+    assert after["POSITIONAL_FIELD_ORDER"] == before["POSITIONAL_FIELD_ORDER"] + (FIELD,)
+

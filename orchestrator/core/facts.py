@@ -73,10 +73,104 @@ class VersionString(str):
     __hash__ = str.__hash__
 
 
-def version_test(value: Any, other: str, op: str = ">=") -> bool:
-    """The ``version`` Jinja test: ``facts.packages.sglang.version is version('0.5.14', '>=')``."""
-    if value is None:
+class FactError(ValueError):
+    """A test needs a fact the host does not have; the message is the whole refusal."""
+
+
+class NoVersion:
+    """``facts.packages.X.version`` of a package without version metadata (a source tree on
+    ``PYTHONPATH``). A version test on it is an error, never a silent false: a ``when:`` that
+    skipped a file because the version was unknown would deploy a half-applied patch.
+    ``is none`` (and ``== none``) tell it apart, so a playbook can guard on it."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def refuse(self, *_: Any) -> bool:
+        raise FactError(f"facts.packages.{self.package} has no version (no installed metadata: a source tree on PYTHONPATH?)")
+
+    __lt__ = __le__ = __gt__ = __ge__ = refuse
+
+    def __eq__(self, other: object) -> bool:
+        if other is None or isinstance(other, NoVersion):
+            return True
+        return self.refuse()
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __bool__(self) -> bool:
         return False
+
+    def __str__(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return "none"
+
+    __hash__ = object.__hash__
+
+
+class Unknown:
+    """A value ``orch lint`` cannot know without a host: ``facts``, ``sglang_root`` when no var
+    sets it, a var an absent inventory would give. Any attribute, item, operation or
+    comparison of it is unknown too; as a condition it is true, so what it guards is still
+    checked; it renders as ``<name>``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, name: str) -> Unknown:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return Unknown(f"{self.name}.{name}")
+
+    def __getitem__(self, key: Any) -> Unknown:
+        return Unknown(f"{self.name}[{key!r}]")
+
+    def __call__(self, *_: Any, **__: Any) -> Unknown:
+        return self
+
+    def _same(self, *_: Any) -> Unknown:
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __mod__ = _same
+
+    def _true(self, *_: Any) -> bool:
+        return True
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __contains__ = __bool__ = _true  # type: ignore[assignment]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+    def __str__(self) -> str:
+        return f"<{self.name}>"
+
+    __repr__ = __str__
+    __hash__ = object.__hash__
+
+
+def is_none(value: Any) -> bool:
+    """The ``none`` Jinja test, true also for a version that is not there (``NoVersion``)."""
+    return value is None or isinstance(value, NoVersion)
+
+
+def version_of(value: Any) -> Any:
+    """The ``version()`` Jinja global: text that compares as a version (a missing one still refuses)."""
+    return value if isinstance(value, NoVersion | Unknown) else VersionString(str(value))
+
+
+def version_test(value: Any, other: str, op: str = ">=") -> bool:
+    """The ``version`` Jinja test: ``facts.packages.sglang.version is version('0.5.14', '>=')``.
+
+    Agrees with the comparison form: a missing version is an error in both."""
+    if isinstance(value, NoVersion):
+        return value.refuse()
+    if isinstance(value, Unknown):  # orch lint: the guarded part is checked
+        return True
+    if value is None:
+        raise FactError("version test on none (no version to compare)")
     ops = {"<", "<=", ">", ">=", "==", "!=", "lt", "le", "gt", "ge", "eq", "ne"}
     if op not in ops:
         raise ValueError(f"version test: unknown operator {op!r}")
@@ -93,7 +187,8 @@ class Package:
     version: VersionString | None  # from its installed metadata; None for a source tree on PYTHONPATH
 
     def as_var(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "version": self.version}
+        """As templates see it: a missing version is ``NoVersion``, which refuses any version test."""
+        return {"name": self.name, "path": self.path, "version": self.version or NoVersion(self.name)}
 
 
 @dataclass(frozen=True)

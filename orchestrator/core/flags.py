@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.core.anchors import field_statements
 from orchestrator.core.edit_spec import Anchor, EditSpec
-from orchestrator.core.layouts import Layout, LayoutError, find_layout, flag_name
+from orchestrator.core.layouts import SPEC, Layout, LayoutError, NoNeighbour, find_layout, flag_name
 from orchestrator.core.pyindex import PySource
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import EditError
@@ -43,7 +43,7 @@ class FlagRequest:
     type: str  # int, float, str or bool
     default: Any
     help: str
-    near: str  # the neighbour's field name
+    near: tuple[str, ...]  # the neighbours' field names, tried in order (the first the file declares wins)
     markers: bool = True
     marker_id: str = ""
     file: str | None = None
@@ -56,6 +56,39 @@ class FlagRequest:
 
     def error(self, message: str) -> EditError:
         return EditError(message, file=self.file, line=self.line, key=self.key)
+
+
+class NeighbourNotFound(EditError):
+    """No name of the request's ``near`` is a flag of ``path``. On the spec layout the message
+    has no "did you mean" yet: the fields live in modules only a wider read finds
+    (``wider_refusal``)."""
+
+    request: FlagRequest | None = None
+    path: str = ""
+    text: str = ""
+    kind: str | None = None  # a copy made by ``located()`` has none: no wider read then
+
+
+def neighbour_not_found(request: FlagRequest, path: str, text: str, exc: NoNeighbour) -> NeighbourNotFound:
+    error = NeighbourNotFound(str(exc), file=request.file, line=request.line, key=request.key)
+    error.request, error.path, error.text, error.kind = request, path, text, exc.kind
+    return error
+
+
+def wants_wider_read(error: NeighbourNotFound) -> bool:
+    """The spec layout: the closest names are in field modules the first read did not follow."""
+    return error.kind == SPEC and error.request is not None
+
+
+def wider_refusal(error: NeighbourNotFound, companions: Mapping[str, str]) -> EditError:
+    """``error`` again, with the closest names found in ``companions`` (more of the package's modules)."""
+    if error.request is None:
+        return error
+    try:
+        find_layout(error.path, error.text, error.request.near, companions)
+    except LayoutError as exc:
+        return error.request.error(str(exc))
+    return error  # the wider read found it after all: still refused, the first read decides
 
 
 @dataclass(frozen=True)
@@ -110,7 +143,7 @@ def template_context(request: FlagRequest, layout: Layout) -> dict[str, Any]:
         "type": request.type,
         "default": default,
         "help": request.help,
-        "near": request.near,
+        "near": layout.near,
         "layout": layout.kind,
         "cls": layout.cls,
         "type_hint": type_hint(request.type, default, style.optional),
@@ -150,6 +183,8 @@ def plan_flag(
     its fields, one of ``companions``). Raises ``EditError`` at the playbook key."""
     try:
         layout = find_layout(path, text, request.near, companions)
+    except NoNeighbour as exc:
+        raise neighbour_not_found(request, path, text, exc) from None
     except LayoutError as exc:
         raise request.error(str(exc)) from None
     texts = {path: text, **companions}

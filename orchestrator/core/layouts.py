@@ -25,6 +25,7 @@ texts in, a ``Layout`` out; ``LayoutError`` says what was looked for.
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -225,21 +226,52 @@ def _annotated_style(src: PySource, info: StmtInfo, alias: str) -> dict[str, obj
 # --------------------------------------------------------------------------- the layouts
 
 
+class NoNeighbour(LayoutError):
+    """No name of ``near`` is a flag of the file; ``kind`` is the layout the file seems to use.
+
+    The spec layout keeps its fields in modules the misspelt name does not lead to, so the
+    caller may look through more of them (``find_layout`` again, wider ``companions``) for
+    the closest names."""
+
+    def __init__(self, message: str, kind: str | None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Miss(LayoutError):
+    """``near`` names no flag here (not found, or found as something that is no flag): the next name is tried."""
+
+
 def find_layout(
-    path: str, text: str, near: str, companions: Mapping[str, str] | None = None
+    path: str, text: str, near: str | Sequence[str], companions: Mapping[str, str] | None = None
 ) -> Layout:
     """The layout of ``path`` around the neighbour flag ``near``.
 
+    ``near`` is one name or a list of them, tried in order: old releases lack
+    the newest neighbour, so a playbook lists the older ones after it, and the
+    first that is a flag of the file (or of a companion) wins.
     ``companions`` are other modules of the package (path -> text), where
-    the spec layout keeps its fields; the first one declaring ``near`` is it.
-    Raises ``LayoutError`` naming what was looked for.
+    the spec layout keeps its fields; the first one declaring the name is it.
+    Raises ``LayoutError`` naming what was looked for; when nothing matches,
+    it names the layout the file seems to use and the closest names in it.
     """
-    near = field_name(near)
+    names = list(dict.fromkeys(field_name(n) for n in ([near] if isinstance(near, str) else near)))
     src = PySource(path, text)
-    info = _one(field_statements(src, near), f"the field {near}", path)
+    misses: list[str] = []
+    for name in names:
+        try:
+            return _layout_of(src, name, companions or {})
+        except _Miss as miss:
+            misses.append(str(miss))
+    raise NoNeighbour(_nothing_near(path, text, names, misses, companions or {}), describe_file_layout(text))
+
+
+def _layout_of(src: PySource, near: str, companions: Mapping[str, str]) -> Layout:
+    """The layout at the one neighbour ``near``; ``_Miss`` when it is no flag of these files."""
+    info = _one(field_statements(src, near), f"the field {near}", src.path)
     if info is not None:
         return _layout_at(src, info, near)
-    for other, other_text in (companions or {}).items():
+    for other, other_text in companions.items():
         other_src = PySource(other, other_text)
         found = _one(field_statements(other_src, near), f"the field {near}", other)
         if found is None:
@@ -247,20 +279,56 @@ def find_layout(
         node = found.node
         alias = _annotated_alias(node.annotation) if isinstance(node, ast.AnnAssign) else None
         if alias is None:
-            raise LayoutError(
-                f"the field {near} is declared in {other} (line {found.start}) without A[...]: "
-                "a layout add_flag does not know"
+            raise _Miss(
+                f"{near}: only a field of {_class_of(found)} in {other} (line {found.start}), "
+                "without A[...]: not a flag"
             )
         style = Style(optional=_optional_style(other_src, found), **_annotated_style(other_src, found, alias))  # type: ignore[arg-type]
         cls = _class_of(found)
         return Layout(SPEC, cls, near, (Declaration("annotated_field", other, "field", f"{cls}.{near}"),), style)
-    looked = f" nor in {len(companions)} module(s) it imports" if companions else ""
-    raise LayoutError(
-        f"cannot tell how {path} declares flags: no class field {near}: in it{looked}; looked for "
-        f"a dataclass field with a parser.add_argument call for {flag_name(near)} (SGLang ≤ 0.5.13, "
-        f"vLLM), an A[type, help] field (SGLang 0.5.14–0.5.19), and A[...] fields in the modules "
-        f"it imports (SGLang ≥ 0.5.20)"
-    )
+    raise _Miss(f"{near}: no class field of that name")
+
+
+def _nothing_near(
+    path: str, text: str, names: list[str], misses: list[str], companions: Mapping[str, str]
+) -> str:
+    """The refusal when no name of ``near`` is a flag: what was looked for, the layout the
+    file seems to use, and the names in it closest to those asked for."""
+    kind = describe_file_layout(text)
+    wanted = ", ".join(names)
+    looked = f" or of the {len(companions)} module(s) it imports" if companions else ""
+    subject = f"near: {wanted} is no flag" if len(names) == 1 else f"near: none of {wanted} is a flag"
+    why = "; ".join(m for m in misses if "no class field" not in m)
+    why = f" ({why})" if why else ""
+    close = close_flag_names(names, [text, *companions.values()])
+    hint = f"; did you mean: {', '.join(close)}" if close else ""
+    if kind is None:
+        return (
+            f"cannot tell how {path} declares flags: {subject} in it{looked}{why}; looked for "
+            f"a dataclass field with a parser.add_argument call (SGLang ≤ 0.5.13, vLLM), an A[type, help] "
+            f"field (SGLang 0.5.14–0.5.19), and A[...] fields in the modules it imports (SGLang ≥ 0.5.20){hint}"
+        )
+    return f"{subject} of {path}{looked}{why}; it uses {LAYOUT_NAMES[kind]}{hint}"
+
+
+_ANNOTATED_ROW = re.compile(r"^[ \t]+([A-Za-z_]\w*)[ \t]*:[ \t]*(?:A|Annotated)\[", re.MULTILINE)
+_FLAG_STRING = re.compile(r"[\"']--([A-Za-z][\w-]*)[\"']")
+
+
+def close_flag_names(names: Sequence[str], texts: Sequence[str], limit: int = 3) -> list[str]:
+    """The flags of ``texts`` (``"--x"`` strings, ``A[...]`` fields) closest to ``names`` (difflib),
+    best first; never one of ``names`` (those were looked for and are no flag)."""
+    known: set[str] = set()
+    for text in texts:
+        known.update(_ANNOTATED_ROW.findall(text))
+        known.update(field_name(flag) for flag in _FLAG_STRING.findall(text))
+    known -= set(names)
+    scored: dict[str, float] = {}
+    for name in names:
+        for match in difflib.get_close_matches(name, sorted(known), n=limit, cutoff=0.6):
+            ratio = difflib.SequenceMatcher(None, name, match).ratio()
+            scored[match] = max(scored.get(match, 0.0), ratio)
+    return sorted(scored, key=lambda m: -scored[m])[:limit]
 
 
 def _layout_at(src: PySource, info: StmtInfo, near: str) -> Layout:
@@ -277,10 +345,9 @@ def _layout_at(src: PySource, info: StmtInfo, near: str) -> Layout:
         )
     found = _neighbour_call(src, near)
     if found is None:
-        raise LayoutError(
-            f"{cls}.{near} in {path} (line {info.start}) is a plain field and no add_argument call "
-            f"declares {flag_name(near)}: a plain field there is not a flag; looked for "
-            f"*.add_argument({flag_name(near)!r}, …) and an A[type, help] annotation"
+        raise _Miss(
+            f"{near}: {cls}.{near} (line {info.start}) is a plain field and no add_argument call "
+            f"declares {flag_name(near)}: not a flag"
         )
     call_info, call = found
     style = Style(optional=optional, **_call_style(src, call))  # type: ignore[arg-type]

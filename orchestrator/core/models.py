@@ -239,27 +239,45 @@ class CallAnchor(_Model):
     arg: str | None = Field(None, min_length=1)
 
 
+def _flag_word(value: str) -> str:
+    """A field name or a ``--flag`` (a template is checked once rendered)."""
+    stem = value.strip()
+    if "{" not in stem and not FLAG_NAME.fullmatch(stem):
+        raise ValueError(f"expected a field name or a --flag (got: {value!r})")
+    return stem
+
+
 class FlagEdit(_Model):
     """``add_flag``: a new server flag, declared the way the file's release declares flags.
 
     ``name`` is the field (``speculative_disable_batch_threshold``) or the flag
     (``--speculative-disable-batch-threshold``); ``near`` the neighbouring
-    flag it goes after, in either form.
+    flag it goes after, in either form, or a list of them: the first the file
+    declares wins (older releases lack the newer neighbours).
     """
 
     name: str = Field(min_length=1)
     type: Literal["int", "float", "str", "bool"] = "str"
     default: Any = None
     help: str = ""
-    near: str = Field(min_length=1)
+    near: str | list[str] = Field(min_length=1)
 
-    @field_validator("name", "near")
+    @field_validator("name")
     @classmethod
     def _flag_like(cls, value: str) -> str:
-        stem = value.strip()
-        if "{" not in stem and not FLAG_NAME.fullmatch(stem):  # a template is checked once rendered
-            raise ValueError(f"expected a field name or a --flag (got: {value!r})")
-        return stem
+        return _flag_word(value)
+
+    @field_validator("near")
+    @classmethod
+    def _flags_like(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            return _flag_word(value)
+        return [_flag_word(one) for one in value]
+
+    @property
+    def near_names(self) -> list[str]:
+        """``near`` as a list, in the playbook's order."""
+        return [self.near] if isinstance(self.near, str) else list(self.near)
 
     @model_validator(mode="after")
     def _default_fits(self) -> FlagEdit:
@@ -737,12 +755,33 @@ def _parse(model: type[M], text: str, filename: str) -> M:
     return result
 
 
+class SchemaError(ConfigError):
+    """The first schema problem of a file (what a deploy prints), carrying all of them in
+    file order (``problems``): ``orch lint`` reports every one in a single run."""
+
+    problems: tuple[ConfigError, ...] = ()
+
+
 def _config_error(exc: ValidationError, doc: SourceDoc, root: type[BaseModel]) -> ConfigError:
-    """One ``ConfigError`` for the first of pydantic's errors (unknown keys first), located."""
+    """One ``ConfigError`` for the first of pydantic's errors (unknown keys first), located;
+    all of them, one per key, in its ``problems``."""
     errors = exc.errors(include_url=False)
     # A typo'd key also makes the real key "missing": name the typo, it is the cause.
-    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = _data_loc(doc.data, error["loc"])
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    typo_parents = {_data_loc(doc.data, e["loc"])[:-1] for e in errors if e["type"] == "extra_forbidden"}
+    located: dict[Loc, ConfigError] = {}
+    for error in [first, *errors]:
+        loc = _data_loc(doc.data, error["loc"])
+        if loc in located or (error["type"] == "missing" and loc[:-1] in typo_parents):
+            continue  # a union's other branches; the key a typo left missing
+        located[loc] = _located_error(error, doc, root, loc)
+    head = next(iter(located.values()))
+    out = SchemaError(head.message, file=head.file, line=head.line, key=head.key)
+    out.problems = tuple(sorted(located.values(), key=lambda e: (e.line or 0, e.key or "")))
+    return out
+
+
+def _located_error(error: Any, doc: SourceDoc, root: type[BaseModel], loc: Loc) -> ConfigError:
     message = _message(error, root, loc)
     if error["type"] in ("missing", "extra_forbidden"):
         line = doc.line_of(loc) if error["type"] == "extra_forbidden" else doc.line_of(loc[:-1])

@@ -403,6 +403,14 @@ def _anchor(edit: Edit, key: str, loc: Loc, ctx: _Ctx) -> Anchor:
     )
 
 
+def _flag_field(value: str, ctx: _Ctx, loc: Loc) -> str:
+    """A rendered ``add_flag`` name as its field name; anything else is refused at ``loc``."""
+    value = value.strip()
+    if not FLAG_NAME.fullmatch(value):
+        raise ConfigError(f"expected a field name or a --flag (got: {value!r})", **ctx.where(loc))
+    return field_name(value)
+
+
 def _flag(edit: Edit, loc: Loc, ctx: _Ctx, common: dict[str, Any]) -> FlagRequest:
     flag = edit.add_flag
     assert flag is not None
@@ -417,20 +425,19 @@ def _flag(edit: Edit, loc: Loc, ctx: _Ctx, common: dict[str, Any]) -> FlagReques
         not isinstance(default, expected) or (flag.type != "bool" and isinstance(default, bool))
     ):
         raise ConfigError(f"default {default!r} is not a {flag.type}", **ctx.where((*base, "default")))
-    names = {}
-    for key in ("name", "near"):
-        value = ctx.string(getattr(flag, key), (*base, key)).strip()
-        if not FLAG_NAME.fullmatch(value):
-            raise ConfigError(
-                f"expected a field name or a --flag (got: {value!r})", **ctx.where((*base, key))
-            )
-        names[key] = field_name(value)
+    name = _flag_field(ctx.string(flag.name, (*base, "name")), ctx, (*base, "name"))
+    near_locs: list[Loc] = (
+        [(*base, "near", i) for i in range(len(flag.near))] if isinstance(flag.near, list) else [(*base, "near")]
+    )
+    near = tuple(
+        _flag_field(ctx.string(one, at), ctx, at) for one, at in zip(flag.near_names, near_locs, strict=True)
+    )
     return FlagRequest(
-        name=names["name"],
+        name=name,
         type=flag.type,
         default=float(default) if flag.type == "float" and default is not None else default,
         help=ctx.string(flag.help, (*base, "help")),
-        near=names["near"],
+        near=near,
         **common,
         **ctx.where(base),
     )

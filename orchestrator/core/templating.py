@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from orchestrator.core.facts import VersionString, version_test
+from orchestrator.core.facts import FactError, is_none, version_of, version_test
 from orchestrator.errors import ConfigError, TemplateError
 
 Lookup = Callable[[str], "str | None"]
@@ -61,8 +61,10 @@ class Renderer:
         )
         # Versions compare as versions (packaging.version), never as text:
         # ``x is version('0.5.14', '>=')`` or ``version(x) >= '0.5.14'``.
+        # A package without version metadata refuses both forms (FactError), and is ``none``.
         self.env.tests["version"] = version_test
-        self.env.globals["version"] = lambda text: VersionString(str(text))
+        self.env.tests["none"] = is_none
+        self.env.globals["version"] = version_of
         # Inline strings compiled once per renderer, not once per host: a fleet renders
         # the same playbook strings for every host (Jinja caches only named templates).
         self._compiled: dict[str, jinja2.Template] = {}
@@ -123,6 +125,8 @@ class Renderer:
             message = str(exc.message or exc)
         except jinja2.exceptions.SecurityError as exc:
             message = f"unsafe template operation refused: {exc}"
+        except FactError as exc:
+            message = str(exc)
         except Exception as exc:  # a comparison or a test failed inside the expression
             message = f"{type(exc).__name__}: {exc}"
         raise TemplateError(" ".join(message.split()), file=file, line=line, key=key)
@@ -211,6 +215,9 @@ class Renderer:
         except jinja2.UndefinedError as exc:
             failure = exc
             message = str(exc.message or exc)
+        except FactError as exc:
+            failure = exc
+            message = str(exc)
         except Exception as exc:  # a filter or an operation failed inside the template
             failure = exc
             message = f"template error: {type(exc).__name__}: {exc}"

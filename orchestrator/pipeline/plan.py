@@ -36,7 +36,13 @@ from orchestrator.core.facts import (
     deferred_root_vars,
     packages_to_gather,
 )
-from orchestrator.core.flags import FlagRequest, expand_edits
+from orchestrator.core.flags import (
+    FlagRequest,
+    NeighbourNotFound,
+    expand_edits,
+    wants_wider_read,
+    wider_refusal,
+)
 from orchestrator.core.hints import anchor_hints
 from orchestrator.core.layouts import field_name
 from orchestrator.core.preflight import default_preflight, render_preflight
@@ -291,7 +297,10 @@ def make_plan(
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
     read = dict(zip(host["paths"], host["files"], strict=False))
-    planned, notes = _plan_files(target, loaded, rendered, read, host["companions"], paths, renderer, variables)
+    try:
+        planned, notes = _plan_files(target, loaded, rendered, read, host["companions"], paths, renderer, variables)
+    except NeighbourNotFound as e:
+        raise _with_closest_names(session, e) from None
     files_changed = any(p.changed for p in planned)
     refusal: str | None = None
     try:
@@ -351,8 +360,8 @@ def _follow(pb: Any, variables: dict[str, Any], renderer: Renderer) -> list[dict
         names = []
         for edit in entry.edits:
             if edit.add_flag is not None:
-                near = _early_string(edit.add_flag.near, variables, renderer) or edit.add_flag.near
-                names.append(field_name(near))
+                for near in edit.add_flag.near_names:
+                    names.append(field_name(_early_string(near, variables, renderer) or near))
         if names:
             out.append({"index": index, "names": sorted(set(names))})
     return out
@@ -452,6 +461,24 @@ def planned_file(path: str, text: str, specs: list[EditSpec], comment: str | Non
             while len(_plans) > PLAN_MEMO_SIZE:
                 _planning.pop(_plans.popitem(last=False)[0], None)
         return fplan
+
+
+FIELD_MODULES = "A["
+"""What the field modules of SGLang's spec layout contain (``name: A[...]``): a wider read follows these."""
+
+
+def _with_closest_names(session: HostSession, error: NeighbourNotFound) -> OrchError:
+    """A ``near:`` that names no flag, on the spec layout: one more round trip (only on this
+    refusal) reads the field modules the file imports, so the message can name the closest."""
+    if not wants_wider_read(error):
+        return error
+    try:
+        (host,) = session.batch([ops.read_host([error.path], follow=[{"index": 0, "names": [FIELD_MODULES]}])])
+        modules = [RemoteFile.from_wire(c) for c in host["companions"].get("0", [])]
+        texts = {m.path: m.data.decode("utf-8") for m in modules}
+    except (OrchError, UnicodeDecodeError, KeyError):
+        return error  # the refusal stands without suggestions
+    return wider_refusal(error, texts)
 
 
 def _text(remote: RemoteFile, target: HostTarget, loaded: LoadedPlaybook, key: str) -> str:

@@ -27,8 +27,11 @@ def lint(out: OutputFlags, inventory: str | None, cli_vars: tuple[str, ...],
     """Check PLAYBOOKS (default: the one deploy would use) and the inventory.
 
     Parse, schema, template syntax, and undefined variables, rendering each
-    playbook for every inventory host with its vars. No host is contacted.
-    Exit codes: 0 no problem; 2 problems (one line each, file:line: key).
+    playbook for every inventory host with its vars. No host is contacted:
+    facts and the defaults from them (sglang_root, vllm_root) are not
+    checked; without an inventory, other undefined variables are warnings.
+    Exit codes: 0 no problem (warnings allowed); 2 problems (one line each,
+    file:line: key).
     """
     from orchestrator.pipeline.lint import lint as run_lint
     from orchestrator.shell.config_files import find_playbook
@@ -40,15 +43,19 @@ def lint(out: OutputFlags, inventory: str | None, cli_vars: tuple[str, ...],
     report = run_lint(paths, inventory, variables)
     for problem in report.problems:
         output.line(str(problem), "red")
+    for warning in report.warnings:
+        output.line(f"warning: {warning}", "yellow")
     for skipped in report.skipped:
         if not output.quiet:
             output.line(f"skipped {skipped}", "dim")
     if not output.quiet or report.problems:
         where = f" with {report.inventory} ({len(report.hosts)} host"
         where = (where + f"{'s' if len(report.hosts) != 1 else ''})") if report.inventory else ""
-        found = len(report.problems)
+        found, warned = len(report.problems), len(report.warnings)
         verdict = f"{found} problem{'s' if found != 1 else ''}" if found else "ok"
-        output.line(f"lint: {len(report.playbooks)} playbook{'s' if len(report.playbooks) != 1 else ''}"
+        if warned:
+            verdict += f", {warned} warning{'s' if warned != 1 else ''}"
+        output.line(f"lint: {report.given} playbook{'s' if report.given != 1 else ''}"
                     f"{where}: {verdict}", "red" if found else "green")
     if out.as_json:
         output.emit_json(report.to_json())
