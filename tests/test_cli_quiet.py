@@ -7,9 +7,10 @@ The real ``orch`` in a subprocess over real sshd, against the stand-in server.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tests.fixtures.sandbox import Sandbox
-from tests.test_cli import run
+from tests.test_cli import REPO, run
 
 
 def test_quiet_status_and_history_say_one_line_per_host(sandbox: Sandbox) -> None:
@@ -78,3 +79,12 @@ def test_history_release_prints_one_release_in_full(sandbox: Sandbox) -> None:
     missing = run(sandbox, "history", "--host", "gpu", "--release", "zzzz")
     assert missing.returncode == 2
     assert missing.stdout.strip() == "gpu: no release zzzz"
+
+
+def test_quiet_lint_still_says_its_outcome(tmp_path: Path) -> None:
+    from tests.test_cli import run
+
+    proc = run(tmp_path, "lint", "-q", str(REPO / "playbooks" / "speculative-disable.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("lint: 1 playbook"), proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith("ok") or "warning" in proc.stdout

@@ -48,15 +48,15 @@ def lint(out: OutputFlags, inventory: str | None, cli_vars: tuple[str, ...],
     for skipped in report.skipped:
         if not output.quiet:
             output.line(f"skipped {skipped}", "dim")
-    if not output.quiet or report.problems:
-        where = f" with {report.inventory} ({len(report.hosts)} host"
-        where = (where + f"{'s' if len(report.hosts) != 1 else ''})") if report.inventory else ""
-        found, warned = len(report.problems), len(report.warnings)
-        verdict = f"{found} problem{'s' if found != 1 else ''}" if found else "ok"
-        if warned:
-            verdict += f", {warned} warning{'s' if warned != 1 else ''}"
-        output.line(f"lint: {report.given} playbook{'s' if report.given != 1 else ''}"
-                    f"{where}: {verdict}", "red" if found else "green")
+    # the outcome line, -q included (docs/CLI.md: -q keeps each outcome)
+    where = f" with {report.inventory} ({len(report.hosts)} host"
+    where = (where + f"{'s' if len(report.hosts) != 1 else ''})") if report.inventory else ""
+    found, warned = len(report.problems), len(report.warnings)
+    verdict = f"{found} problem{'s' if found != 1 else ''}" if found else "ok"
+    if warned:
+        verdict += f", {warned} warning{'s' if warned != 1 else ''}"
+    output.line(f"lint: {report.given} playbook{'s' if report.given != 1 else ''}"
+                f"{where}: {verdict}", "red" if found else "green")
     if out.as_json:
         output.emit_json(report.to_json())
     return report.exit_code
