@@ -14,8 +14,10 @@ from orchestrator.cli.options import OutputFlags, output_options
                    "to go on with deploy, rollback, history there; see docs/CLI.md.")
 @output_options
 def demo(out: OutputFlags, which: str | None, keep: bool) -> int:
-    """A local sandbox host with a stand-in SGLang server: deploy, a bad flag rolled back
-    automatically, orch rollback, the history.
+    """A local sandbox host with a stand-in SGLang server, in six steps: a deploy with a
+    performance gate; a change that halves throughput, rolled back by the gate; a
+    misspelt flag, refused by the pre-flight before the server is touched; a server that
+    crashes at start, rolled back by itself; orch rollback; the history.
 
     `orch demo nightly`: nights of the stand-in instead: built from a git
     repository at a pinned commit, patched, switched, probed; a night that
