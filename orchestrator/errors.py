@@ -154,3 +154,13 @@ class LinkLostError(OrchError):
     """
 
     exit_code = 2
+
+
+class MalformedReplyError(LinkLostError):
+    """A host's helper answered something the controller cannot use (not JSON, nested
+    too deep, a wrong type, a missing key): the link is closed and not trusted again.
+
+    A lost link as far as what happened on the host is concerned (after the commit,
+    the host is in an unknown state: ``unreachable``, exit 3), but a refusal of that
+    one host before anything changed (``failed``, exit 2): the host answered, badly.
+    """
