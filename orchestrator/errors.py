@@ -100,6 +100,12 @@ class UnreachableError(RefusedError):
     """The host could not be reached or logged into."""
 
 
+class BecomeRefusedError(RefusedError):
+    """``become`` is set and the host's sudo refused to run orch's helper (it asks for a
+    password, the user is not in sudoers, sudo is missing): the host was reached, and
+    refused — the host's ``failed``, not ``unreachable``."""
+
+
 class LockHeldError(RefusedError):
     """Another deploy holds the host's lock."""
 

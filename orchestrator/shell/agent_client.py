@@ -20,13 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import (
+    BecomeRefusedError,
     LinkLostError,
     MalformedReplyError,
     RemoteError,
     UnreachableError,
 )
 from orchestrator.shell.replies import Envelope, Malformed, decode
-from orchestrator.shell.transport import RemoteProcess, Transport
+from orchestrator.shell.transport import (
+    PumpedProcess,
+    RemoteProcess,
+    Transport,
+    explain_become_failure,
+)
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
 HELPER_ID = hashlib.sha256(AGENT_SOURCE.encode("utf-8")).hexdigest()[:16]
@@ -134,6 +140,8 @@ class Agent:
             except LinkLostError as e:
                 raise UnreachableError(f"{label}: orch's helper did not start: {e}") from None
             if not line:
+                if self.transport.target.become:
+                    self._refuse_become(proc)
                 err = proc.stderr_text().strip().splitlines()
                 tail = err[-1] if err else "no output"
                 raise UnreachableError(
@@ -155,6 +163,23 @@ class Agent:
                     raise self.malformed("hello", Malformed("result is not an object"))
                 return self
         raise UnreachableError(f"{label}: orch's helper never said it was ready")
+
+    def _refuse_become(self, proc: RemoteProcess) -> None:
+        """The helper ended before its ready line under ``become``: if sudo is why (a password
+        prompt it may not show, no sudoers entry, no sudo), that is a refusal naming the host."""
+        rc = proc.wait(5.0)
+        stderr = proc.stderr_bytes(settle=2.0) if isinstance(proc, PumpedProcess) else proc.stderr_text()
+        reason = explain_become_failure(rc, stderr)
+        if reason is None:
+            return
+        label = self.transport.target.label
+        if "needs a password" in reason:
+            user = self.transport.target.user or "the login user"
+            raise BecomeRefusedError(
+                f"sudo asks for a password on {label}: become: true runs `sudo -n`, which never prompts; "
+                f"allow passwordless sudo (NOPASSWD) for {user}, or set become: false"
+            )
+        raise BecomeRefusedError(f"{label}: {reason}")
 
     def call(
         self,
