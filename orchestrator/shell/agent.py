@@ -115,6 +115,14 @@ def expand(path):
     return os.path.abspath(os.path.expanduser(path))
 
 
+def named(error, path):
+    """``error`` saying which file: a failed ``write``/``fsync`` (ENOSPC, EIO, EDQUOT)
+    carries no file name, so "No space left on device" alone would not say where."""
+    if isinstance(error, OSError) and error.filename is None and error.errno is not None:
+        return OSError(error.errno, error.strerror or os.strerror(error.errno), path)
+    return error
+
+
 def write_atomic(path, data, mode=None, uid=None, gid=None):
     """Write ``data`` to ``path`` by a rename from a sibling, fsynced.
 
@@ -137,11 +145,13 @@ def write_atomic(path, data, mode=None, uid=None, gid=None):
             except PermissionError:
                 pass
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise named(e, path) from e
         raise
     fsync_dir(directory)
 
@@ -761,8 +771,12 @@ def op_commit(files, release_dir=None):
                     "nothing was written" % (f["path"], live, f["before"]), path=f["path"], committed=[])
             checked.append((f, real))
         if release_dir:
-            with open(os.path.join(expand(release_dir), "commit.started"), "w") as mark:
-                mark.write("%f\n" % time.time())
+            started = os.path.join(expand(release_dir), "commit.started")
+            try:
+                with open(started, "w") as mark:
+                    mark.write("%f\n" % time.time())
+            except OSError as e:
+                raise named(e, started) from e
         for f, real in checked:
             try:
                 st = os.stat(real)
@@ -888,7 +902,7 @@ def op_lock_acquire(state_dir, holder, replace_token=None):
         os.close(fd)
         if e.errno == errno.EEXIST:
             return {"acquired": False, "holder": lock_view(path) or {}}
-        raise
+        raise named(e, path) from e
     finally:
         try:
             os.unlink(tmp)
@@ -1028,8 +1042,11 @@ def op_release_prune(state_dir, remove):
 @op("release_log")
 def op_release_log(state_dir, release_id, text):
     path = os.path.join(expand(state_dir), "releases", release_id, "run.log")
-    with open(path, "a") as f:
-        f.write(text)
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+    except OSError as e:
+        raise named(e, path) from e
     return True
 
 
