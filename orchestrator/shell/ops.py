@@ -36,7 +36,7 @@ FILE = {"path": str, "real": Opt(str), "exists": bool, "mode": Opt(int), "uid": 
 PROCESS = {"pid": Opt(int), "pgid": Opt(int), "argv": Opt(ListOf(str)), "cwd": Opt(str),
            "env": Opt(DictOf(str)), "starttime": Opt(Number), "found_by": Opt(str)}
 LOCK = {"acquired": bool, "holder": Opt(dict), "token": Opt(str)}
-STATE = {"root": str, "exists": Opt(bool), "journal": Opt(dict), "state": {"applied": ListOf(str)},
+STATE = {"root": str, "exists": Opt(bool), "journal": Opt(dict), "state": {"applied": Opt(ListOf(str))},
          "lock": Opt(dict), "releases": ListOf(dict)}
 RUN = {"rc": int, "stdout": str, "stderr": str}
 READ_HOST = {"facts": Opt(dict), "paths": ListOf(str), "files": ListOf(FILE), "companions": DictOf(ListOf(FILE)),
