@@ -12,6 +12,7 @@ host would send it. Through the real CLI over real sshd, with ``--json``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,7 +132,7 @@ def test_garbage_after_the_commit_is_unreachable_with_what_is_known(sandbox: San
     host = as_json(proc)["hosts"]["gpu"]
     assert host["outcome"] == "unreachable"
     assert_one_line_naming(host["error"], "gpu", "batch")
-    assert "result has 0 answers for 4 steps" in host["error"]
+    assert re.search(r"result has 0 answers for \d+ steps", host["error"]), host["error"]
     # what is known: the release, its files, and who restores it
     assert host["release"] and host["files"] == [str(sandbox.server_args)]
     assert "watchdog restores it" in host["error"] and "orch rollback --host gpu" in host["error"]
