@@ -100,6 +100,12 @@ class UnreachableError(RefusedError):
     """The host could not be reached or logged into."""
 
 
+class BecomeRefusedError(RefusedError):
+    """``become`` is set and the host's sudo refused to run orch's helper (it asks for a
+    password, the user is not in sudoers, sudo is missing): the host was reached, and
+    refused — the host's ``failed``, not ``unreachable``."""
+
+
 class LockHeldError(RefusedError):
     """Another deploy holds the host's lock."""
 
@@ -154,3 +160,13 @@ class LinkLostError(OrchError):
     """
 
     exit_code = 2
+
+
+class MalformedReplyError(LinkLostError):
+    """A host's helper answered something the controller cannot use (not JSON, nested
+    too deep, a wrong type, a missing key): the link is closed and not trusted again.
+
+    A lost link as far as what happened on the host is concerned (after the commit,
+    the host is in an unknown state: ``unreachable``, exit 3), but a refusal of that
+    one host before anything changed (``failed``, exit 2): the host answered, badly.
+    """

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from orchestrator.core.restore import RestoreRecord
-from orchestrator.errors import HostKeyError, LinkLostError, PreflightRefusedError, UnreachableError
+from orchestrator.errors import (
+    HostKeyError,
+    LinkLostError,
+    MalformedReplyError,
+    PreflightRefusedError,
+    UnreachableError,
+)
 
 
 class Step(IntEnum):
@@ -61,6 +67,8 @@ def verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None =
         return Verdict("rolled_back", 1)
     if isinstance(cause, UnreachableError | HostKeyError):
         return Verdict("unreachable", 2)
+    if isinstance(cause, MalformedReplyError) and reached < Step.COMMITTING:
+        return Verdict("failed", 2)  # the host answered, badly: a refusal of that host, nothing changed
     if isinstance(cause, LinkLostError):
         return Verdict("unreachable", 2 if reached < Step.COMMITTING else 3)
     if reached < Step.COMMITTING:

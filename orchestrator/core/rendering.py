@@ -39,7 +39,7 @@ from orchestrator.core.models import (
 from orchestrator.core.secrets import secret_names as find_secret_names
 from orchestrator.core.target import HostTarget
 from orchestrator.core.templating import Renderer
-from orchestrator.core.yamlsrc import Loc
+from orchestrator.core.yamlsrc import Loc, load_value
 from orchestrator.errors import ConfigError
 
 FORCED_BUILTINS = ("python", "facts")
@@ -67,7 +67,7 @@ def parse_cli_vars(items: Sequence[str | Mapping[str, Any]]) -> dict[str, Any]:
         if not sep or not name or any(c.isspace() for c in name):
             raise ConfigError(f"expected k=v (got: {item!r})", key="--var")
         try:  # the help says YAML: a value YAML cannot read is a mistake, not a string
-            yaml.safe_load(text)
+            load_value(text, f"--var {name}")  # budgeted: nesting 100,000 deep is refused, not a traceback
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or "not valid YAML"
             raise ConfigError(
@@ -84,8 +84,8 @@ def yaml_scalar(text: str) -> Any:
     if not text.strip():
         return text
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = load_value(text, "value")
+    except (yaml.YAMLError, ConfigError):
         return text
     if value is None or isinstance(value, str | int | float | bool):
         return value

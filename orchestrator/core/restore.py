@@ -150,10 +150,15 @@ class FileOutcome:
     path: str
     action: str  # unchanged | restored | removed | left
     drift: str | None = None  # where the content orch did not write was saved
+    earlier: str | None = None  # restored by an earlier, unfinished restore of the release (its ``by``)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> FileOutcome:
-        return cls(data["path"], data.get("action", "?"), data.get("drift"))
+        return cls(data["path"], data.get("action", "?"), data.get("drift"), data.get("earlier"))
+
+    @property
+    def shown(self) -> str:
+        return f"{self.path} (by the {self.earlier}'s earlier restore)" if self.earlier else self.path
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,8 @@ class RestoreRecord:
     record_errors: list[str]
     already: bool
     log_tail: list[str]
+    listening: dict[str, Any] | None = None  # a failed restore: who listens on the health port now
+    committed: bool | None = None  # whether the commit had begun (None: a record from before this was kept)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> RestoreRecord:
@@ -188,6 +195,8 @@ class RestoreRecord:
             record_errors=list(data.get("record_errors") or []),
             already=bool(data.get("already")),
             log_tail=list(data.get("log_tail") or []),
+            listening=data.get("listening") if isinstance(data.get("listening"), dict) else None,
+            committed=data.get("committed") if isinstance(data.get("committed"), bool) else None,
         )
 
     @property
@@ -211,11 +220,13 @@ class RestoreRecord:
         parts: list[str] = []
         by_action: dict[str, list[str]] = {}
         for f in self.files:
-            by_action.setdefault(f.action, []).append(f.path)
+            by_action.setdefault(f.action, []).append(f.shown)
         if by_action.get("restored") or by_action.get("removed"):
             parts.append("files restored: " + ", ".join(by_action.get("restored", []) + by_action.get("removed", [])))
         if by_action.get("unchanged"):
-            parts.append("untouched (never written): " + ", ".join(by_action["unchanged"]))
+            # "never written" only where the commit provably never began
+            said = "untouched (never written)" if self.committed is False else "already as before (not rewritten)"
+            parts.append(f"{said}: " + ", ".join(by_action["unchanged"]))
         if by_action.get("left"):
             parts.append("changed by someone else, left as is: " + ", ".join(by_action["left"]))
         if not self.files and not planned and not self.links:
@@ -237,7 +248,20 @@ class RestoreRecord:
             parts.append(_describe_server(self.server, self.health))
         if self.error:
             parts.append(f"FAILED: {self.error}")
+            if self.listening:
+                parts.append(_describe_listening(self.listening))
         return "; ".join(parts) or "nothing needed restoring"
+
+
+def _describe_listening(listening: dict[str, Any]) -> str:
+    """Whether the host still serves after a failed restore: said, never left to guess."""
+    port = listening.get("port")
+    if listening.get("listening") is None:
+        return f"whether a server listens on port {port} is not known"
+    if not listening.get("listening"):
+        return f"nothing is listening on port {port}: the server is down"
+    pid = listening.get("pid")
+    return f"a server is listening on port {port}" + (f" (pid {pid})" if pid else " (pid not visible)")
 
 
 def _describe_server(server: dict[str, Any], health: dict[str, Any] | None) -> str:

@@ -4,20 +4,119 @@ Templates come from playbooks people share, so they render in Jinja2's
 immutable sandbox with ``StrictUndefined``: a typo'd variable is an error,
 never an empty string spliced into ``server_args.py``. The file reading is
 injected (``lookup``) so this module stays pure; the shell layer supplies it.
+
+Rendering has a budget, the deterministic stand-in for a time limit (core
+does no I/O and keeps no clocks; nested loops once rendered for minutes):
+each render (one string, one template file, one ``when:``) may take at most
+``MAX_TEMPLATE_STEPS`` loop iterations plus calls (every ``{% for %}``'s
+iterable is counted as it is walked; every call goes through the sandbox's
+``call``) and produce at most ``MAX_TEMPLATE_OUTPUT`` characters; ``*`` and
+``**`` may not build a value beyond that size. A million steps render in
+well under ``TEMPLATE_TIME_LIMIT`` seconds on a slow machine. Over budget is
+a one-line ``TemplateError`` naming the template and its line: exit 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextvars
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orchestrator.core.facts import FactError, is_none, version_of, version_test
 from orchestrator.errors import ConfigError, TemplateError
 
 Lookup = Callable[[str], "str | None"]
+
+MAX_TEMPLATE_STEPS = 1_000_000
+"""Loop iterations plus calls one render may take (a playbook's templates take hundreds)."""
+
+MAX_TEMPLATE_OUTPUT = 16 * 1024 * 1024
+"""Characters one render may produce, and the largest string or list ``*`` may build."""
+
+TEMPLATE_TIME_LIMIT = 10
+"""Seconds the budget above stands for (documented; never measured: core keeps no clock)."""
+
+
+class TemplateBudgetError(Exception):
+    """A render went over its budget (``MAX_TEMPLATE_STEPS``, ``MAX_TEMPLATE_OUTPUT``)."""
+
+
+class _Budget:
+    """What one render has spent so far."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def spend(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_TEMPLATE_STEPS:
+            raise TemplateBudgetError(
+                f"more than {MAX_TEMPLATE_STEPS:,} loop iterations and calls "
+                f"(templates have a budget of about {TEMPLATE_TIME_LIMIT} s)")
+
+    def walk(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        for item in iterable:
+            self.spend()
+            yield item
+
+
+_SPENDING: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("orch_template_budget", default=None)
+"""The budget of the render running in this thread (none outside ``Renderer``'s renders)."""
+
+
+class _LoopBudget(Extension):
+    """Counts every ``{% for %}`` iteration against the render's budget (see ``_BudgetedSandbox``)."""
+
+    def walk(self, iterable: Any) -> Any:
+        budget = _SPENDING.get()
+        return iterable if budget is None else budget.walk(iterable)
+
+
+
+class _BudgetedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with a budget: loops, calls, ``*`` and ``**`` are counted or bounded."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(extensions=[_LoopBudget], **options)
+
+    def _generate(self, source: nodes.Template, name: str | None, filename: str | None,
+                  defer_init: bool = False) -> str:
+        # Each loop's iterable goes through ``_LoopBudget.walk`` (a sandboxed call, like any other).
+        for loop in source.find_all(nodes.For):
+            walk = nodes.ExtensionAttribute(_LoopBudget.identifier, "walk", lineno=loop.lineno)
+            loop.iter = nodes.Call(walk, [loop.iter], [], None, None, lineno=loop.lineno)
+        return super()._generate(source, name, filename, defer_init)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        budget = _SPENDING.get()
+        if budget is not None:
+            budget.spend()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator_: str, left: Any, right: Any) -> Any:
+        if operator_ == "**":
+            if isinstance(right, int) and abs(right) > 1024 and not (isinstance(left, int) and abs(left) <= 1):
+                raise TemplateBudgetError(f"{left!r} ** {right!r} is too large to compute")
+            return operator.pow(left, right)
+        if operator_ == "*":
+            for seq, times in ((left, right), (right, left)):
+                if (isinstance(seq, str | bytes | list | tuple) and isinstance(times, int)
+                        and len(seq) * times > MAX_TEMPLATE_OUTPUT):
+                    raise TemplateBudgetError(
+                        f"'*' would build a value of {len(seq) * times:,} items, "
+                        f"more than {MAX_TEMPLATE_OUTPUT:,}")
+            return operator.mul(left, right)
+        return super().call_binop(context, operator_, left, right)
 
 
 class _LookupLoader(jinja2.BaseLoader):
@@ -53,7 +152,7 @@ class Renderer:
         self._lookup: Lookup = lookup or (lambda name: None)
         self.searched = tuple(searched)
         self._describe = describe or (lambda name: name)
-        self.env = ImmutableSandboxedEnvironment(
+        self.env = _BudgetedSandbox(
             loader=_LookupLoader(self._lookup),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
@@ -116,11 +215,14 @@ class Renderer:
             raise TemplateError(
                 f"expression syntax error: {exc.message}", file=file, line=line, key=key
             ) from None
+        token = _SPENDING.set(_Budget())
         try:
             value = compiled(**dict(vars))
             if isinstance(value, jinja2.Undefined):
                 value._fail_with_undefined_error()
             return value
+        except TemplateBudgetError as exc:
+            message = f"template over its budget: {exc}"
         except jinja2.UndefinedError as exc:
             message = str(exc.message or exc)
         except jinja2.exceptions.SecurityError as exc:
@@ -129,6 +231,8 @@ class Renderer:
             message = str(exc)
         except Exception as exc:  # a comparison or a test failed inside the expression
             message = f"{type(exc).__name__}: {exc}"
+        finally:
+            _SPENDING.reset(token)
         raise TemplateError(" ".join(message.split()), file=file, line=line, key=key)
 
     def render_template(
@@ -196,9 +300,11 @@ class Renderer:
         inside: str | None,
         first_line: int | None = None,
     ) -> str:
-        """Render; on failure name the variable, the playbook location, the template line."""
+        """Render within the budget; on failure name the variable, the playbook location,
+        the template line."""
+        token = _SPENDING.set(_Budget())
         try:
-            return template.render(dict(vars))
+            return _bounded_concat(template.generate(dict(vars)))
         except jinja2.TemplateSyntaxError as exc:  # an {% include %} of a broken file
             raise TemplateError(
                 f"template syntax error: {exc.message} (referenced from {_where(file, line, key)})",
@@ -212,6 +318,9 @@ class Renderer:
         except jinja2.exceptions.SecurityError as exc:
             failure: Exception = exc
             message = f"unsafe template operation refused: {exc}"
+        except TemplateBudgetError as exc:
+            failure = exc
+            message = f"template over its budget: {exc}"
         except jinja2.UndefinedError as exc:
             failure = exc
             message = str(exc.message or exc)
@@ -221,6 +330,8 @@ class Renderer:
         except Exception as exc:  # a filter or an operation failed inside the template
             failure = exc
             message = f"template error: {type(exc).__name__}: {exc}"
+        finally:
+            _SPENDING.reset(token)
         if inside:
             inner = _template_line(failure, inside)
             shown = self._describe(inside)
@@ -230,6 +341,18 @@ class Renderer:
             if inner:
                 line = first_line + inner - 1
         raise TemplateError(" ".join(message.split()), file=file, line=line, key=key)
+
+
+def _bounded_concat(chunks: Iterable[str]) -> str:
+    """The rendered text, refused once it passes ``MAX_TEMPLATE_OUTPUT`` characters."""
+    out: list[str] = []
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_TEMPLATE_OUTPUT:
+            raise TemplateBudgetError(f"the output passed {MAX_TEMPLATE_OUTPUT:,} characters")
+        out.append(chunk)
+    return "".join(out)
 
 
 def _where(file: str | None, line: int | None, key: str | None) -> str:

@@ -14,6 +14,12 @@ constructor, the schema) visits an alias as a full copy, so a few hundred
 bytes of nested aliases (an "alias bomb") would otherwise cost minutes and
 gigabytes. A document is refused once its aliases would add more than
 ``MAX_ALIAS_NODES`` nodes, or number more than ``MAX_ALIASES``.
+
+Nesting is budgeted the same way: PyYAML's composer (and every later pass)
+recurses once per level, so ``[[[[…]]]]`` 100,000 deep ends in a
+``RecursionError`` traceback instead of a config error. A collection
+opened deeper than ``MAX_DEPTH`` is refused at its line while composing,
+before the recursion gets anywhere near Python's limit.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from yaml.events import AliasEvent
+from yaml.events import AliasEvent, CollectionStartEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator.errors import ConfigError
@@ -37,6 +43,10 @@ MAX_ALIASES = 100
 
 MAX_ALIAS_NODES = 10_000
 """Nodes the aliases of one document may add once expanded (a playbook has a few hundred)."""
+
+MAX_DEPTH = 64
+"""Nested mappings/sequences one document may open (a playbook needs under ten; the
+composer, the line walk, the constructor and the schema each recurse once per level)."""
 
 
 def key_path(loc: Sequence[str | int]) -> str:
@@ -94,9 +104,22 @@ class _AliasBudget(yaml.SafeLoader):
         super().__init__(stream)
         self.aliases = 0
         self.alias_nodes = 0
+        self.depth = 0
         self._sizes: dict[int, int] = {}
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
+        if self.check_event(CollectionStartEvent):
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    line = self.peek_event().start_mark.line + 1
+                    raise _BudgetError(f"YAML nested more than {MAX_DEPTH} levels deep", line)
+                return self._compose_sized(parent, index)
+            finally:
+                self.depth -= 1
+        return self._compose_sized(parent, index)
+
+    def _compose_sized(self, parent: Node | None, index: Any) -> Node:
         if self.check_event(AliasEvent):
             event = self.peek_event()
             anchored = self.anchors.get(event.anchor)
@@ -168,6 +191,21 @@ def load_yaml(text: str, filename: str) -> SourceDoc:
     finally:
         loader.dispose()
     return SourceDoc(filename, data, lines, content)
+
+
+def load_value(text: str, key: str) -> Any:
+    """A short YAML text (a ``--var`` value) under the same budgets as a file.
+
+    A budget crossed is a ``ConfigError`` naming ``key``; malformed YAML
+    raises PyYAML's ``YAMLError`` as ``yaml.safe_load`` would.
+    """
+    loader = _AliasBudget(text)
+    try:
+        return loader.get_single_data()
+    except _BudgetError as exc:
+        raise ConfigError(exc.message, key=key) from None
+    finally:
+        loader.dispose()
 
 
 def _one_line(text: str) -> str:

@@ -21,6 +21,7 @@ from orchestrator.core.target import HostTarget
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import Agent, EventHandler
 from orchestrator.shell.ops import Op
+from orchestrator.shell.replies import Malformed
 from orchestrator.shell.transport import Transport, open_transport
 
 
@@ -92,7 +93,11 @@ class HostSession:
     def run(self, op: Op, on_event: EventHandler | None = None) -> Any:
         """One typed op, one round trip; the answer read by the op's ``parse``."""
         assert self.agent is not None
-        return op.parse(self.agent.call(op.name, on_event=on_event, **op.args))
+        answer = self.agent.call(op.name, on_event=on_event, **op.args)
+        try:
+            return op.read(answer)
+        except Malformed as e:  # one line naming the host and what was wrong; the link is not used again
+            raise self.agent.malformed(op.name, e) from None
 
     def batch(self, steps: Sequence[Op], on_event: EventHandler | None = None) -> list[Any]:
         """Several typed ops in one round trip, run in order until the first failure."""

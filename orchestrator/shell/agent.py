@@ -115,6 +115,14 @@ def expand(path):
     return os.path.abspath(os.path.expanduser(path))
 
 
+def named(error, path):
+    """``error`` saying which file: a failed ``write``/``fsync`` (ENOSPC, EIO, EDQUOT)
+    carries no file name, so "No space left on device" alone would not say where."""
+    if isinstance(error, OSError) and error.filename is None and error.errno is not None:
+        return OSError(error.errno, error.strerror or os.strerror(error.errno), path)
+    return error
+
+
 def write_atomic(path, data, mode=None, uid=None, gid=None):
     """Write ``data`` to ``path`` by a rename from a sibling, fsynced.
 
@@ -137,11 +145,13 @@ def write_atomic(path, data, mode=None, uid=None, gid=None):
             except PermissionError:
                 pass
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise named(e, path) from e
         raise
     fsync_dir(directory)
 
@@ -761,8 +771,12 @@ def op_commit(files, release_dir=None):
                     "nothing was written" % (f["path"], live, f["before"]), path=f["path"], committed=[])
             checked.append((f, real))
         if release_dir:
-            with open(os.path.join(expand(release_dir), "commit.started"), "w") as mark:
-                mark.write("%f\n" % time.time())
+            started = os.path.join(expand(release_dir), "commit.started")
+            try:
+                with open(started, "w") as mark:
+                    mark.write("%f\n" % time.time())
+            except OSError as e:
+                raise named(e, started) from e
         for f, real in checked:
             try:
                 st = os.stat(real)
@@ -888,7 +902,7 @@ def op_lock_acquire(state_dir, holder, replace_token=None):
         os.close(fd)
         if e.errno == errno.EEXIST:
             return {"acquired": False, "holder": lock_view(path) or {}}
-        raise
+        raise named(e, path) from e
     finally:
         try:
             os.unlink(tmp)
@@ -1028,8 +1042,11 @@ def op_release_prune(state_dir, remove):
 @op("release_log")
 def op_release_log(state_dir, release_id, text):
     path = os.path.join(expand(state_dir), "releases", release_id, "run.log")
-    with open(path, "a") as f:
-        f.write(text)
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+    except OSError as e:
+        raise named(e, path) from e
     return True
 
 
@@ -1793,12 +1810,17 @@ def run_restore(release_dir, spec, by):
     """Execute a restore plan; returns the record of what was done (never raises)."""
     plan = spec["plan"]
     committed = plan.get("always") or os.path.exists(os.path.join(release_dir, "commit.started"))
+    earlier = earlier_restored(release_dir)
     record = {"by": by, "started": time.time(), "files": [], "links": [], "server": None, "health": None,
-              "ok": False, "completed": False, "error": None}
+              "ok": False, "completed": False, "error": None, "committed": bool(committed)}
     try:
         for n, f in enumerate(plan.get("files") or []):
             SESSION.check_cancel()
-            record["files"].append(restore_file(release_dir, f.get("n", n), f, committed))
+            done = restore_file(release_dir, f.get("n", n), f, committed)
+            if done["action"] == "unchanged" and done["path"] in earlier:
+                # an earlier restore of this release (one that failed later on) wrote it back
+                done["action"], done["earlier"] = earlier[done["path"]]
+            record["files"].append(done)
         for link in plan.get("links") or []:
             record["links"].append(restore_link(link))
         SESSION.event("progress", msg=describe_restored(record))
@@ -1824,8 +1846,37 @@ def run_restore(release_dir, spec, by):
     except Exception as e:  # a restore reports, it does not crash
         record["error"], record["error_kind"] = "%s: %s" % (type(e).__name__, e), "internal"
         record["completed"] = True
+    if not record["ok"]:
+        record["listening"] = listener_now(plan)
     record["finished"] = time.time()
     return record
+
+
+def earlier_restored(release_dir):
+    """Files an earlier, unfinished restore of this release already brought back
+    (path -> (action, by)): a re-run finds them as wanted, and must still say
+    they were restored, not that orch never wrote them."""
+    done = read_record(os.path.join(release_dir, "restored.json")) or {}
+    out = {}
+    if not isinstance(done, dict):
+        return out
+    for f in done.get("files") or []:
+        if isinstance(f, dict) and f.get("action") in ("restored", "removed"):
+            out[f.get("path")] = (f["action"], f.get("earlier") or done.get("by"))
+    return out
+
+
+def listener_now(plan):
+    """After a failed restore: whether a server listens on the health port now, and its
+    pid (None when the socket's owner cannot be seen) — the first thing a person needs
+    to know is whether the host still serves."""
+    port = (plan.get("server") or {}).get("port")
+    if not port:
+        return None
+    try:
+        return {"port": port, "listening": port_busy(port), "pid": pid_listening_on(port)}
+    except Exception:  # a record, never a reason to crash the restore's report
+        return {"port": port, "listening": None, "pid": None}
 
 
 def describe_restored(record):

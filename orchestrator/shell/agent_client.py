@@ -19,8 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import LinkLostError, RemoteError, UnreachableError
-from orchestrator.shell.transport import RemoteProcess, Transport
+from orchestrator.errors import (
+    BecomeRefusedError,
+    LinkLostError,
+    MalformedReplyError,
+    RemoteError,
+    UnreachableError,
+)
+from orchestrator.shell.replies import Envelope, Malformed, decode
+from orchestrator.shell.transport import (
+    PumpedProcess,
+    RemoteProcess,
+    Transport,
+    explain_become_failure,
+)
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
 HELPER_ID = hashlib.sha256(AGENT_SOURCE.encode("utf-8")).hexdigest()[:16]
@@ -128,6 +140,8 @@ class Agent:
             except LinkLostError as e:
                 raise UnreachableError(f"{label}: orch's helper did not start: {e}") from None
             if not line:
+                if self.transport.target.become:
+                    self._refuse_become(proc)
                 err = proc.stderr_text().strip().splitlines()
                 tail = err[-1] if err else "no output"
                 raise UnreachableError(
@@ -135,9 +149,9 @@ class Agent:
                 )
             _trace(self.transport.target.name, "<", line)
             try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
+                msg = decode(line)
+            except Malformed:
+                continue  # a banner, however odd, is not the helper yet
             if isinstance(msg, dict) and msg.get("send") is True:
                 proc.write(bootstrap_payload())  # the host has no copy of this helper yet
                 continue
@@ -145,8 +159,27 @@ class Agent:
                 self._proc = proc
                 threading.Thread(target=self._ping, name=f"orch-ping-{label}", daemon=True).start()
                 self.info = msg["hello"] if isinstance(msg.get("hello"), dict) else self.call("hello")
+                if not isinstance(self.info, dict):
+                    raise self.malformed("hello", Malformed("result is not an object"))
                 return self
         raise UnreachableError(f"{label}: orch's helper never said it was ready")
+
+    def _refuse_become(self, proc: RemoteProcess) -> None:
+        """The helper ended before its ready line under ``become``: if sudo is why (a password
+        prompt it may not show, no sudoers entry, no sudo), that is a refusal naming the host."""
+        rc = proc.wait(5.0)
+        stderr = proc.stderr_bytes(settle=2.0) if isinstance(proc, PumpedProcess) else proc.stderr_text()
+        reason = explain_become_failure(rc, stderr)
+        if reason is None:
+            return
+        label = self.transport.target.label
+        if "needs a password" in reason:
+            user = self.transport.target.user or "the login user"
+            raise BecomeRefusedError(
+                f"sudo asks for a password on {label}: become: true runs `sudo -n`, which never prompts; "
+                f"allow passwordless sudo (NOPASSWD) for {user}, or set become: false"
+            )
+        raise BecomeRefusedError(f"{label}: {reason}")
 
     def call(
         self,
@@ -219,19 +252,27 @@ class Agent:
                     f"{label}: the connection closed during {op}"
                     + (f" ({err[-1]})" if err else "")
                 )
-            msg = json.loads(line)
-            if msg.get("id") != rid:
+            try:
+                msg = Envelope.check(decode(line))
+            except Malformed as e:
+                raise self.malformed(op, e) from None
+            if msg.id != rid:
                 continue
-            if not msg.get("done"):
-                if on_event is not None and msg.get("event") != "tick":
-                    on_event(msg)
+            if not msg.done:
+                if on_event is not None and msg.event != "tick":
+                    on_event(msg.raw or {})
                 continue
-            if msg.get("ok"):
-                return msg.get("result")
-            error: dict[str, Any] = msg.get("error") or {}
-            raise RemoteStepError(
-                op, error.get("type", "error"), error.get("message", "failed"), error.get("details") or {}
-            )
+            if msg.ok:
+                return msg.result
+            error: dict[str, Any] = msg.error or {}
+            raise RemoteStepError(op, error["type"], error["message"], error.get("details") or {})
+
+    def malformed(self, op: str, why: Malformed) -> MalformedReplyError:
+        """A bad answer to ``op``: this host's error, and the end of its link (the next
+        line could be the answer to anything: the channel is not trusted again)."""
+        message = f"{self.transport.target.label}: orch's helper gave a malformed answer to {op}: {why}"
+        self.dead = message
+        return MalformedReplyError(message)
 
     def close(self) -> None:
         """Say goodbye and let the channel close; never raises."""

@@ -11,6 +11,12 @@ function's signature), not on a host in the middle of a deploy.
 [op, op, …])`` sends several in one round trip, run in order on the host
 until the first failure. An op's ``parse`` turns the wire answer into a
 typed value where the pipeline reads it field by field.
+
+Every op also has a ``shape``: what the controller reads of its answer
+(``shell.replies``). ``Op.read`` checks the answer against it before
+``parse`` runs, and turns a ``parse`` that trips over the answer into
+``Malformed`` too: a host that answers garbage is that host's error (one
+line), never a traceback in the middle of a fleet.
 """
 
 from __future__ import annotations
@@ -20,8 +26,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.restore import RestoreRecord
+from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed, Number, Opt, check
 
 Wire = dict[str, Any]
+
+# What the controller reads of the answers (``shell.replies``): the keys it uses, their types.
+FILE = {"path": str, "real": Opt(str), "exists": bool, "mode": Opt(int), "uid": Opt(int), "gid": Opt(int),
+        "sha256": Opt(str), "size": Opt(int), "data": Opt(str)}
+PROCESS = {"pid": Opt(int), "pgid": Opt(int), "argv": Opt(ListOf(str)), "cwd": Opt(str),
+           "env": Opt(DictOf(str)), "starttime": Opt(Number), "found_by": Opt(str)}
+LOCK = {"acquired": bool, "holder": Opt(dict), "token": Opt(str)}
+STATE = {"root": str, "exists": Opt(bool), "journal": Opt(dict), "state": {"applied": Opt(ListOf(str))},
+         "lock": Opt(dict), "releases": ListOf(dict)}
+RUN = {"rc": int, "stdout": str, "stderr": str}
+READ_HOST = {"facts": Opt(dict), "paths": ListOf(str), "files": ListOf(FILE), "companions": DictOf(ListOf(FILE)),
+             "server": Opt(PROCESS)}
+HEALTH = {"elapsed": Number, "polls": int, "stable_for": Opt(Number)}
 
 
 def _as_is(value: Any) -> Any:
@@ -35,15 +55,33 @@ class Op:
     name: str
     args: Mapping[str, Any] = field(default_factory=dict)
     parse: Callable[[Any], Any] = field(default=_as_is, compare=False, repr=False)
+    shape: Any = field(default=ANY, compare=False, repr=False)
 
     def wire(self) -> Wire:
         """The step as the helper's ``batch`` takes it."""
         return {"op": self.name, "args": dict(self.args)}
 
+    def read(self, answer: Any, where: str = "result") -> Any:
+        """The answer checked against ``shape``, then parsed; ``Malformed`` if it is not usable."""
+        check(answer, self.shape, where)
+        try:
+            return self.parse(answer)
+        except Malformed:
+            raise
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+            raise Malformed(f"{where} cannot be read ({type(e).__name__}: {e})") from None
 
-def _op(name: str, parse: Callable[[Any], Any] = _as_is, **args: Any) -> Op:
+
+def _op(name: str, parse: Callable[[Any], Any] = _as_is, shape: Any = ANY, **args: Any) -> Op:
     # Arguments left at None are not sent: the helper's own default applies.
-    return Op(name, {k: v for k, v in args.items() if v is not None}, parse)
+    return Op(name, {k: v for k, v in args.items() if v is not None}, parse, shape)
+
+
+def _read_all(steps: Sequence[Op], results: list[Any], where: str) -> list[Any]:
+    """Each step's answer read by its own op; as many answers as steps."""
+    if len(results) != len(steps):
+        raise Malformed(f"{where} has {len(results)} answers for {len(steps)} steps")
+    return [s.read(r, f"{where}[{i}] ({s.name})") for i, (s, r) in enumerate(zip(steps, results, strict=True))]
 
 
 # ---------------------------------------------------------------- state, lock, records
@@ -51,16 +89,17 @@ def _op(name: str, parse: Callable[[Any], Any] = _as_is, **args: Any) -> Op:
 
 def open_state(state_dir: str, holder: Wire | None = None) -> Op:
     """Create the state dir, take the lock (``holder``), read the records: one round trip."""
-    return _op("open_state", state_dir=state_dir, holder=holder)
+    return _op("open_state", shape={"root": str, "lock": Opt(LOCK), "state": STATE}, state_dir=state_dir,
+               holder=holder)
 
 
 def state_read(state_dir: str) -> Op:
     """Everything history/status/rollback need; creates nothing."""
-    return _op("state_read", state_dir=state_dir)
+    return _op("state_read", shape=STATE, state_dir=state_dir)
 
 
 def lock_acquire(state_dir: str, holder: Wire, replace_token: str | None = None) -> Op:
-    return _op("lock_acquire", state_dir=state_dir, holder=holder, replace_token=replace_token)
+    return _op("lock_acquire", shape=LOCK, state_dir=state_dir, holder=holder, replace_token=replace_token)
 
 
 def lock_release(state_dir: str) -> Op:
@@ -68,7 +107,7 @@ def lock_release(state_dir: str) -> Op:
 
 
 def get_json(path: str) -> Op:
-    return _op("get_json", path=path)
+    return _op("get_json", shape=Opt(dict), path=path)  # every record orch reads back is an object
 
 
 def put_json(path: str, value: Any) -> Op:
@@ -88,27 +127,28 @@ def read_host(paths: Sequence[str], *, packages: Sequence[str] = (), python: str
               follow: Sequence[Wire] | None = None) -> Op:
     """Facts (installed packages, for the server's interpreter), then the files (their
     paths may hold fact markers), then the modules an ``add_flag`` follows."""
-    return _op("read_host", paths=list(paths), packages=list(packages), python=python, pidfile=pidfile,
+    return _op("read_host", shape=READ_HOST, paths=list(paths), packages=list(packages), python=python, pidfile=pidfile,
                port=port, follow=list(follow) if follow is not None else None)
 
 
 def read(paths: Sequence[str], *, with_data: bool = True) -> Op:
-    return _op("read", paths=list(paths), with_data=with_data)
+    return _op("read", shape=ListOf(FILE), paths=list(paths), with_data=with_data)
 
 
 def sha256(paths: Sequence[str]) -> Op:
-    return _op("sha256", paths=list(paths))
+    return _op("sha256", shape=DictOf(Opt(str)), paths=list(paths))
 
 
 def stage(files: Sequence[Wire], token: str, *, clean_stale: bool = False) -> Op:
     """``files``: ``{"path", "data" (base64)}``; staged beside the real file."""
-    return _op("stage", files=list(files), token=token, clean_stale=clean_stale)
+    return _op("stage", shape=ListOf({"staged": str}), files=list(files), token=token, clean_stale=clean_stale)
 
 
 def validate(checks: Sequence[Wire], token: str, *, keep_staged: bool = True) -> Op:
     """``checks``: ``{"target", "argvs", "python"}``; run on the staged copies of ``token``
     (removed afterwards unless ``keep_staged``)."""
-    return _op("validate", checks=list(checks), token=token, keep_staged=keep_staged)
+    return _op("validate", shape=ListOf({**RUN, "target": str, "argv": ListOf(str)}), checks=list(checks),
+               token=token, keep_staged=keep_staged)
 
 
 def remove(paths: Sequence[str]) -> Op:
@@ -148,7 +188,7 @@ def release_arm(state_dir: str, release_dir: str) -> Op:
 
 def restore_release(release_dir: str, by: str, *, until: float | None = None, reason: str | None = None) -> Op:
     """Run the release's restore plan; answers with the record of what was done."""
-    return _op("restore_release", RestoreRecord.from_wire, release_dir=release_dir, by=by, until=until,
+    return _op("restore_release", RestoreRecord.from_wire, dict, release_dir=release_dir, by=by, until=until,
                reason=reason)
 
 
@@ -162,8 +202,6 @@ class ConfirmAnswer:
 
 def confirm_release(release_dir: str, steps: Sequence[Op]) -> Op:
     """Claim the release as confirmed and run ``steps`` — unless a restore got there first."""
-    parsers = [s.parse for s in steps]
-
     def parse(data: Wire) -> ConfirmAnswer:
         restored = data.get("restored")
         results = data.get("results") or []
@@ -171,21 +209,22 @@ def confirm_release(release_dir: str, steps: Sequence[Op]) -> Op:
             bool(data.get("confirmed")),
             RestoreRecord.from_wire(restored) if restored else None,
             (data.get("claim") or {}).get("by"),
-            [p(r) for p, r in zip(parsers, results, strict=True)] if results else [],
+            _read_all(steps, results, "result.results") if results else [],
         )
 
-    return _op("confirm_release", parse, release_dir=release_dir, steps=[s.wire() for s in steps])
+    shape = {"confirmed": Opt(bool), "restored": Opt(dict), "claim": Opt({"by": Opt(str)}), "results": Opt(list)}
+    return _op("confirm_release", parse, shape, release_dir=release_dir, steps=[s.wire() for s in steps])
 
 
 # ---------------------------------------------------------------- servers
 
 
 def server_find(pidfile: str | None, port: int | None) -> Op:
-    return _op("server_find", pidfile=pidfile, port=port)
+    return _op("server_find", shape=Opt(PROCESS), pidfile=pidfile, port=port)
 
 
 def process(pid: int) -> Op:
-    return _op("process", pid=pid)
+    return _op("process", shape=Opt(PROCESS), pid=pid)
 
 
 def server_stop(pid: int, pgid: int | None, stop_timeout: float, port: int | None, free_timeout: float) -> Op:
@@ -201,7 +240,7 @@ def server_start(argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | 
 
 def run(argv: Sequence[str], *, timeout: float = 600.0, cwd: str | None = None) -> Op:
     """A command whose exit code is data (``{"rc", "stdout", "stderr"}``)."""
-    return _op("run", argv=list(argv), timeout=timeout, cwd=cwd)
+    return _op("run", shape=RUN, argv=list(argv), timeout=timeout, cwd=cwd)
 
 
 def run_ok(argv: Sequence[str], *, timeout: float = 600.0) -> Op:
@@ -218,24 +257,22 @@ def preflight(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str] | 
     """The server's own argument parser on the new command line; nothing is started."""
     from orchestrator.core.preflight import PreflightResult
 
-    return _op("preflight", PreflightResult.from_wire, argv=list(argv), cwd=cwd, env=dict(env or {}),
+    return _op("preflight", PreflightResult.from_wire, dict, argv=list(argv), cwd=cwd, env=dict(env or {}),
                replace_env=replace_env, timeout=timeout)
 
 
 def health_wait(health: Wire, *, pid: int | str | None = None, log: str | None = None) -> Op:
     """Poll ``health`` (``base_url``, ``checks``, ``timeout``, ``interval``, ``stable_for``);
     ``pid="started"`` watches the server started earlier in the same batch."""
-    return _op("health_wait", pid=pid, log=log, **health)
+    return _op("health_wait", shape=HEALTH, pid=pid, log=log, **health)
 
 
 def batch(steps: Sequence[Op]) -> Op:
     """Several ops in one round trip; each answer read by its own op's ``parse``."""
-    parsers = [s.parse for s in steps]
-
     def parse(results: list[Any]) -> list[Any]:
-        return [p(r) for p, r in zip(parsers, results, strict=True)]
+        return _read_all(steps, results, "result")
 
-    return Op("batch", {"steps": [s.wire() for s in steps]}, parse)
+    return Op("batch", {"steps": [s.wire() for s in steps]}, parse, list)
 
 
 # ---------------------------------------------------------------- nightly builds, the probe
@@ -272,12 +309,12 @@ def _prepared(data: Wire) -> PreparedBuild:
 
 def nightly_prepare(builds_dir: str, build: str) -> Op:
     """Make ``builds_dir`` and its ``logs/``; the new build's dir must not exist yet."""
-    return _op("nightly_prepare", _prepared, builds_dir=builds_dir, build=build)
+    return _op("nightly_prepare", _prepared, dict, builds_dir=builds_dir, build=build)
 
 
 def nightly_builds(builds_dir: str) -> Op:
     """The builds and the ``current`` link; reads only."""
-    return _op("nightly_builds", _builds, builds_dir=builds_dir)
+    return _op("nightly_builds", _builds, dict, builds_dir=builds_dir)
 
 
 def nightly_fetch_git(repo: str, commit: str, builds_dir: str, build: str, log: str) -> Op:
@@ -324,4 +361,4 @@ def probe_http(base_url: str, path: str, body: Any, *, requests: int, concurrenc
     at ``concurrency``; answers the raw samples (``core.probe.round_from_wire`` sums them up)."""
     return Op("probe_http", {"base_url": base_url, "path": path, "body": body, "requests": requests,
                              "concurrency": concurrency, "timeout": timeout, "headers": dict(headers or {}),
-                             "warmup": warmup, "greedy_body": greedy_body})
+                             "warmup": warmup, "greedy_body": greedy_body}, _as_is, dict)
