@@ -209,22 +209,31 @@ def test_helper_exits_when_the_controller_goes_away() -> None:
 
 
 def test_a_deploy_removes_staged_copies_a_dead_run_left(tmp_path: Path) -> None:
+    """Issue 16 item 12: leftovers go at the next deploy whatever their age; a
+    copy a live helper holds (a --check under way) stays, whatever its age."""
     target = tmp_path / "mod.py"
     target.write_text("x = 1\n")
     old = tmp_path / ".mod.orch-staged-dead.py"
-    old.write_text("x = (\n")
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
-    fresh = tmp_path / ".mod.orch-staged-running.py"  # a --check under way right now
-    fresh.write_text("x = 3\n")
-    agent = start()
+    old.write_text("x = (\n")  # a dead run's: just made, no helper holds it
+    tmp = tmp_path / ".mod.py.orch-tmp-4242"  # a killed helper's temp file (the old pid-named kind)
+    tmp.write_text("x = 1\n")
+    checking = start()  # a --check under way right now, in another helper
     try:
-        data = base64.b64encode(b"x = 2\n").decode()
-        agent.call("stage", files=[{"path": str(target), "data": data}], token="new", clean_stale=True)
+        data = base64.b64encode(b"x = 3\n").decode()
+        checking.call("stage", files=[{"path": str(target), "data": data}], token="running")
+        fresh = tmp_path / ".mod.orch-staged-running.py"
+        os.utime(fresh, (time.time() - 3600, time.time() - 3600))  # old, but held
+        agent = start()
+        try:
+            data = base64.b64encode(b"x = 2\n").decode()
+            agent.call("stage", files=[{"path": str(target), "data": data}], token="new", clean_stale=True)
+        finally:
+            agent.close()
+        assert not old.exists() and not tmp.exists()
+        assert fresh.read_text() == "x = 3\n"
+        assert (tmp_path / ".mod.orch-staged-new.py").exists()
     finally:
-        agent.close()
-    assert not old.exists()
-    assert fresh.exists()
-    assert (tmp_path / ".mod.orch-staged-new.py").exists()
+        checking.close()
 
 
 def test_of_two_take_overs_of_a_stale_lock_exactly_one_wins(tmp_path: Path) -> None:
