@@ -150,10 +150,11 @@ class FileOutcome:
     path: str
     action: str  # unchanged | restored | removed | left
     drift: str | None = None  # where the content orch did not write was saved
+    refused: tuple[str, ...] = ()  # links/files another user planted at names orch writes: never followed
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> FileOutcome:
-        return cls(data["path"], data.get("action", "?"), data.get("drift"))
+        return cls(data["path"], data.get("action", "?"), data.get("drift"), tuple(data.get("refused") or ()))
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,9 @@ class RestoreRecord:
             parts.append("NOT restored: " + ", ".join(missed))
         for f in self.drift:
             parts.append(f"drift: {f.path} held content orch did not write; kept in {f.drift}")
+        for f in self.files:
+            # a security event, named even when the restore succeeded
+            parts.extend(f"REFUSED a planted file or link: {why}" for why in f.refused)
         for link in self.links:
             if link.get("action") == "restored":
                 parts.append(f"{link['path']} points at {link['target']} again")

@@ -116,9 +116,10 @@ def expand(path):
 
 
 TMP_MARK = ".orch-tmp-"
-"""Temp files are ``.<name>.orch-tmp-<16 random hex>``: unpredictable, and
-recognisable, so the next run can remove what a killed helper left
-(``remove_leftovers``)."""
+"""Temp directories are ``.<name>.orch-tmp-<16 random hex>`` (``private_dir``):
+unpredictable, and recognisable, so the next run can remove what a killed
+helper left (``remove_leftovers``; older helpers made flat temp files named
+``.<name>.orch-tmp-<pid>``, removed the same way)."""
 WRITE_ATTEMPTS = 8
 PLANTED = []  # what write_atomic refused since the last drain (a restore reports it per file)
 
@@ -194,53 +195,96 @@ def set_owner_mode(fd, mode=None, uid=None, gid=None):
         os.fchmod(fd, mode)
 
 
+def private_dir(dfd, base):
+    """``(name, fd)`` of a new directory of our own (0700) beside the target,
+    in the directory open as ``dfd``: nobody else can put anything inside
+    it, so a file renamed out of it through ``fd`` is the file orch wrote,
+    whatever happens to the names around it. A name taken already
+    (planted) is refused and another one drawn."""
+    for _ in range(WRITE_ATTEMPTS):
+        name = os.path.basename(tmp_name(".", base))
+        try:
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        except FileExistsError:
+            note_planted("%s existed before orch made it: refused, not followed" % name)
+            continue
+        try:
+            pfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        except OSError:
+            note_planted("%s was swapped right after orch made it: refused, not followed" % name)
+            continue
+        st = os.fstat(pfd)
+        if st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return name, pfd
+        os.close(pfd)
+        note_planted("%s was swapped right after orch made it: refused, not followed" % name)
+    raise PlantedError("another user keeps taking orch's temp names beside %s" % base)
+
+
+def drop_private_dir(dfd, name, pfd):
+    """Remove our (now empty) private directory, if the name is still ours."""
+    try:
+        if same_stat(os.stat(name, dir_fd=dfd, follow_symlinks=False), os.fstat(pfd)):
+            os.rmdir(name, dir_fd=dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
+
+
+def same_stat(a, b):
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def write_atomic(path, data, mode=None, uid=None, gid=None):
     """Write ``data`` to ``path`` by a rename from a sibling, fsynced.
 
     A reader (or the server starting) sees the old file or the new one,
     never half of one; mode and owner are set before the rename.
 
-    The sibling may sit in a directory another user can write (a shared
-    source tree): it gets an unpredictable name, is created with
-    ``O_EXCL|O_NOFOLLOW`` and set up through its descriptor, and after the
-    rename ``path`` must be that very file — if the name was swapped (for a
-    link to a root-only file, say) in between, the write is done again
-    under a fresh name and the swap noted (``drain_planted``). Nothing
-    planted is ever followed or written through.
+    The directory may be one another user can write (a shared source tree):
+    the new file is made inside a private directory of ours beside the
+    target (``.<name>.orch-tmp-<random>``, 0700, see ``private_dir``),
+    ``O_EXCL|O_NOFOLLOW``, owner and mode set through its descriptor, and
+    renamed onto ``path`` relative to directory descriptors — so no name
+    another user can swap is ever followed, written through or renamed.
     """
     directory = os.path.dirname(path) or "."
     base = os.path.basename(path)
-    for _ in range(WRITE_ATTEMPTS):
-        tmp = tmp_name(directory, base)
-        try:
-            fd = create_exclusive(tmp)
-        except FileExistsError:
-            note_planted("%s existed before orch made it: refused, not followed" % tmp)
-            continue
-        if fd is None:
-            continue
-        try:
-            write_fd(fd, data)
-            set_owner_mode(fd, mode, uid, gid)
-            if not same_file(tmp, fd):
-                note_planted("%s was swapped for another file before the rename: refused, written again" % tmp)
-                continue
-            os.replace(tmp, path)
-            if same_file(path, fd):
-                fsync_dir(directory)
-                return
-            note_planted("%s was swapped for another file just before the rename onto %s: refused, "
-                         "written again" % (tmp, path))
-        except BaseException:
-            if same_file(tmp, fd):
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(WRITE_ATTEMPTS):
+            name, pfd = private_dir(dfd, base)
+            try:
                 try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-            raise
-        finally:
-            os.close(fd)
-    raise PlantedError("cannot write %s: another user keeps swapping orch's temp file there" % path)
+                    fd = os.open("new", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=pfd)
+                except FileNotFoundError:
+                    continue  # a clean-up took our empty directory: draw again
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # live: the clean-up leaves it alone
+                    if os.fstat(fd).st_nlink == 0:
+                        continue  # the clean-up got there first
+                    write_fd(fd, data)
+                    set_owner_mode(fd, mode, uid, gid)
+                    os.replace("new", base, src_dir_fd=pfd, dst_dir_fd=dfd)
+                except BaseException:
+                    try:
+                        os.unlink("new", dir_fd=pfd)
+                    except OSError:
+                        pass
+                    raise
+                finally:
+                    os.close(fd)
+            finally:
+                drop_private_dir(dfd, name, pfd)
+            try:
+                os.fsync(dfd)
+            except OSError:
+                pass
+            return
+        raise PlantedError("cannot write %s: its temp files keep disappearing" % path)
+    finally:
+        os.close(dfd)
 
 
 def fsync_dir(directory):
@@ -636,14 +680,14 @@ def leftover_patterns(path):
     return directory, (tmp, staged)
 
 
-def remove_abandoned(full):
+def remove_abandoned(full, dir_fd=None):
     """Remove ``full`` if it is a regular file of this uid's that no live
     helper holds (``create_exclusive``'s flock). A link, another user's
     file, or one in use is never touched; nothing is followed."""
     import stat
 
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return False  # a symlink (ELOOP), gone, or unreadable
     try:
@@ -654,14 +698,40 @@ def remove_abandoned(full):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # a running helper's (a --check under way)
-        if not same_file(full, fd):
+        if not same_stat(os.stat(full, dir_fd=dir_fd, follow_symlinks=False), st):
             return False
-        os.unlink(full)
+        os.unlink(full, dir_fd=dir_fd)
         return True
     except OSError:
         return False
     finally:
         os.close(fd)
+
+
+def remove_abandoned_dir(full):
+    """Remove a temp directory a killed helper left (``private_dir``): only
+    one of this uid's, 0700, holding nothing but an abandoned ``new`` file."""
+    try:
+        pfd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False  # a link, or not a directory
+    try:
+        st = os.fstat(pfd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return False
+        names = os.listdir(pfd)
+        if any(name != "new" for name in names):
+            return False
+        if names and not remove_abandoned("new", pfd):
+            return False
+        if not same_stat(os.lstat(full), st):
+            return False
+        os.rmdir(full)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pfd)
 
 
 def remove_leftovers(path):
@@ -676,7 +746,7 @@ def remove_leftovers(path):
     for name in names:
         if any(p.match(name) for p in patterns):
             full = os.path.join(directory, name)
-            if remove_abandoned(full):
+            if remove_abandoned(full) or remove_abandoned_dir(full):
                 removed.append(full)
     return removed
 
@@ -1980,22 +2050,26 @@ def read_nofollow(path):
 
 
 def point_link(path, target):
-    """Make the symlink ``path`` point at ``target``, atomically (rename over)."""
+    """Make the symlink ``path`` point at ``target``, atomically (rename over).
+
+    Made in a private directory of ours (``private_dir``) and renamed from
+    there: a link planted at any name orch might use is never replaced nor
+    followed."""
     directory = os.path.dirname(path) or "."
-    for _ in range(WRITE_ATTEMPTS):
-        # symlink() never follows nor replaces what sits at the name: an
-        # unpredictable name of our own, created exclusively, then renamed
-        tmp = tmp_name(directory, os.path.basename(path))
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        name, pfd = private_dir(dfd, os.path.basename(path))
         try:
-            os.symlink(target, tmp)
-        except FileExistsError:
-            note_planted("%s existed before orch made it: refused, not followed" % tmp)
-            continue
-        os.replace(tmp, path)
-        break
-    else:
-        raise PlantedError("cannot point %s: another user keeps taking orch's temp names there" % path)
-    fsync_dir(os.path.dirname(path) or ".")
+            os.symlink(target, "new", dir_fd=pfd)
+            os.replace("new", os.path.basename(path), src_dir_fd=pfd, dst_dir_fd=dfd)
+        finally:
+            drop_private_dir(dfd, name, pfd)
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+    finally:
+        os.close(dfd)
 
 
 def restore_link(link):
