@@ -226,6 +226,9 @@ def drop_private_dir(dfd, name, pfd):
     try:
         if same_stat(os.stat(name, dir_fd=dfd, follow_symlinks=False), os.fstat(pfd)):
             os.rmdir(name, dir_fd=dfd)
+        else:
+            note_planted("%s was renamed or replaced by another user while orch wrote: not followed, "
+                         "orch's file was written through its own directory" % name)
     except OSError:
         pass
     finally:
@@ -628,7 +631,7 @@ def file_info(path, with_data=True):
     """A file as the controller plans with it; a symlink is read through
     (``real`` names the file that is actually written)."""
     path = expand(path)
-    real = os.path.realpath(path)
+    real = checked_real(path)
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -1032,7 +1035,7 @@ def op_commit(files, release_dir=None):
     try:
         checked = []
         for f in files:
-            real = real_path(f["path"])
+            real = checked_real(f["path"])
             live = live_sha256(real)
             if live != f["before"]:
                 raise AgentError(
@@ -1584,7 +1587,12 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
             os.makedirs(d, 0o755)
         if os.path.exists(log_path):
             os.replace(log_path, log_path + ".1")
-    out = open(log_path, "ab")
+    try:
+        # not through a link: one sitting here now was put there after the rotation (another user's)
+        out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab")
+    except OSError as e:
+        raise AgentError("planted" if e.errno == errno.ELOOP else "server", "cannot open the server's log %s: %s" % (
+            log_path, "a link sits there: refused, not followed" if e.errno == errno.ELOOP else e.strerror or e))
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
@@ -1983,7 +1991,7 @@ def restore_file(release_dir, n, f, committed):
     real, refused = followable(path)
     if refused:
         # a link another user put at the target: replaced, never written through
-        done = {"path": path, "sha256_live": None, "refused": [refused]}
+        done = {"path": path, "sha256_live": None, "refused": [refused + "; the link is replaced by the restored file"]}
         if not committed:
             done["action"] = "left"
             return done
@@ -2037,9 +2045,18 @@ def followable(path):
     except OSError:
         owner = None
     if owner is not None and owner != link.st_uid:
-        return None, ("%s is a link made by uid %d to %s, a file of uid %d's: refused, not followed; "
-                      "the link is replaced by the restored file" % (path, link.st_uid, real, owner))
+        return None, ("%s is a link made by uid %d to %s, a file of uid %d's: refused, not followed" % (
+            path, link.st_uid, real, owner))
     return real, None
+
+
+def checked_real(path):
+    """The file ``path`` names, for orch to read and write: a link another
+    user planted at it (``followable``) stops the step instead."""
+    real, refused = followable(expand(path))
+    if refused:
+        raise AgentError("planted", refused, path=path)
+    return real
 
 
 def read_nofollow(path):
