@@ -235,6 +235,16 @@ def drop_private_dir(dfd, name, pfd):
         os.close(pfd)
 
 
+def open_dir(directory):
+    """A descriptor of ``directory`` to create and rename relative to; a
+    directory this user may write but not list (no read bit) is opened as
+    O_PATH (it then just is not fsynced)."""
+    try:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except PermissionError:
+        return os.open(directory, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+
+
 def same_stat(a, b):
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
@@ -254,7 +264,7 @@ def write_atomic(path, data, mode=None, uid=None, gid=None):
     """
     directory = os.path.dirname(path) or "."
     base = os.path.basename(path)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    dfd = open_dir(directory)
     try:
         for _ in range(WRITE_ATTEMPTS):
             name, pfd = private_dir(dfd, base)
@@ -2073,7 +2083,7 @@ def point_link(path, target):
     there: a link planted at any name orch might use is never replaced nor
     followed."""
     directory = os.path.dirname(path) or "."
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    dfd = open_dir(directory)
     try:
         name, pfd = private_dir(dfd, os.path.basename(path))
         try:
