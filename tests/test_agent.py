@@ -209,22 +209,31 @@ def test_helper_exits_when_the_controller_goes_away() -> None:
 
 
 def test_a_deploy_removes_staged_copies_a_dead_run_left(tmp_path: Path) -> None:
+    """Issue 16 item 12: leftovers go at the next deploy whatever their age; a
+    copy a live helper holds (a --check under way) stays, whatever its age."""
     target = tmp_path / "mod.py"
     target.write_text("x = 1\n")
     old = tmp_path / ".mod.orch-staged-dead.py"
-    old.write_text("x = (\n")
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
-    fresh = tmp_path / ".mod.orch-staged-running.py"  # a --check under way right now
-    fresh.write_text("x = 3\n")
-    agent = start()
+    old.write_text("x = (\n")  # a dead run's: just made, no helper holds it
+    tmp = tmp_path / ".mod.py.orch-tmp-4242"  # a killed helper's temp file (the old pid-named kind)
+    tmp.write_text("x = 1\n")
+    checking = start()  # a --check under way right now, in another helper
     try:
-        data = base64.b64encode(b"x = 2\n").decode()
-        agent.call("stage", files=[{"path": str(target), "data": data}], token="new", clean_stale=True)
+        data = base64.b64encode(b"x = 3\n").decode()
+        checking.call("stage", files=[{"path": str(target), "data": data}], token="running")
+        fresh = tmp_path / ".mod.orch-staged-running.py"
+        os.utime(fresh, (time.time() - 3600, time.time() - 3600))  # old, but held
+        agent = start()
+        try:
+            data = base64.b64encode(b"x = 2\n").decode()
+            agent.call("stage", files=[{"path": str(target), "data": data}], token="new", clean_stale=True)
+        finally:
+            agent.close()
+        assert not old.exists() and not tmp.exists()
+        assert fresh.read_text() == "x = 3\n"
+        assert (tmp_path / ".mod.orch-staged-new.py").exists()
     finally:
-        agent.close()
-    assert not old.exists()
-    assert fresh.exists()
-    assert (tmp_path / ".mod.orch-staged-new.py").exists()
+        checking.close()
 
 
 def test_of_two_take_overs_of_a_stale_lock_exactly_one_wins(tmp_path: Path) -> None:
@@ -447,3 +456,54 @@ def test_the_helper_s_plain_http_answers_what_urllib_answers(monkeypatch: pytest
         assert refused[0] is None and "refused" in refused[1]
     finally:
         answers.server.shutdown()
+
+
+def test_a_file_planted_at_the_staged_name_is_refused_not_followed(tmp_path: Path) -> None:
+    """Issue 16 item 1: the staged copy is created O_EXCL|O_NOFOLLOW; what sits at its name is never written through."""
+    target, victim = tmp_path / "mod.py", tmp_path / "victim"
+    target.write_text("x = 1\n")
+    victim.write_text("secret\n")
+    (tmp_path / ".mod.orch-staged-t.py").symlink_to(victim)
+    agent = start()
+    try:
+        with pytest.raises(RemoteStepError) as err:
+            agent.call("stage", files=[{"path": str(target), "data": base64.b64encode(b"x = 2\n").decode()}], token="t")
+    finally:
+        agent.close()
+    assert err.value.kind == "planted" and "refused, not followed" in err.value.message
+    assert victim.read_text() == "secret\n" and target.read_text() == "x = 1\n"
+
+
+def test_a_staged_copy_swapped_before_the_commit_is_refused_and_never_renamed(tmp_path: Path) -> None:
+    target, victim = tmp_path / "mod.py", tmp_path / "victim"
+    target.write_text("x = 1\n")
+    victim.write_text("secret\n")
+    os.chmod(victim, 0o600)
+    agent = start()
+    try:
+        staged = agent.call("stage", files=[{"path": str(target), "data": base64.b64encode(b"x = 2\n").decode()}],
+                            token="t")[0]
+        swapped = tmp_path / "swap"
+        swapped.symlink_to(victim)
+        os.rename(swapped, staged["staged"])  # another user's link in place of the staged copy
+        with pytest.raises(RemoteStepError) as err:
+            agent.call("commit", files=[{"path": str(target), "staged": staged["staged"],
+                                         "before": hashlib.sha256(b"x = 1\n").hexdigest(), "after": staged["sha256"]}])
+    finally:
+        agent.close()
+    assert err.value.kind == "planted" and "replaced by a file orch did not write" in err.value.message
+    assert target.read_text() == "x = 1\n" and not target.is_symlink()
+    assert victim.read_text() == "secret\n" and victim.stat().st_mode & 0o7777 == 0o600
+
+
+def test_write_atomic_leaves_no_temp_name_and_keeps_owner_and_mode(tmp_path: Path) -> None:
+    """The private temp directory goes once the file is renamed out of it."""
+    scope: dict[str, object] = {}
+    exec(compile(AGENT_SOURCE, "agent", "exec"), scope)
+    target = tmp_path / "t.py"
+    target.write_text("old\n")
+    scope["write_atomic"](str(target), b"new\n", 0o640, 1, 1)  # type: ignore[operator]
+    assert target.read_text() == "new\n"
+    st = target.stat()
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o640, 1, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.py"]

@@ -151,10 +151,12 @@ class FileOutcome:
     action: str  # unchanged | restored | removed | left
     drift: str | None = None  # where the content orch did not write was saved
     earlier: str | None = None  # restored by an earlier, unfinished restore of the release (its ``by``)
+    refused: tuple[str, ...] = ()  # links/files another user planted at names orch writes: never followed
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> FileOutcome:
-        return cls(data["path"], data.get("action", "?"), data.get("drift"), data.get("earlier"))
+        return cls(data["path"], data.get("action", "?"), data.get("drift"), data.get("earlier"),
+                   tuple(data.get("refused") or ()))
 
     @property
     def shown(self) -> str:
@@ -237,6 +239,9 @@ class RestoreRecord:
             parts.append("NOT restored: " + ", ".join(missed))
         for f in self.drift:
             parts.append(f"drift: {f.path} held content orch did not write; kept in {f.drift}")
+        for f in self.files:
+            # a security event, named even when the restore succeeded
+            parts.extend(f"REFUSED a planted file or link: {why}" for why in f.refused)
         for link in self.links:
             if link.get("action") == "restored":
                 parts.append(f"{link['path']} points at {link['target']} again")

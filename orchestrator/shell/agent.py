@@ -121,6 +121,138 @@ def named(error, path):
     if isinstance(error, OSError) and error.filename is None and error.errno is not None:
         return OSError(error.errno, error.strerror or os.strerror(error.errno), path)
     return error
+TMP_MARK = ".orch-tmp-"
+"""Temp directories are ``.<name>.orch-tmp-<16 random hex>`` (``private_dir``):
+unpredictable, and recognisable, so the next run can remove what a killed
+helper left (``remove_leftovers``; older helpers made flat temp files named
+``.<name>.orch-tmp-<pid>``, removed the same way)."""
+WRITE_ATTEMPTS = 8
+PLANTED = []  # what write_atomic refused since the last drain (a restore reports it per file)
+
+
+class PlantedError(OSError):
+    """A name orch writes was taken by a file or link orch did not make: refused, never followed."""
+
+    def __init__(self, message):
+        OSError.__init__(self, errno.EEXIST, message)
+
+
+def note_planted(message):
+    PLANTED.append(message)
+
+
+def drain_planted():
+    """The refusals noted since the last call (and forget them)."""
+    out = list(PLANTED)
+    del PLANTED[:]
+    return out
+
+
+def tmp_name(directory, base):
+    return os.path.join(directory, ".%s%s%s" % (base, TMP_MARK, base64.b16encode(os.urandom(8)).decode().lower()))
+
+
+def same_file(path, fd):
+    """``path`` (not followed) names the file open as ``fd``: nobody swapped the name."""
+    try:
+        there, mine = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def create_exclusive(path, mode=0o600):
+    """A new file at ``path``, opened read-write and flocked, or None.
+
+    ``O_EXCL|O_NOFOLLOW``: whatever already sits at the name (a link another
+    user planted, in a directory they can write) is never followed nor
+    truncated (``FileExistsError``). The flock marks the file as live: the
+    next run's clean-up (``remove_abandoned``) removes only files nobody
+    holds. None: the clean-up took the name between the create and the
+    flock (try another name).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass
+    if same_file(path, fd):
+        return fd
+    os.close(fd)
+    return None
+
+
+def write_fd(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def set_owner_mode(fd, mode=None, uid=None, gid=None):
+    """Owner, then mode, on the open file (never a name that could be swapped
+    for a link); owner first, as a chown clears set-id bits."""
+    if uid is not None and gid is not None:
+        try:
+            os.fchown(fd, uid, gid)
+        except PermissionError:
+            pass
+    if mode is not None:
+        os.fchmod(fd, mode)
+
+
+def private_dir(dfd, base):
+    """``(name, fd)`` of a new directory of our own (0700) beside the target,
+    in the directory open as ``dfd``: nobody else can put anything inside
+    it, so a file renamed out of it through ``fd`` is the file orch wrote,
+    whatever happens to the names around it. A name taken already
+    (planted) is refused and another one drawn."""
+    for _ in range(WRITE_ATTEMPTS):
+        name = os.path.basename(tmp_name(".", base))
+        try:
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        except FileExistsError:
+            note_planted("%s existed before orch made it: refused, not followed" % name)
+            continue
+        try:
+            pfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        except OSError:
+            note_planted("%s was swapped right after orch made it: refused, not followed" % name)
+            continue
+        st = os.fstat(pfd)
+        if st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return name, pfd
+        os.close(pfd)
+        note_planted("%s was swapped right after orch made it: refused, not followed" % name)
+    raise PlantedError("another user keeps taking orch's temp names beside %s" % base)
+
+
+def drop_private_dir(dfd, name, pfd):
+    """Remove our (now empty) private directory, if the name is still ours."""
+    try:
+        if same_stat(os.stat(name, dir_fd=dfd, follow_symlinks=False), os.fstat(pfd)):
+            os.rmdir(name, dir_fd=dfd)
+        else:
+            note_planted("%s was renamed or replaced by another user while orch wrote: not followed, "
+                         "orch's file was written through its own directory" % name)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
+
+
+def open_dir(directory):
+    """A descriptor of ``directory`` to create and rename relative to; a
+    directory this user may write but not list (no read bit) is opened as
+    O_PATH (it then just is not fsynced)."""
+    try:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except PermissionError:
+        return os.open(directory, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+
+
+def same_stat(a, b):
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def write_atomic(path, data, mode=None, uid=None, gid=None):
@@ -128,32 +260,54 @@ def write_atomic(path, data, mode=None, uid=None, gid=None):
 
     A reader (or the server starting) sees the old file or the new one,
     never half of one; mode and owner are set before the rename.
+
+    The directory may be one another user can write (a shared source tree):
+    the new file is made inside a private directory of ours beside the
+    target (``.<name>.orch-tmp-<random>``, 0700, see ``private_dir``),
+    ``O_EXCL|O_NOFOLLOW``, owner and mode set through its descriptor, and
+    renamed onto ``path`` relative to directory descriptors — so no name
+    another user can swap is ever followed, written through or renamed.
     """
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, ".%s.orch-tmp-%d" % (os.path.basename(path), os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    base = os.path.basename(path)
+    dfd = open_dir(directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        if uid is not None and gid is not None:
+        for _ in range(WRITE_ATTEMPTS):
+            name, pfd = private_dir(dfd, base)
             try:
-                os.chown(tmp, uid, gid)
-            except PermissionError:
+                try:
+                    fd = os.open("new", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=pfd)
+                except FileNotFoundError:
+                    continue  # a clean-up took our empty directory: draw again
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # live: the clean-up leaves it alone
+                    if os.fstat(fd).st_nlink == 0:
+                        continue  # the clean-up got there first
+                    write_fd(fd, data)
+                    set_owner_mode(fd, mode, uid, gid)
+                    os.replace("new", base, src_dir_fd=pfd, dst_dir_fd=dfd)
+                except BaseException:
+                    try:
+                        os.unlink("new", dir_fd=pfd)
+                    except OSError:
+                        pass
+                    raise
+                finally:
+                    os.close(fd)
+            finally:
+                drop_private_dir(dfd, name, pfd)
+            try:
+                os.fsync(dfd)
+            except OSError:
                 pass
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise named(e, path) from e
+            return
+        raise PlantedError("cannot write %s: its temp files keep disappearing" % path)
+    except PlantedError:
         raise
-    fsync_dir(directory)
+    except OSError as e:
+        raise named(e, path) from e  # ENOSPC and the like say which file
+    finally:
+        os.close(dfd)
 
 
 def fsync_dir(directory):
@@ -191,8 +345,7 @@ def real_path(path):
 
 def read_json(path, default=None):
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode())
+        return json.loads(read_nofollow(path).decode())
     except FileNotFoundError:
         return default
 
@@ -443,6 +596,9 @@ def serve(stdin, stdout):
     # never committed go, and the host's lock is given back by us, so nobody
     # has to wait for a heartbeat to go stale.
     for staged in list(SESSION.staged):
+        if staged in STAGED_FDS:
+            forget_staged(staged)
+            continue
         try:
             os.unlink(staged)
         except OSError:
@@ -495,7 +651,7 @@ def file_info(path, with_data=True):
     """A file as the controller plans with it; a symlink is read through
     (``real`` names the file that is actually written)."""
     path = expand(path)
-    real = os.path.realpath(path)
+    real = checked_real(path)
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -534,30 +690,144 @@ def staged_name(path, token):
     return os.path.join(directory, ".%s.orch-staged-%s%s" % (stem, token, ext))
 
 
-STALE_STAGED_SECONDS = 600.0
+STAGED_FDS = {}  # staged path -> its open, flocked descriptor: the file this helper wrote there
 
 
-def remove_stale_staged(path):
-    """Staged siblings a dead controller left behind (older than 10 minutes,
-    so a ``--check`` running right now is not disturbed)."""
+def leftover_patterns(path):
+    """The exact names orch gives its temp files and staged copies beside
+    ``path``'s real file: only these are ever cleaned up there."""
     directory, base = os.path.split(real_path(path))
     stem, ext = os.path.splitext(base)
-    prefix, removed = ".%s.orch-staged-" % stem, []
+    tmp = re.compile(r"^\.%s%s[0-9a-f]+$" % (re.escape(base), re.escape(TMP_MARK)))
+    staged = re.compile(r"^\.%s\.orch-staged-[A-Za-z0-9_-]+%s$" % (re.escape(stem), re.escape(ext)))
+    return directory, (tmp, staged)
+
+
+def remove_abandoned(full, dir_fd=None):
+    """Remove ``full`` if it is a regular file of this uid's that no live
+    helper holds (``create_exclusive``'s flock). A link, another user's
+    file, or one in use is never touched; nothing is followed."""
+    import stat
+
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return False  # a symlink (ELOOP), gone, or unreadable
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a running helper's (a --check under way)
+        if not same_stat(os.stat(full, dir_fd=dir_fd, follow_symlinks=False), st):
+            return False
+        os.unlink(full, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_abandoned_dir(full):
+    """Remove a temp directory a killed helper left (``private_dir``): only
+    one of this uid's, 0700, holding nothing but an abandoned ``new`` file."""
+    try:
+        pfd = os.open(full, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False  # a link, or not a directory
+    try:
+        st = os.fstat(pfd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return False
+        names = os.listdir(pfd)
+        if any(name != "new" for name in names):
+            return False
+        if names and not remove_abandoned("new", pfd):
+            return False
+        if not same_stat(os.lstat(full), st):
+            return False
+        os.rmdir(full)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pfd)
+
+
+def remove_leftovers(path):
+    """Temp files and staged copies a killed helper, a Ctrl-C or a stale lock
+    left beside ``path`` (run by a deploy, which holds the host's lock)."""
+    directory, patterns = leftover_patterns(path)
+    removed = []
     try:
         names = os.listdir(directory)
     except OSError:
         return removed
     for name in names:
-        if not (name.startswith(prefix) and name.endswith(ext)):
-            continue
-        full = os.path.join(directory, name)
-        try:
-            if time.time() - os.lstat(full).st_mtime > STALE_STAGED_SECONDS:
-                os.unlink(full)
+        if any(p.match(name) for p in patterns):
+            full = os.path.join(directory, name)
+            if remove_abandoned(full) or remove_abandoned_dir(full):
                 removed.append(full)
-        except OSError:
-            pass
     return removed
+
+
+def remove_stale_staged(path):
+    """Kept for callers of the old name: see ``remove_leftovers``."""
+    return remove_leftovers(path)
+
+
+def create_staged(staged, data, mode):
+    """The staged copy, created at its (predictable) name exclusively: a file
+    or link already there is refused, never followed nor replaced — the
+    validator must read the file orch wrote. Owned by this uid until the
+    commit gives it the target's owner (so a leftover is recognisably orch's)."""
+    try:
+        fd = create_exclusive(staged, 0o600)
+    except FileExistsError:
+        fd = None
+    if fd is None:
+        raise PlantedError("%s already exists and orch did not make it (a planted file or link?): refused, "
+                           "not followed" % staged)
+    try:
+        write_fd(fd, data)
+        os.fchmod(fd, mode & 0o777)
+    except BaseException:
+        forget_staged(staged, fd)
+        raise
+    return fd
+
+
+def fd_sha256(fd):
+    h = hashlib.sha256()
+    os.lseek(fd, 0, 0)
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return h.hexdigest()
+        h.update(chunk)
+
+
+def forget_staged(staged, fd=None, remove=True):
+    """Close a staged copy's descriptor; remove the name if it is still ours."""
+    fd = STAGED_FDS.pop(staged, fd)
+    if fd is None:
+        return
+    try:
+        if remove and same_file(staged, fd):
+            os.unlink(staged)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def staged_intact(staged):
+    """The staged name still names the file this helper wrote (not swapped)."""
+    fd = STAGED_FDS.get(staged)
+    return fd is None or same_file(staged, fd)
 
 
 @op("stage")
@@ -575,10 +845,7 @@ def op_stage(files, token, clean_stale=False):
             out.append(stage_one(f, token, clean_stale))
     except BaseException:
         for done in out:  # a failed stage leaves nothing behind
-            try:
-                os.unlink(done["staged"])
-            except OSError:
-                pass
+            forget_staged(done["staged"])
         raise
     return out
 
@@ -590,18 +857,21 @@ def stage_one(f, token, clean_stale):
     data = b64d(f["data"])
     staged = staged_name(path, token)
     if clean_stale:
-        remove_stale_staged(path)
+        remove_leftovers(path)
     try:
-        st = os.stat(real)
-        mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
+        mode = os.stat(real).st_mode & 0o777
     except FileNotFoundError:
-        mode, uid, gid = 0o644, None, None
+        mode = 0o644
     try:
-        write_atomic(staged, data, mode, uid, gid)
+        fd = create_staged(staged, data, mode)
+    except PlantedError as e:
+        raise AgentError("planted", "cannot stage %s: %s" % (path, e.strerror), path=path)
     except OSError as e:
         raise AgentError("stage", "cannot stage %s: %s" % (path, e.strerror or e), path=path)
-    got = sha256_file(staged)
+    STAGED_FDS[staged] = fd
+    got = fd_sha256(fd)
     if got != sha256_bytes(data):
+        forget_staged(staged)
         raise AgentError("stage", "staged copy of %s reads back wrong (sha256 %s)" % (path, got))
     if SESSION is not None:
         SESSION.staged.add(staged)
@@ -644,7 +914,11 @@ def derived_files(staged):
         for name in names:
             full = os.path.join(sub, name)
             if name.startswith(stem) and full != staged and os.path.isfile(full) and not os.path.islink(full):
-                out.append(full)
+                try:
+                    if os.lstat(full).st_uid == os.getuid():  # another user's file is theirs
+                        out.append(full)
+                except OSError:
+                    pass
     return out
 
 
@@ -665,6 +939,7 @@ def op_validate(checks, token, keep_staged=True, timeout=600.0):
         directory = os.path.dirname(staged)
         cache = os.path.join(directory, "__pycache__")
         cache_existed = os.path.isdir(cache)
+        refuse_if_swapped(staged, "before its validators ran")
         for argv in check["argvs"]:
             here = False
             if argv == ["python-syntax"]:
@@ -680,6 +955,7 @@ def op_validate(checks, token, keep_staged=True, timeout=600.0):
             results.append(res)
             if res["rc"] != 0:
                 break
+        refuse_if_swapped(staged, "while its validators ran; their verdict is void")
         for extra in derived_files(staged):
             try:
                 os.unlink(extra)
@@ -694,11 +970,23 @@ def op_validate(checks, token, keep_staged=True, timeout=600.0):
             break
     if not keep_staged:
         for check in checks:
+            staged = staged_name(check["target"], token)
+            if staged in STAGED_FDS:
+                forget_staged(staged)
+                continue
             try:
-                os.unlink(staged_name(check["target"], token))
+                os.unlink(staged)
             except OSError:
                 pass
     return results
+
+
+def refuse_if_swapped(staged, when):
+    """A validator must judge the file orch wrote: a staged name that now
+    names another file (a link planted by another user) stops the deploy."""
+    if not staged_intact(staged):
+        raise AgentError("planted", "%s was replaced by a file orch did not write %s: refused (another user "
+                         "can write in that directory)" % (staged, when), path=staged)
 
 
 def is_this_interpreter(python):
@@ -731,6 +1019,10 @@ def syntax_check(staged, shown):
 def op_remove(paths):
     removed = []
     for p in paths:
+        if expand(p) in STAGED_FDS:  # a staged copy: removed only if the name is still ours
+            forget_staged(expand(p))
+            removed.append(p)
+            continue
         try:
             os.unlink(expand(p))
             removed.append(p)
@@ -763,7 +1055,7 @@ def op_commit(files, release_dir=None):
     try:
         checked = []
         for f in files:
-            real = real_path(f["path"])
+            real = checked_real(f["path"])
             live = live_sha256(real)
             if live != f["before"]:
                 raise AgentError(
@@ -773,18 +1065,18 @@ def op_commit(files, release_dir=None):
         if release_dir:
             started = os.path.join(expand(release_dir), "commit.started")
             try:
-                with open(started, "w") as mark:
-                    mark.write("%f\n" % time.time())
+                write_mark(started, "%f\n" % time.time())
             except OSError as e:
                 raise named(e, started) from e
         for f, real in checked:
             try:
+                fd = staged_fd(f["staged"], f["path"])
+            except AgentError as e:
+                e.details["committed"] = list(renamed)
+                raise
+            try:
                 st = os.stat(real)
-                os.chmod(f["staged"], st.st_mode & 0o7777)
-                try:
-                    os.chown(f["staged"], st.st_uid, st.st_gid)
-                except PermissionError:
-                    pass
+                set_owner_mode(fd, st.st_mode & 0o7777, st.st_uid, st.st_gid)
             except FileNotFoundError:
                 pass
             try:
@@ -795,14 +1087,21 @@ def op_commit(files, release_dir=None):
             renamed.append(f["path"])
             SESSION.staged.discard(f["staged"])
             fsync_dir(os.path.dirname(real))
-            got = sha256_file(real)
+            if not same_file(real, fd):
+                raise AgentError("planted", "%s was swapped for a file orch did not write just before the commit "
+                                 "renamed it onto %s: refused; the restore puts the file back" % (
+                                     f["staged"], f["path"]), committed=list(renamed), path=f["path"])
+            got = fd_sha256(fd)
+            forget_staged(f["staged"], remove=False)
             if got != f["after"]:
                 raise AgentError("commit", "%s reads back with sha256 %s, planned %s" % (f["path"], got, f["after"]),
                                  committed=list(renamed), path=f["path"])
         return renamed
     except (AgentError, OSError) as e:
         for f in files:
-            if f["path"] not in renamed:
+            if f["staged"] in STAGED_FDS:
+                forget_staged(f["staged"], remove=f["path"] not in renamed)
+            elif f["path"] not in renamed:
                 try:
                     os.unlink(f["staged"])
                 except OSError:
@@ -810,6 +1109,39 @@ def op_commit(files, release_dir=None):
         if isinstance(e, OSError):
             raise AgentError("commit", "cannot commit: %s" % (e.strerror or e), committed=list(renamed))
         raise
+
+
+def staged_fd(staged, path):
+    """The descriptor of the staged copy this helper wrote, checked to be still
+    at its name; a copy staged by another helper is opened without following
+    a link and must be a regular file of this uid's."""
+    import stat
+
+    fd = STAGED_FDS.get(staged)
+    if fd is None:
+        try:
+            fd = os.open(staged, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            raise AgentError("planted" if e.errno == errno.ELOOP else "commit",
+                             "cannot commit %s: its staged copy %s: %s" % (path, staged, e.strerror or e), path=path)
+        STAGED_FDS[staged] = fd
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise AgentError("planted", "cannot commit %s: %s is not a file orch wrote: refused" % (path, staged),
+                             path=path)
+    if not same_file(staged, fd):
+        raise AgentError("planted", "cannot commit %s: its staged copy %s was replaced by a file orch did not "
+                         "write: refused, not followed" % (path, staged), path=path)
+    return fd
+
+
+def write_mark(path, text=""):
+    """A small marker file in the release, created or truncated without following a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- state dir, lock, journal
@@ -1012,7 +1344,7 @@ def op_release_create(state_dir, release_id, manifest, files, restore=None):
         write_json(os.path.join(root, "restore.json"), restore)
     # The restore machine's lock file exists from the start: locking it later
     # needs no free space, so a full disk cannot stop a restore.
-    open(os.path.join(root, RESTORE_LOCK), "a").close()
+    write_mark(os.path.join(root, RESTORE_LOCK))
     return root
 
 
@@ -1282,7 +1614,12 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
             os.makedirs(d, 0o755)
         if os.path.exists(log_path):
             os.replace(log_path, log_path + ".1")
-    out = open(log_path, "ab")
+    try:
+        # not through a link: one sitting here now was put there after the rotation (another user's)
+        out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab")
+    except OSError as e:
+        raise AgentError("planted" if e.errno == errno.ELOOP else "server", "cannot open the server's log %s: %s" % (
+            log_path, "a link sits there: refused, not followed" if e.errno == errno.ELOOP else e.strerror or e))
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
@@ -1647,9 +1984,9 @@ class ReleaseLock(object):
 
     def __enter__(self):
         try:
-            self.fd = os.open(self.path, os.O_RDWR)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -1663,8 +2000,7 @@ class ReleaseLock(object):
 def save_drift(release_dir, n, path, live):
     """Keep what a person wrote before orch writes over it."""
     dest = os.path.join(release_dir, "files", "%d.drift" % n)
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_nofollow(path)
     write_atomic(dest, data, 0o600)
     if sha256_file(dest) != live:
         raise AgentError("restore", "the drift copy %s reads back wrong" % dest)
@@ -1679,44 +2015,105 @@ def restore_file(release_dir, n, f, committed):
     ``expect`` (what orch left there), ``mode``/``uid``/``gid``.
     """
     path = expand(f["path"])
-    real = os.path.realpath(path)
-    live = live_sha256(real)
-    done = {"path": path, "sha256_live": live}
-    if live == f.get("sha256"):
-        done["action"] = "unchanged"  # already as wanted: never rewritten
-        return done
-    if live is not None and live != f.get("expect"):
+    real, refused = followable(path)
+    if refused:
+        # a link another user put at the target: replaced, never written through
+        done = {"path": path, "sha256_live": None, "refused": [refused + "; the link is replaced by the restored file"]}
         if not committed:
-            # orch never wrote here: this is somebody else's change, not ours to undo
             done["action"] = "left"
             return done
-        done["drift"] = save_drift(release_dir, n, real, live)
+        real = path
+    else:
+        live = live_sha256(real)
+        done = {"path": path, "sha256_live": live}
+        if live == f.get("sha256"):
+            done["action"] = "unchanged"  # already as wanted: never rewritten
+            return done
+        if live is not None and live != f.get("expect"):
+            if not committed:
+                # orch never wrote here: this is somebody else's change, not ours to undo
+                done["action"] = "left"
+                return done
+            done["drift"] = save_drift(release_dir, n, real, live)
     if f.get("source") is None:
         os.unlink(real)
         done["action"] = "removed"
         return done
-    with open(f["source"], "rb") as src:
-        data = src.read()
+    data = read_nofollow(f["source"])
     if sha256_bytes(data) != f["sha256"]:
         raise AgentError("restore", "backup %s is damaged (sha256 %s, recorded %s); %s was left as it is" % (
             f["source"], sha256_bytes(data), f["sha256"], path))
-    write_atomic(real, data, f.get("mode"), f.get("uid"), f.get("gid"))
-    if sha256_file(real) != f["sha256"]:
+    drain_planted()
+    try:
+        write_atomic(real, data, f.get("mode"), f.get("uid"), f.get("gid"))
+    finally:
+        planted = drain_planted()
+        if planted:
+            done["refused"] = done.get("refused", []) + planted
+    if sha256_bytes(read_nofollow(real)) != f["sha256"]:
         raise AgentError("restore", "%s reads back wrong after restore" % path)
     done["action"] = "restored"
     return done
 
 
-def point_link(path, target):
-    """Make the symlink ``path`` point at ``target``, atomically (rename over)."""
-    tmp = "%s.orch-tmp-%d" % (path, os.getpid())
+def followable(path):
+    """``(real file, None)``, or ``(None, why)`` when ``path`` is a symlink that
+    another user made to somebody else's file (``fs.protected_symlinks``'s
+    rule, on any directory): orch, running as root, must not write through it."""
     try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    os.symlink(target, tmp)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+        link = os.lstat(path)
+    except OSError:
+        return os.path.realpath(path), None
+    real = os.path.realpath(path)
+    if not os.path.islink(path) or link.st_uid == os.getuid():
+        return real, None
+    try:
+        owner = os.stat(real).st_uid
+    except OSError:
+        owner = None
+    if owner is not None and owner != link.st_uid:
+        return None, ("%s is a link made by uid %d to %s, a file of uid %d's: refused, not followed" % (
+            path, link.st_uid, real, owner))
+    return real, None
+
+
+def checked_real(path):
+    """The file ``path`` names, for orch to read and write: a link another
+    user planted at it (``followable``) stops the step instead."""
+    real, refused = followable(expand(path))
+    if refused:
+        raise AgentError("planted", refused, path=path)
+    return real
+
+
+def read_nofollow(path):
+    """A file orch wrote (a backup, a restored target), read without following a link put in its place."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def point_link(path, target):
+    """Make the symlink ``path`` point at ``target``, atomically (rename over).
+
+    Made in a private directory of ours (``private_dir``) and renamed from
+    there: a link planted at any name orch might use is never replaced nor
+    followed."""
+    directory = os.path.dirname(path) or "."
+    dfd = open_dir(directory)
+    try:
+        name, pfd = private_dir(dfd, os.path.basename(path))
+        try:
+            os.symlink(target, "new", dir_fd=pfd)
+            os.replace("new", os.path.basename(path), src_dir_fd=pfd, dst_dir_fd=dfd)
+        finally:
+            drop_private_dir(dfd, name, pfd)
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+    finally:
+        os.close(dfd)
 
 
 def restore_link(link):
@@ -1980,8 +2377,7 @@ def op_confirm_release(release_dir, steps):
 @op("mark")
 def op_mark(path):
     """An empty marker file (``server.touched``): creating one needs no data blocks."""
-    with open(expand(path), "w"):
-        pass
+    write_mark(expand(path))
     return True
 
 
@@ -2001,8 +2397,7 @@ def op_release_arm(state_dir, release_dir, python=None):
     if spec is None or not spec.get("deadline"):
         raise AgentError("arm", "release %s has no restore plan with a deadline" % release_dir)
     pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"))
-    with open(os.path.join(release_dir, "watchdog.pid"), "w") as f:
-        f.write("%d\n" % pid)
+    write_mark(os.path.join(release_dir, "watchdog.pid"), "%d\n" % pid)
     return {"pid": pid, "deadline": spec["deadline"]}
 
 
