@@ -1888,6 +1888,9 @@ def op_restore_release(release_dir, by, until=None, reason=None):
     another party already completed is returned as it was (``already``).
     """
     release_dir = expand(release_dir)
+    if not os.path.isdir(release_dir):
+        # a deploy interrupted while asking for its backup: the host never made the release
+        raise AgentError("absent", "release %s does not exist on this host" % os.path.basename(release_dir))
     SESSION.finishing = True  # a dropped link does not stop a restore
     try:
         with ReleaseLock(release_dir):
