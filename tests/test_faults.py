@@ -583,6 +583,42 @@ def test_retention_never_prunes_a_release_that_rollback_needs(link: Link) -> Non
     assert_as_before(box, original)
 
 
+def test_retention_never_prunes_a_release_holding_drift_until_it_is_restored_or_removed(link: Link) -> None:
+    """Issue 16.4: drift is saved into a rolled back release, the first kind retention prunes;
+    it stays until the person's content is back or the copy is removed, and history says so."""
+    box = link.box
+    box.start_by_hand()
+    box.write_inventory(port=link.proxy.port, known_hosts=str(box.root / "known_hosts_proxy"), keep_releases=2)
+    gate = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_READY_FILE": str(gate), "STANDIN_EXIT_AFTER_READY": "0.1"})))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    with box.server_args.open("a") as f:
+        f.write("# hot fix typed on the box\n")
+    edited = box.server_args.read_bytes()
+    gate.write_text("")
+    code, rep, text = finish(proc)
+    assert code == 1 and rep["drift"] == [str(box.server_args)], text
+    failed = release_dirs(box)[-1]
+    drift = failed / "files" / "0.drift"
+    assert drift.read_bytes() == edited
+    for t in (1, 2):  # two deploys later: the rolled back release is the first one retention would take
+        done = box.orch("deploy", "--host", "gpu", str(story(box, f"t{t}.yaml", threshold=t)))
+        assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert f"release {failed.name} is kept beyond keep_releases" in said and str(box.server_args) in said
+    assert drift.read_bytes() == edited
+    rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+    row = next(r for r in rows if r["id"] == failed.name)
+    assert f"drift kept: {box.server_args}" in row["outcome"] and row["drift_kept"] == [str(box.server_args)]
+    assert f"drift kept: {box.server_args}" in box.orch("history", "--host", "gpu").stdout
+    drift.unlink()  # a person has looked at the edit and let it go: the release may go too
+    done = box.orch("deploy", "--host", "gpu", str(story(box, "t3.yaml", threshold=3)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not failed.exists()
+    assert [read(d / "manifest.json")["outcome"] for d in release_dirs(box)] == ["deployed"] * 3
+
+
 CRASH_LOOP = """\
 name: crash-loop
 vars: {{port: {port}}}

@@ -29,7 +29,7 @@ from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, rest
 from orchestrator.core.outcomes import Step, Verdict, verdict
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import view_ranges
-from orchestrator.core.releases import FileState, new_release_id, prune_candidates
+from orchestrator.core.releases import FileState, drift_kept, held_note, new_release_id, prune_plan
 from orchestrator.core.restore import (
     RestorePlan,
     RestoreRecord,
@@ -297,7 +297,8 @@ class Deployment:
         applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
-        prune = prune_candidates(releases, applied, keep)
+        pruning = prune_plan(releases, applied, keep, drift_kept(self.state.get("releases", [])))
+        prune = pruning.remove
         finished = time.time()
         gate_records = []
         if self.gate is not None and self.gate.outcome is not None:
@@ -317,6 +318,8 @@ class Deployment:
         if not answer.confirmed:
             return self._restored_before_confirm(answer)
         self.reporter.step(self.label, f"release {self.release_id} is current")
+        for rid, paths in pruning.held.items():
+            self.reporter.note(self.label, held_note(rid, paths))
         in_effect = len(applied)
         if in_effect > keep:
             self.reporter.note(self.label, f"{in_effect} releases are in effect, more than keep_releases {keep}: "

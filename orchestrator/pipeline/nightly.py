@@ -66,7 +66,7 @@ from orchestrator.core.nightly import (
 )
 from orchestrator.core.outcomes import Step, verdict
 from orchestrator.core.probe import ProbeResult
-from orchestrator.core.releases import LinkState, new_release_id, prune_candidates
+from orchestrator.core.releases import LinkState, drift_kept, held_note, new_release_id, prune_plan
 from orchestrator.core.rendering import (
     RenderedHealth,
     RenderedPlaybook,
@@ -632,7 +632,8 @@ class Night:
             "finished": finished, "probe": probe.to_json() if probe else None})
         applied = list(self.state["state"].get("applied", [])) + [self.name]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.name]
-        prune_releases = prune_candidates(releases, applied, self.target.keep_releases)
+        pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.get("releases", [])))
+        prune_releases = pruning.remove
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
                                        self.spec.keep_builds)
         answer = self.session.run(ops.confirm_release(self.release_dir, [
@@ -657,6 +658,8 @@ class Night:
         removed = answer.results[4]
         if removed:
             self.reporter.step(self.label, f"pruned {len(removed)} old build(s): {', '.join(removed)}")
+        for rid, paths in pruning.held.items():
+            self.reporter.note(self.label, held_note(rid, paths))
         self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
         result = self.result("changed", 0)
         result.build_log = self.read_log()

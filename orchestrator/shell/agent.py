@@ -957,6 +957,8 @@ def op_state_read(state_dir):
     for name in names:
         manifest = read_json(os.path.join(rel_root, name, "manifest.json"))
         if manifest is not None:
+            if manifest.get("drift"):
+                manifest["drift_kept"] = kept_drift(os.path.join(rel_root, name))
             releases.append(manifest)
     return {
         "root": root,
@@ -1019,7 +1021,8 @@ def op_release_prune(state_dir, remove):
     removed = []
     for rid in remove:
         d = os.path.join(root, rid)
-        if os.path.isdir(d) and "/" not in rid and rid not in ("", ".", ".."):
+        if os.path.isdir(d) and "/" not in rid and rid not in ("", ".", "..") and not kept_drift(d):
+            # a release holding what a person wrote (drift) is never pruned, whatever was asked
             shutil.rmtree(d)
             removed.append(rid)
     return removed
@@ -1652,6 +1655,25 @@ def save_drift(release_dir, n, path, live):
     if sha256_file(dest) != live:
         raise AgentError("restore", "the drift copy %s reads back wrong" % dest)
     return dest
+
+
+def kept_drift(release_dir):
+    """The drift copies of a release that still hold the only copy of what a person wrote.
+
+    A copy is needed while it exists and its content is not back in the
+    live file; once restored there, or removed by a person, the release may
+    be pruned. Returns ``[{"path", "copy"}]`` (empty for most releases).
+    """
+    record = read_record(os.path.join(release_dir, "restored.json")) or {}
+    kept = []
+    for f in record.get("files") or []:
+        copy = f.get("drift")
+        if not copy or not os.path.exists(copy):
+            continue
+        if live_sha256(os.path.realpath(f["path"])) == f.get("sha256_live"):
+            continue  # the person's content is in place again
+        kept.append({"path": f["path"], "copy": copy})
+    return kept
 
 
 def restore_file(release_dir, n, f, committed):
