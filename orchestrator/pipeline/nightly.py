@@ -240,6 +240,7 @@ class Night:
     prepared: bool = False
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
+    complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
     resolved_source: SourceRecord | None = None
     install_argvs: list[list[str]] = field(default_factory=list)
     stack_records: list[StackRecord] = field(default_factory=list)
@@ -419,6 +420,7 @@ class Night:
         self.prepared = True
         self.previous_build = prepared.current
         self.existing_builds = list(prepared.builds)
+        self.complete_builds = None if prepared.complete is None else list(prepared.complete)
         self.reporter.step(self.label, f"building {self.build_dir} (log {self.log_path})")
         source = self.spec.source
         if source.git is not None:
@@ -634,8 +636,9 @@ class Night:
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.name]
         pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.get("releases", [])))
         prune_releases = pruning.remove
+        complete = None if self.complete_builds is None else [*self.complete_builds, self.name]
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
-                                       self.spec.keep_builds)
+                                       self.spec.keep_builds, complete)
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {

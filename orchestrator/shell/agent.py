@@ -2467,6 +2467,7 @@ def op_nightly_prepare(builds_dir, build):
         raise AgentError("build", "%s already exists" % dest)
     found = op_nightly_builds(root)
     return {"builds_dir": root, "build_dir": dest, "current": found["current"], "builds": found["builds"],
+            "complete": found["complete"],
             "log": os.path.join(root, "logs", build + ".log"), "python_version": sys.version.split()[0]}
 
 
@@ -2482,7 +2483,11 @@ def op_nightly_builds(builds_dir):
     builds = sorted(n for n in names
                     if not n.startswith(".") and n not in ("current", "logs")
                     and os.path.isdir(os.path.join(root, n)) and not os.path.islink(os.path.join(root, n)))
-    return {"builds_dir": root, "current": read_link(os.path.join(root, "current")), "builds": builds}
+    # complete: a night confirmed it (its manifest is written by the confirm); the others were
+    # built half-way, or never passed, and never count toward keep_builds
+    complete = [n for n in builds if os.path.isfile(os.path.join(root, n, "manifest.json"))]
+    return {"builds_dir": root, "current": read_link(os.path.join(root, "current")), "builds": builds,
+            "complete": complete}
 
 
 @op("nightly_fetch_git")
