@@ -427,6 +427,59 @@ def test_a_half_made_build_left_behind_never_takes_a_good_builds_place(nightbox:
     assert "pruned 1 old build(s)" in proc.stderr and half.name in proc.stderr
 
 
+def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None:
+    """Issue 16.6 for a night: a Ctrl-C while the watchdog is being armed closes the night at
+    once (journal, watchdog, build), never leaving it to the watchdog's deadline.
+
+    Held from outside: a link slow enough (0.5 s each way) that the proxy is stalled
+    while the arming's answer is on its way; the link comes back once orch's cancel
+    has been written into it."""
+    box = nightbox.box
+    nightbox.write_spec(keep_builds=3, probe=False)
+    ok, data = nightbox.night()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    good = data["hosts"]["gpu"]["build"]
+    pid = box.server_pid()
+    proxy = TcpProxy(box.sshd.port, delay=0.5)
+    try:
+        known = box.root / "known_hosts_proxy"
+        known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
+        box.write_inventory(port=proxy.port, known_hosts=str(known), vars={
+            "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
+            "builds_root": str(nightbox.builds)})
+        proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json")
+        wait_until(lambda: box.journal().get("step") == "armed", "the night armed on the host", 240)
+        proxy.stall()
+        night = box.journal()["release"]
+        watchdog = int((box.state_dir / "releases" / night / "watchdog.pid").read_text())
+        sent = proxy.client_bytes()
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: proxy.client_bytes() > sent, "orch's cancel, written into the held link")
+        proxy.unstall()
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 1, out + err
+        rep = json.loads(out)["hosts"]["gpu"]
+        assert rep["outcome"] == "failed" and "nothing live was touched" in rep["error"], rep
+        journal = box.journal()
+        assert journal["release"] == night and journal["finished"] is True, journal
+
+        def watchdog_gone() -> bool:
+            try:
+                return "orch-watchdog" not in Path(f"/proc/{watchdog}/comm").read_text()
+            except OSError:
+                return True
+
+        wait_until(watchdog_gone, "the watchdog to leave", 30)
+        assert nightbox.current() == good and box.server_pid() == pid
+        assert not (nightbox.builds / night).exists()
+        record = json.loads((box.state_dir / "releases" / night / "manifest.json").read_text())
+        assert record["outcome"] == "failed"
+        status = box.orch("status", "--host", "gpu")
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        proxy.close()
+
+
 def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: NightBox) -> None:
     """kill -9 of the controller after the switch, its new server held unhealthy: the host's
     watchdog points ``current`` back and restarts the previous command line by itself."""

@@ -238,6 +238,7 @@ class Night:
     last_started: dict[str, Any] | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
+    arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
     complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
@@ -512,6 +513,8 @@ class Night:
             return self.result(v.outcome, v.exit_code, reason)
         result = self.result(v.outcome, v.exit_code, reason)
         result.build_log = self.read_log()
+        if self.arm_sent:
+            self.disarm(reason)
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.nightly_remove_build(self.builds_dir, self.name),
@@ -522,6 +525,14 @@ class Night:
             ])
             self.reporter.step(self.label, f"removed the half-built {self.build_dir}; nothing running was touched")
         return result
+
+    def disarm(self, reason: str) -> None:
+        """Interrupted while arming: the watchdog may be armed and the journal say ``armed``.
+        Nothing live was touched; the restore machine closes the night at once (its record,
+        the journal; the watchdog leaves) rather than at the watchdog's deadline."""
+        with contextlib.suppress(OrchError):
+            self.session.run(ops.restore_release(self.release_dir, "controller", reason=reason),
+                             on_event=self._events())
 
     # ------------------------------------------------ arm, switch, probe, confirm
 
@@ -573,6 +584,7 @@ class Night:
         self.deadline = time.time() + total(deploy_budget(spec.server, spec.health, extra))
         restore = restore_spec(self.name, "night", self.restore_plan(previous), deadline=self.deadline,
                                started=new_start.to_wire())
+        self.arm_sent = True
         self.session.batch([
             ops.release_update(self.state_dir, self.name, self.switch_record(previous, new_start)),
             ops.put_json(f"{self.release_dir}/restore.json", restore),
