@@ -21,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,6 +237,84 @@ def test_a_link_lost_before_anything_changed_is_exit_2(link: Link) -> None:
     assert not staged[0].exists()  # the helper removed what it had staged
     assert sha256(box.server_args) == original and box.server_pid() == pid
     assert release_dirs(box) == [] and box.journal() == {}
+
+
+def watchdog_alive(release: Path) -> bool:
+    """The release's own watchdog (by its pid and name: other tests' watchdogs run beside it)."""
+    try:
+        pid = int((release / "watchdog.pid").read_text())
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "orch-watchdog"
+    except (OSError, ValueError):
+        return False
+
+
+class StderrLines:
+    """A running orch's stderr, read as it comes, so a test can wait for a line."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.text = ""
+        assert proc.stderr is not None
+        self._stream = proc.stderr
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def all(self) -> str:
+        """Everything, once the process has closed its stderr."""
+        self._thread.join(240)
+        return self.text
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self.text += line
+
+
+def test_ctrl_c_between_the_backup_and_the_commit_closes_the_release_at_once(sandbox: Sandbox) -> None:
+    """Issue 16.6: the release is closed at once (journal, watchdog, staged copy), exit 1, and it says so.
+
+    Held from outside: a link slow enough (0.5 s each way) that the proxy is
+    stalled while the backup's answer is on its way; the Ctrl-C is let through
+    once orch has seen it (its "interrupted" line), then the link comes back.
+    """
+    box = sandbox
+    proxy = TcpProxy(box.sshd.port, delay=0.5)
+    known = box.root / "known_hosts_proxy"
+    known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
+    box.write_inventory(port=proxy.port, known_hosts=str(known))
+    try:
+        pid = box.start_by_hand()
+        original = sha256(box.server_args)
+        proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box)))
+        err = StderrLines(proc)
+        wait_until(lambda: box.journal().get("step") == "backed_up", "the backup on the host")
+        proxy.stall()  # the backup's answer (or the commit) is held on the link
+        release = release_dirs(box)[-1]
+        assert watchdog_alive(release)
+        staged = list(box.server_args.parent.glob(".server_args.orch-staged-*.py"))
+        assert staged
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "Ctrl-C again" in err.text, "orch to see the Ctrl-C")
+        proxy.unstall()
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.wait(240)
+        text = out + err.all()
+        rep = json.loads(out)["hosts"]["gpu"]
+        assert proc.returncode == 1, text
+        assert rep["outcome"] == "failed", text
+        assert "nothing on the host was changed" in rep["error"] and f"release {release.name} closed" in text
+        journal = box.journal()
+        assert journal["release"] == release.name and journal["finished"] is True, journal
+        wait_until(lambda: not watchdog_alive(release), "the watchdog to leave", 30)
+        assert not any(p.exists() for p in staged)
+        assert list(box.server_args.parent.glob(".server_args.orch-staged-*")) == []
+        assert sha256(box.server_args) == original and box.server_pid() == pid
+        assert read(release / "manifest.json")["outcome"] == "failed"
+        status = box.orch("status", "--host", "gpu")
+        assert status.returncode == 0, status.stdout + status.stderr
+        again = box.orch("deploy", "--host", "gpu", str(story(box)))
+        assert again.returncode == 0, again.stdout + again.stderr
+    finally:
+        proxy.close()
 
 
 def test_a_full_state_dir_after_the_commit_still_restores_and_says_what_was_recorded(link: Link) -> None:
@@ -502,6 +581,42 @@ def test_retention_never_prunes_a_release_that_rollback_needs(link: Link) -> Non
     last = box.orch("rollback", "--host", "gpu")
     assert last.returncode == 0 and "the state before any release" in last.stdout + last.stderr
     assert_as_before(box, original)
+
+
+def test_retention_never_prunes_a_release_holding_drift_until_it_is_restored_or_removed(link: Link) -> None:
+    """Issue 16.4: drift is saved into a rolled back release, the first kind retention prunes;
+    it stays until the person's content is back or the copy is removed, and history says so."""
+    box = link.box
+    box.start_by_hand()
+    box.write_inventory(port=link.proxy.port, known_hosts=str(box.root / "known_hosts_proxy"), keep_releases=2)
+    gate = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+                          str(story(box, env={"STANDIN_READY_FILE": str(gate), "STANDIN_EXIT_AFTER_READY": "0.1"})))
+    wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+    with box.server_args.open("a") as f:
+        f.write("# hot fix typed on the box\n")
+    edited = box.server_args.read_bytes()
+    gate.write_text("")
+    code, rep, text = finish(proc)
+    assert code == 1 and rep["drift"] == [str(box.server_args)], text
+    failed = release_dirs(box)[-1]
+    drift = failed / "files" / "0.drift"
+    assert drift.read_bytes() == edited
+    for t in (1, 2):  # two deploys later: the rolled back release is the first one retention would take
+        done = box.orch("deploy", "--host", "gpu", str(story(box, f"t{t}.yaml", threshold=t)))
+        assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert f"release {failed.name} is kept beyond keep_releases" in said and str(box.server_args) in said
+    assert drift.read_bytes() == edited
+    rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+    row = next(r for r in rows if r["id"] == failed.name)
+    assert f"drift kept: {box.server_args}" in row["outcome"] and row["drift_kept"] == [str(box.server_args)]
+    assert f"drift kept: {box.server_args}" in box.orch("history", "--host", "gpu").stdout
+    drift.unlink()  # a person has looked at the edit and let it go: the release may go too
+    done = box.orch("deploy", "--host", "gpu", str(story(box, "t3.yaml", threshold=3)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not failed.exists()
+    assert [read(d / "manifest.json")["outcome"] for d in release_dirs(box)] == ["deployed"] * 3
 
 
 CRASH_LOOP = """\

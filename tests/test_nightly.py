@@ -61,7 +61,7 @@ probe:
 def spec_text(commit: str, *, extra_server_env: str = "", notify: str | None = None,
               source: str | None = None, sglang_root: str = "{{ build }}/python/sglang",
               python: str = "python3", keep_builds: int = 2, health_timeout: str = "1m",
-              server_timeouts: str = "", probe: bool = True) -> str:
+              server_timeouts: str = "", probe: bool = True, install: str = "") -> str:
     """The test's spec. Every night's server takes two switches from ``--var``: ``crash=1``
     (it fails at start) and ``never_ready=1`` (its health stays 503)."""
     source = source or f"git: {{repo: \"{{{{ source_repo }}}}\", commit: {commit}}}"
@@ -98,6 +98,7 @@ health:
 {PROBE if probe else ""}
 keep_builds: {keep_builds}
 {f"notify: {notify}" if notify else ""}
+{f"install: [{json.dumps(install)}]" if install else ""}
 """
 
 
@@ -370,6 +371,113 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
                                        f"{rows[1]['tokens_per_s']:.1f} tok/s", f"undid {builds[3]}"]
     for words in whole:
         assert words in text, f"{words!r} is broken or missing in:\n{text}"
+
+
+def test_a_build_killed_half_way_is_removed_when_its_night_is_closed_and_never_counts(
+    nightbox: NightBox,
+) -> None:
+    """Issue 16.8: a good build was pruned in the place of one a killed night left half-made."""
+    box = nightbox.box
+    nightbox.write_spec(keep_builds=3, probe=False)
+    good = []
+    for _ in range(2):
+        proc, data = nightbox.night()
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        good.append(data["hosts"]["gpu"]["build"])
+    held, go = box.root / "installing", box.root / "go"
+    nightbox.write_spec(keep_builds=3, probe=False,
+                        install=f"sh -c 'touch {held}; while [ ! -e {go} ]; do sleep 0.05; done'")
+    proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json")
+    wait_until(held.exists, "the night's install, held")  # the source is checked out, the install runs
+    half = box.journal()["release"]
+    assert box.journal()["step"] == "building" and (nightbox.builds / half / "python").is_dir()
+    proc.send_signal(signal.SIGKILL)  # the controller dies half-way through the build
+    proc.wait()
+    wait_until(lambda: not (box.state_dir / "lock.json").exists(), "the helper to give the lock back", 120)
+    refused, _ = nightbox.night()
+    assert refused.returncode == 2 and "never finished" in refused.stdout  # the night is not closed yet
+    closed = box.orch("rollback", "--host", "gpu", "--json")
+    assert closed.returncode == 0, closed.stdout + closed.stderr
+    assert not (nightbox.builds / half).exists()  # closed: the half-made build is gone
+    assert (nightbox.builds / "logs" / f"{half}.log").exists()  # its log is kept
+    nightbox.write_spec(keep_builds=3, probe=False)
+    proc, data = nightbox.night()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # three good builds, keep_builds 3: none pruned
+    assert sorted(p.name for p in nightbox.builds.iterdir() if p.name not in ("current", "logs", ".cache")) \
+        == sorted([*good, data["hosts"]["gpu"]["build"]])
+
+
+def test_a_half_made_build_left_behind_never_takes_a_good_builds_place(nightbox: NightBox) -> None:
+    """Issue 16.8: a build left half-made (by a night killed before this was fixed, or whose
+    closing could not remove it) is not counted by keep_builds, and goes at the next good night."""
+    nightbox.write_spec(keep_builds=3, probe=False)
+    good = []
+    for _ in range(2):
+        proc, data = nightbox.night()
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        good.append(data["hosts"]["gpu"]["build"])
+    half = nightbox.builds / (good[-1][:-8] + "5-abcdef0")  # sorts after the good builds: newer
+    (half / "python").mkdir(parents=True)
+    proc, data = nightbox.night()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    good.append(data["hosts"]["gpu"]["build"])
+    assert not half.exists()  # it went, and the oldest good build stayed in its place
+    assert all((nightbox.builds / b).is_dir() for b in good)
+    assert "pruned 1 old build(s)" in proc.stderr and half.name in proc.stderr
+
+
+def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None:
+    """Issue 16.6 for a night: a Ctrl-C while the watchdog is being armed closes the night at
+    once (journal, watchdog, build), never leaving it to the watchdog's deadline.
+
+    Held from outside: a link slow enough (0.5 s each way) that the proxy is stalled
+    while the arming's answer is on its way; the link comes back once orch's cancel
+    has been written into it."""
+    box = nightbox.box
+    nightbox.write_spec(keep_builds=3, probe=False)
+    ok, data = nightbox.night()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    good = data["hosts"]["gpu"]["build"]
+    pid = box.server_pid()
+    proxy = TcpProxy(box.sshd.port, delay=0.5)
+    try:
+        known = box.root / "known_hosts_proxy"
+        known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
+        box.write_inventory(port=proxy.port, known_hosts=str(known), vars={
+            "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
+            "builds_root": str(nightbox.builds)})
+        proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json")
+        wait_until(lambda: box.journal().get("step") == "armed", "the night armed on the host", 240)
+        proxy.stall()
+        night = box.journal()["release"]
+        watchdog = int((box.state_dir / "releases" / night / "watchdog.pid").read_text())
+        sent = proxy.client_bytes()
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: proxy.client_bytes() > sent, "orch's cancel, written into the held link")
+        proxy.unstall()
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 1, out + err
+        rep = json.loads(out)["hosts"]["gpu"]
+        assert rep["outcome"] == "failed" and "nothing live was touched" in rep["error"], rep
+        journal = box.journal()
+        assert journal["release"] == night and journal["finished"] is True, journal
+
+        def watchdog_gone() -> bool:
+            try:
+                return "orch-watchdog" not in Path(f"/proc/{watchdog}/comm").read_text()
+            except OSError:
+                return True
+
+        wait_until(watchdog_gone, "the watchdog to leave", 30)
+        assert nightbox.current() == good and box.server_pid() == pid
+        assert not (nightbox.builds / night).exists()
+        record = json.loads((box.state_dir / "releases" / night / "manifest.json").read_text())
+        assert record["outcome"] == "failed"
+        status = box.orch("status", "--host", "gpu")
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        proxy.close()
 
 
 def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: NightBox) -> None:

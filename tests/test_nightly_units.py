@@ -432,3 +432,14 @@ def test_the_probe_is_bounded_for_the_watchdogs_deadline() -> None:
     assert probe_seconds(config) == 5 + 5 * (16 // 8 + 2)  # the greedy request, then one batch
     more = config.model_copy(update={"rounds": 3, "warmup": 8, "greedy": False})
     assert probe_seconds(more) == 5 * (8 // 8 + 2) + 3 * 5 * (16 // 8 + 2)
+
+
+def test_half_made_builds_never_count_toward_keep_builds_and_go_first() -> None:
+    """Issue 16.8: ``complete`` names the confirmed builds; the others hold nothing to switch to."""
+    builds = ["b1", "b2", "h3", "b4"]
+    # before: the half-made h3 counted, and the good b1 went in its place
+    assert builds_to_prune(builds, "b4", "b2", keep=3) == ["b1"]
+    assert builds_to_prune(builds, "b4", "b2", keep=3, complete=["b1", "b2", "b4"]) == ["h3"]
+    assert builds_to_prune(builds, "b4", "b2", keep=2, complete=["b1", "b2", "b4"]) == ["h3", "b1"]
+    # current and the previous one are never pruned, whatever a record says
+    assert builds_to_prune(builds, "b4", "h3", keep=1, complete=["b1", "b2", "b4"]) == ["b1", "b2"]

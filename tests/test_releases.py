@@ -63,3 +63,18 @@ def test_to_a_release_in_effect() -> None:
     assert rollback_to("r1", ["r1", "r2", "r3"], releases) == "r1"
     target = rollback_target(["r1", "r2", "r3"], releases, "/s/releases", to="r1")
     assert target.undo == ("r3", "r2") and target.new_applied == ("r1",)
+
+
+def test_a_release_holding_drift_is_held_not_pruned_and_does_not_shift_the_cap() -> None:
+    """Issue 16.4: drift lives in rolled back releases and rollback records, which go first."""
+    from orchestrator.core.releases import drift_kept, prune_candidates, prune_plan
+
+    ids = ["r1", "r2", "r3", "r4", "r5"]
+    applied = ["r3", "r5"]
+    holding = drift_kept([{"id": "r1", "drift_kept": [{"path": "/a.py", "copy": "/s/r1/files/0.drift"}]},
+                          {"id": "r2", "drift_kept": []}])
+    assert holding == {"r1": ["/a.py"]}
+    plan = prune_plan(ids, applied, keep=3, holding=holding)
+    assert plan.remove == ["r2", "r4"] and plan.held == {"r1": ["/a.py"]}
+    assert prune_candidates(ids, applied, keep=3) == ["r1", "r2"]  # without drift, the oldest go
+    assert prune_plan(ids, applied, keep=5, holding=holding).held == {}  # nothing would be pruned: no note

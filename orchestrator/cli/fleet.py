@@ -73,6 +73,9 @@ def run_reports(
         interrupted=lambda t: HostReport(t.name, "failed", 1, error=INTERRUPTED),
         started=(lambda t: fleet_reporter.started(t.name)) if fleet_reporter else (lambda _t: None),
         finished=(lambda t, r: fleet_reporter.finished(t.name, r)) if fleet_reporter else (lambda _t, _r: None),
+        interrupting=lambda: out.line("interrupted (Ctrl-C): stopping the hosts at work (a release not yet "
+                                      "committed is closed, a committed one restored); Ctrl-C again to stop "
+                                      "waiting", "yellow"),
     )
     after = None
     if undo is not None:

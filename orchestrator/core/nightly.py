@@ -503,13 +503,22 @@ def record_tokens_per_s(record: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int) -> list[str]:
-    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one."""
+def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int,
+                    complete: Sequence[str] | None = None) -> list[str]:
+    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one.
+
+    ``complete``: the builds a night confirmed (``None``: all of them). The
+    others — built half-way by a night that was killed, or never passed —
+    hold nothing a rollback can switch to: they never count toward ``keep``
+    (a good build must not be pruned in their place) and go first.
+    """
     protected = {b for b in (current, previous) if b}
     ordered = sorted(set(builds))
-    excess = len(ordered) - max(keep, len(protected))
-    out: list[str] = []
-    for name in ordered:
+    whole = set(ordered) if complete is None else set(complete) | protected
+    out = [name for name in ordered if name not in whole]
+    good = [name for name in ordered if name in whole]
+    excess = len(good) - max(keep, len(protected))
+    for name in good:
         if excess <= 0:
             break
         if name in protected:

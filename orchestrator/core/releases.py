@@ -228,25 +228,60 @@ def rollback_target(
                        tuple(links.values()))
 
 
-def prune_candidates(
-    release_ids: list[str], applied: list[str], keep: int
-) -> list[str]:
-    """The oldest releases beyond ``keep`` that are no longer in effect.
+@dataclass(frozen=True)
+class PrunePlan:
+    """What retention removes, and what it keeps beyond ``keep_releases`` because of drift."""
+
+    remove: list[str]
+    held: dict[str, list[str]] = field(default_factory=dict)  # release -> paths whose drift it keeps
+
+
+def drift_kept(manifests: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Releases that keep a drift copy still needed (``state_read``'s ``drift_kept``): id -> paths."""
+    return {m["id"]: [d["path"] for d in m["drift_kept"]] for m in manifests if m.get("drift_kept")}
+
+
+def prune_plan(
+    release_ids: list[str], applied: list[str], keep: int, holding: dict[str, list[str]] | None = None
+) -> PrunePlan:
+    """The oldest releases beyond ``keep`` that are no longer in effect, and those held back.
 
     ``keep_releases`` is a soft cap. A release in effect (in ``applied``) is
     never pruned: each is a step ``orch rollback`` can take, and the oldest
     of them holds the only copy of the files as they were before any
     release. Rolled back deploys, undone releases and rollback records go
-    first, oldest first.
+    first, oldest first — and those are exactly where a restore saves what a
+    person wrote over orch's content (drift, ``files/<n>.drift``). So a
+    release in ``holding`` (its drift copy neither restored nor removed by a
+    person) is never pruned either: it is ``held``, for a note saying so.
     """
     in_effect = set(applied)
+    holding = holding or {}
     excess = len(release_ids) - keep
     out: list[str] = []
+    held: dict[str, list[str]] = {}
     for rid in sorted(release_ids):
         if excess <= 0:
             break
         if rid in in_effect:
             continue
+        if rid in holding:
+            held[rid] = list(holding[rid])
+            continue
         out.append(rid)
         excess -= 1
-    return out
+    return PrunePlan(out, held)
+
+
+def prune_candidates(
+    release_ids: list[str], applied: list[str], keep: int, holding: dict[str, list[str]] | None = None
+) -> list[str]:
+    """``prune_plan``'s releases to remove."""
+    return prune_plan(release_ids, applied, keep, holding).remove
+
+
+def held_note(rid: str, paths: list[str]) -> str:
+    """Why a release outlives ``keep_releases``: the only copy of a person's edit is in it."""
+    return (f"release {rid} is kept beyond keep_releases: it holds drift (content a person wrote) of "
+            f"{', '.join(paths)} in {rid}/files/<n>.drift; it is pruned once that content is back in "
+            "place or the copy is removed")

@@ -29,7 +29,7 @@ from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, rest
 from orchestrator.core.outcomes import Step, Verdict, verdict
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import view_ranges
-from orchestrator.core.releases import FileState, new_release_id, prune_candidates
+from orchestrator.core.releases import FileState, drift_kept, held_note, new_release_id, prune_plan
 from orchestrator.core.restore import (
     RestorePlan,
     RestoreRecord,
@@ -89,6 +89,7 @@ class Deployment:
     release_dir: str = ""
     reached: Step = Step.PLANNING
     release_created: bool = False
+    backup_sent: bool = False  # the backup was asked for: the release may exist even if no answer came
     deadline: float = 0.0
     clock: StepClock | None = None  # times the steps (``pipeline.timings``); one is made if none
     started_at: float = 0.0
@@ -144,6 +145,7 @@ class Deployment:
         ]
         spec = restore_spec(self.release_id, "deploy", self._restore_plan(), deadline=self.deadline,
                             started=self._started_record())
+        self.backup_sent = True
         self.session.batch([
             ops.release_create(self.state_dir, self.release_id, self._manifest(), files, restore=spec),
             ops.put_json(self._journal_path(), self._journal("backed_up")),
@@ -295,7 +297,8 @@ class Deployment:
         applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
-        prune = prune_candidates(releases, applied, keep)
+        pruning = prune_plan(releases, applied, keep, drift_kept(self.state.get("releases", [])))
+        prune = pruning.remove
         finished = time.time()
         gate_records = []
         if self.gate is not None and self.gate.outcome is not None:
@@ -315,6 +318,8 @@ class Deployment:
         if not answer.confirmed:
             return self._restored_before_confirm(answer)
         self.reporter.step(self.label, f"release {self.release_id} is current")
+        for rid, paths in pruning.held.items():
+            self.reporter.note(self.label, held_note(rid, paths))
         in_effect = len(applied)
         if in_effect > keep:
             self.reporter.note(self.label, f"{in_effect} releases are in effect, more than keep_releases {keep}: "
@@ -331,9 +336,15 @@ class Deployment:
     def fail(self, cause: BaseException) -> HostReport:
         """Any failure after the plan: close or restore the release, then the verdict."""
         reason = self._reason(cause)
-        if isinstance(cause, LinkLostError) or not self.release_created:
+        if isinstance(cause, LinkLostError):
+            return self._report(cause, reason, None)
+        if not self.release_created and not (self.backup_sent and isinstance(cause, KeyboardInterrupt)):
+            # a Ctrl-C while the backup was asked for may have left a release behind: closed below
+            self._remove_staged()
             return self._report(cause, reason, None)
         changed = self.reached >= Step.COMMITTING
+        if not changed and isinstance(cause, KeyboardInterrupt):
+            reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
         self.reporter.warn(self.label, f"deploy failed: {reason}; "
                                        + ("rolling back" if changed else "closing the release (nothing was changed)"))
         pb = self.plan.loaded.model
@@ -351,16 +362,29 @@ class Deployment:
                 f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
                 f"{at(until)}; or run `orch rollback --host {self.label}` now", reason)
         except (RemoteStepError, OrchError) as e:
+            if isinstance(e, RemoteStepError) and e.kind == "absent":
+                # the Ctrl-C came before the host made the release: there is nothing to close
+                self._remove_staged()
+                return self._report(cause, reason, None)
             return self._unsafe(
                 f"{self.label}: deploy failed ({reason}) and its restore could not run: {e}. Backups are in "
                 f"{self.release_dir}; the watchdog restores at {at(until)}; run `orch status --host "
                 f"{self.label}`", reason)
         finally:
             self._stop("rollback")
+        if not changed:
+            self._remove_staged()
         if record.log_tail:
             self.reporter.server_log(self.label, "server log, restore (last 40 lines)", record.log_tail)
         self._close_record(record, verdict(cause, self.reached, record).outcome)
         return self._report(cause, reason, record)
+
+    def _remove_staged(self) -> None:
+        """Before the commit, a failed deploy leaves no staged copy beside its targets (best effort:
+        the helper also removes them when its controller goes away)."""
+        if self.staged and self.session.link_alive:
+            with contextlib.suppress(OrchError):
+                self.session.run(ops.remove([s.staged for s in self.staged]))
 
     def _restored_before_confirm(self, answer: ops.ConfirmAnswer) -> HostReport:
         """The watchdog (or a person's ``orch rollback``) restored the release before we could confirm."""

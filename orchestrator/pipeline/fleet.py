@@ -63,12 +63,16 @@ class FleetHooks(Generic[R]):
     draws must be thread-safe). ``interrupted`` makes the result of a host
     whose work a Ctrl-C cut off outside the work's own handling (rare: between
     two of its steps). ``outcome`` is the outcome word a batch is judged by.
+    ``interrupting`` is called once, from the main thread, at the first Ctrl-C:
+    a host's work may take a while to notice it (a slow link), and the user
+    must see at once that it was heard.
     """
 
     outcome: Callable[[R], str]
     interrupted: Callable[[HostTarget], R]
     started: Callable[[HostTarget], None] = lambda _t: None
     finished: Callable[[HostTarget, R], None] = lambda _t, _r: None
+    interrupting: Callable[[], None] = lambda: None
 
 
 @dataclass
@@ -173,6 +177,8 @@ class HostPool(Generic[R]):
         return self.results
 
     def _interrupt(self) -> None:
+        if not self.interrupted:
+            self.hooks.interrupting()
         with self._lock:
             self.interrupted = True
             self.queue.clear()

@@ -39,6 +39,7 @@ class HistoryRow:
     error: str | None = None
     source: str | None = None  # nights: git <commit> / pip <n> packages
     tokens_per_s: float | None = None  # where the record has a probe
+    drift_kept: list[str] = field(default_factory=list)  # files whose drift copy this release still keeps
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -48,6 +49,10 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
     applied = list(state["state"].get("applied", []))
     rows = []
     for m in sorted(state["releases"], key=lambda m: m["id"]):
+        kept = [d["path"] for d in m.get("drift_kept") or []]
+        outcome = describe_release(m, applied)
+        if kept:  # the only copy of what a person wrote: this release is not pruned while it holds it
+            outcome += f"; drift kept: {', '.join(kept)}"
         rows.append(
             HistoryRow(
                 id=m["id"],
@@ -56,12 +61,13 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
                 playbook=(m.get("playbook") or {}).get("name", "?"),
                 files=[f["path"] for f in m.get("files", [])],
                 flag_changes=list(m.get("flag_changes", [])),
-                outcome=describe_release(m, applied),
+                outcome=outcome,
                 duration=m.get("duration"),
                 current=bool(applied and m["id"] == applied[-1]),
                 error=m.get("error"),
                 source=record_source(m),
                 tokens_per_s=record_tokens_per_s(m),
+                drift_kept=kept,
             )
         )
     return rows

@@ -66,7 +66,7 @@ from orchestrator.core.nightly import (
 )
 from orchestrator.core.outcomes import Step, verdict
 from orchestrator.core.probe import ProbeResult
-from orchestrator.core.releases import LinkState, new_release_id, prune_candidates
+from orchestrator.core.releases import LinkState, drift_kept, held_note, new_release_id, prune_plan
 from orchestrator.core.rendering import (
     RenderedHealth,
     RenderedPlaybook,
@@ -238,8 +238,10 @@ class Night:
     last_started: dict[str, Any] | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
+    arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
+    complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
     resolved_source: SourceRecord | None = None
     install_argvs: list[list[str]] = field(default_factory=list)
     stack_records: list[StackRecord] = field(default_factory=list)
@@ -419,6 +421,7 @@ class Night:
         self.prepared = True
         self.previous_build = prepared.current
         self.existing_builds = list(prepared.builds)
+        self.complete_builds = None if prepared.complete is None else list(prepared.complete)
         self.reporter.step(self.label, f"building {self.build_dir} (log {self.log_path})")
         source = self.spec.source
         if source.git is not None:
@@ -510,6 +513,8 @@ class Night:
             return self.result(v.outcome, v.exit_code, reason)
         result = self.result(v.outcome, v.exit_code, reason)
         result.build_log = self.read_log()
+        if self.arm_sent:
+            self.disarm(reason)
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.nightly_remove_build(self.builds_dir, self.name),
@@ -520,6 +525,14 @@ class Night:
             ])
             self.reporter.step(self.label, f"removed the half-built {self.build_dir}; nothing running was touched")
         return result
+
+    def disarm(self, reason: str) -> None:
+        """Interrupted while arming: the watchdog may be armed and the journal say ``armed``.
+        Nothing live was touched; the restore machine closes the night at once (its record,
+        the journal; the watchdog leaves) rather than at the watchdog's deadline."""
+        with contextlib.suppress(OrchError):
+            self.session.run(ops.restore_release(self.release_dir, "controller", reason=reason),
+                             on_event=self._events())
 
     # ------------------------------------------------ arm, switch, probe, confirm
 
@@ -571,6 +584,7 @@ class Night:
         self.deadline = time.time() + total(deploy_budget(spec.server, spec.health, extra))
         restore = restore_spec(self.name, "night", self.restore_plan(previous), deadline=self.deadline,
                                started=new_start.to_wire())
+        self.arm_sent = True
         self.session.batch([
             ops.release_update(self.state_dir, self.name, self.switch_record(previous, new_start)),
             ops.put_json(f"{self.release_dir}/restore.json", restore),
@@ -632,9 +646,11 @@ class Night:
             "finished": finished, "probe": probe.to_json() if probe else None})
         applied = list(self.state["state"].get("applied", [])) + [self.name]
         releases = [r["id"] for r in self.state.get("releases", [])] + [self.name]
-        prune_releases = prune_candidates(releases, applied, self.target.keep_releases)
+        pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.get("releases", [])))
+        prune_releases = pruning.remove
+        complete = None if self.complete_builds is None else [*self.complete_builds, self.name]
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
-                                       self.spec.keep_builds)
+                                       self.spec.keep_builds, complete)
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {
@@ -657,6 +673,8 @@ class Night:
         removed = answer.results[4]
         if removed:
             self.reporter.step(self.label, f"pruned {len(removed)} old build(s): {', '.join(removed)}")
+        for rid, paths in pruning.held.items():
+            self.reporter.note(self.label, held_note(rid, paths))
         self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
         result = self.result("changed", 0)
         result.build_log = self.read_log()

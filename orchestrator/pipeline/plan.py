@@ -44,6 +44,7 @@ from orchestrator.core.flags import (
     wider_refusal,
 )
 from orchestrator.core.hints import anchor_hints
+from orchestrator.core.hostvalues import HostValue, playbook_values, refuse_unusable
 from orchestrator.core.layouts import field_name
 from orchestrator.core.preflight import default_preflight, render_preflight
 from orchestrator.core.rendering import (
@@ -270,6 +271,8 @@ def make_plan(
         {"python": python, "facts": deferred_facts(), **deferred_root_vars(packages)},
     )
     paths = render_paths(pb, loaded.locations, {"command": "", **early}, renderer)
+    refuse_unusable([HostValue(("files", i, "path"), "path", p) for i, p in enumerate(paths)],
+                    loaded.locations.where)  # before the read: the host would fail to open it
     port = health_port(_early_string(pb.health.base_url if pb.health else None, early, renderer))
     pidfile = _early_pidfile(target, pb, early, renderer)
     manager = pb.server.manager if pb.server else None
@@ -294,6 +297,8 @@ def make_plan(
         rendered = render_playbook(pb, loaded.locations, {"command": "", **variables}, renderer)
     except TemplateError as e:
         raise _explain_root(e, facts) from None
+    refuse_unusable([*playbook_values(rendered), *_validate_values(rendered, variables, renderer)],
+                    loaded.locations.where)
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
     read = dict(zip(host["paths"], host["files"], strict=False))
@@ -321,7 +326,29 @@ def make_plan(
         server.preflight = preflight_argv(rendered.server, server.after_argv, variables, renderer)
     if server is not None:
         render_server_commands(server, loaded, renderer, variables)
+        refuse_unusable(_change_values(server), loaded.locations.where)
     return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal, facts)
+
+
+def _validate_values(rendered: RenderedPlaybook, variables: dict[str, Any], renderer: Renderer) -> list[HostValue]:
+    """The ``validate`` commands as they will run (``{{ staged }}`` is a name orch makes, never a problem)."""
+    out = []
+    for f in rendered.files:
+        for j, step in enumerate(f.validate):
+            argv = render_validate(step, variables, f"{f.path}.staged", renderer)
+            out.append(HostValue(("files", f.index, "validate", j), "argv", argv or None))
+    return out
+
+
+def _change_values(change: ServerChange) -> list[HostValue]:
+    """The planned server's command lines and environment, as they reach the host
+    (the flags and ``server.env`` were checked by their own keys already)."""
+    argvs = {"command": change.after_argv, "preflight": change.preflight, "start": change.start,
+             "stop": change.stop, "before_stop": change.before_stop, "after_healthy": change.after_healthy}
+    out = [HostValue(("server", key), "argv", argv) for key, argv in argvs.items()]
+    out.append(HostValue(("server", "env"), "env", change.after_env))
+    out.append(HostValue(("server", "workdir"), "path", change.after_cwd))
+    return out
 
 
 def _explain_root(error: TemplateError, facts: Facts) -> TemplateError:

@@ -104,6 +104,7 @@ def finish_unfinished(
     spec = session.run(ops.get_json(f"{release_dir}/restore.json"))
     if spec is None:
         # Died before its release was written: nothing was changed.
+        remove_half_built(session, journal, reporter)
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="abandoned", finished=True)))
         reporter.step(label, f"{kind} {rid} had not changed anything; journal closed")
         return HostReport(label, "unchanged", 0, release=rid)
@@ -116,11 +117,30 @@ def finish_unfinished(
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="confirmed", finished=True)))
         reporter.warn(label, f"{rid} had been confirmed before its run ended; journal closed")
         return HostReport(label, "unchanged", 0, release=rid)
+    if record.ok and journal.get("step") == "armed":
+        remove_half_built(session, journal, reporter)  # armed, never switched: its build never ran
     planned = [f["path"] for f in spec["plan"].get("files", [])]
     what = "finished" if kind == "rollback" else f"restored the state before {rid}"
     if record.already:
         what = f"{rid} had already been restored by the {record.by}"
     return report_restore(label, rid, record, reporter, planned, what)
+
+
+def remove_half_built(session: HostSession, journal: dict[str, Any], reporter: Reporter) -> None:
+    """A night that died before its switch leaves its build half-made: remove it (its log stays),
+    so that it never takes the place of a good build under ``keep_builds``. The helper never
+    removes the build ``current`` points to."""
+    builds_dir = journal.get("builds_dir")
+    if journal.get("kind") != "night" or not builds_dir:
+        return
+    label = session.target.name
+    try:
+        removed = session.run(ops.nightly_remove_build(builds_dir, journal["release"]))
+    except RemoteStepError as e:
+        reporter.warn(label, f"could not remove the build of night {journal['release']}: {e.message}")
+        return
+    if removed:
+        reporter.step(label, f"removed the half-built {builds_dir}/{journal['release']} (its log is kept)")
 
 
 def refuse_pruned_builds(session: HostSession, links: Sequence[LinkState]) -> None:

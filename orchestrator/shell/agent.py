@@ -1303,6 +1303,8 @@ def op_state_read(state_dir):
     for name in names:
         manifest = read_json(os.path.join(rel_root, name, "manifest.json"))
         if manifest is not None:
+            if manifest.get("drift"):
+                manifest["drift_kept"] = kept_drift(os.path.join(rel_root, name))
             releases.append(manifest)
     return {
         "root": root,
@@ -1365,7 +1367,8 @@ def op_release_prune(state_dir, remove):
     removed = []
     for rid in remove:
         d = os.path.join(root, rid)
-        if os.path.isdir(d) and "/" not in rid and rid not in ("", ".", ".."):
+        if os.path.isdir(d) and "/" not in rid and rid not in ("", ".", "..") and not kept_drift(d):
+            # a release holding what a person wrote (drift) is never pruned, whatever was asked
             shutil.rmtree(d)
             removed.append(rid)
     return removed
@@ -2007,6 +2010,25 @@ def save_drift(release_dir, n, path, live):
     return dest
 
 
+def kept_drift(release_dir):
+    """The drift copies of a release that still hold the only copy of what a person wrote.
+
+    A copy is needed while it exists and its content is not back in the
+    live file; once restored there, or removed by a person, the release may
+    be pruned. Returns ``[{"path", "copy"}]`` (empty for most releases).
+    """
+    record = read_record(os.path.join(release_dir, "restored.json")) or {}
+    kept = []
+    for f in record.get("files") or []:
+        copy = f.get("drift")
+        if not copy or not os.path.exists(copy):
+            continue
+        if live_sha256(os.path.realpath(f["path"])) == f.get("sha256_live"):
+            continue  # the person's content is in place again
+        kept.append({"path": f["path"], "copy": copy})
+    return kept
+
+
 def restore_file(release_dir, n, f, committed):
     """Bring one file to ``f``'s content; returns what was done.
 
@@ -2336,6 +2358,9 @@ def op_restore_release(release_dir, by, until=None, reason=None):
     another party already completed is returned as it was (``already``).
     """
     release_dir = expand(release_dir)
+    if not os.path.isdir(release_dir):
+        # a deploy interrupted while asking for its backup: the host never made the release
+        raise AgentError("absent", "release %s does not exist on this host" % os.path.basename(release_dir))
     SESSION.finishing = True  # a dropped link does not stop a restore
     try:
         with ReleaseLock(release_dir):
@@ -2888,6 +2913,7 @@ def op_nightly_prepare(builds_dir, build):
         raise AgentError("build", "%s already exists" % dest)
     found = op_nightly_builds(root)
     return {"builds_dir": root, "build_dir": dest, "current": found["current"], "builds": found["builds"],
+            "complete": found["complete"],
             "log": os.path.join(root, "logs", build + ".log"), "python_version": sys.version.split()[0]}
 
 
@@ -2903,7 +2929,11 @@ def op_nightly_builds(builds_dir):
     builds = sorted(n for n in names
                     if not n.startswith(".") and n not in ("current", "logs")
                     and os.path.isdir(os.path.join(root, n)) and not os.path.islink(os.path.join(root, n)))
-    return {"builds_dir": root, "current": read_link(os.path.join(root, "current")), "builds": builds}
+    # complete: a night confirmed it (its manifest is written by the confirm); the others were
+    # built half-way, or never passed, and never count toward keep_builds
+    complete = [n for n in builds if os.path.isfile(os.path.join(root, n, "manifest.json"))]
+    return {"builds_dir": root, "current": read_link(os.path.join(root, "current")), "builds": builds,
+            "complete": complete}
 
 
 @op("nightly_fetch_git")

@@ -285,10 +285,13 @@ class Builds:
     builds_dir: str
     current: str | None
     builds: list[str]
+    complete: list[str] | None = None  # confirmed builds (None: an older helper did not say)
 
 
 def _builds(data: Wire) -> Builds:
-    return Builds(data["builds_dir"], data.get("current"), list(data.get("builds") or []))
+    complete = data.get("complete")
+    return Builds(data["builds_dir"], data.get("current"), list(data.get("builds") or []),
+                  list(complete) if complete is not None else None)
 
 
 @dataclass(frozen=True)
@@ -300,11 +303,14 @@ class PreparedBuild:
     current: str | None
     builds: list[str]
     log: str
+    complete: list[str] | None = None  # confirmed builds (None: an older helper did not say)
 
 
 def _prepared(data: Wire) -> PreparedBuild:
+    complete = data.get("complete")
     return PreparedBuild(data["builds_dir"], data["build_dir"], data.get("current"),
-                         list(data.get("builds") or []), data["log"])
+                         list(data.get("builds") or []), data["log"],
+                         list(complete) if complete is not None else None)
 
 
 def nightly_prepare(builds_dir: str, build: str) -> Op:
