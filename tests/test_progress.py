@@ -254,6 +254,8 @@ def test_a_live_deploy_is_in_progress_and_nobody_may_act_on_it(box: Sandbox) -> 
     proc = box.start_orch("deploy", "--host", "gpu", "--json", str(pb))
     try:
         wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
+        assert box.hand is not None
+        wait_until(lambda: box.hand.poll() is not None, "the old server to stop")  # not healthy now
         release = box.journal()["release"]
         token = json.loads((box.state_dir / "lock.json").read_text())["token"]
         words = f"release {release} in progress (step restarting since "
