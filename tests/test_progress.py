@@ -427,3 +427,37 @@ def test_the_validator_gets_the_staged_path_the_host_made(box: Sandbox, name: st
     assert code == 0 and data["hosts"]["gpu"]["outcome"] == "changed", text
     assert target.read_text() == "alpha\ngamma\nbeta\n"
     assert [p.name for p in target.parent.iterdir() if ".orch-staged-" in p.name] == []
+
+
+def test_the_helper_renews_its_heartbeat_only_while_it_hears_its_controller(tmp_path: Path) -> None:
+    """A fresh heartbeat must mean "steered": the helper's background loop renews the lock
+    only while its controller was heard lately (pings every 5 s), never on its own."""
+    import io
+    import threading
+    import time
+
+    from orchestrator.shell import agent as helper
+
+    path = tmp_path / "lock.json"
+    path.write_text("{}")
+    old = time.time() - 600
+    os.utime(path, (old, old))
+    session = helper.Session(io.BytesIO())
+    session.lock = (str(path), os.open(path, os.O_RDONLY))
+    session.last_heard = time.time() - 60  # its controller went silent a minute ago
+    loop = threading.Thread(target=session.background, daemon=True)
+    loop.start()
+    try:
+        wait_until(lambda: loop.is_alive(), "the loop")
+        assert not session.hears_controller()
+        session.last_heard = time.time() + 3600  # heard (kept "just now" for the loop's next pass)
+        wait_until(lambda: path.stat().st_mtime > old + 1, "the heartbeat once the controller is heard", 30)
+        session.last_heard = time.time() - 60
+        session.eof = True
+        assert not session.hears_controller()
+    finally:
+        session.stopping = True
+        loop.join(10)
+        os.close(session.lock[1])
+    renewed = path.stat().st_mtime
+    assert renewed > old + 1
