@@ -334,7 +334,8 @@ def test_quiet_verbose_and_protocol_levels(sandbox: Sandbox) -> None:
     out = verbose.stdout
     assert "'<orch helper bootstrap>'" in out  # the one command that starts the helper
     assert "gpu -> batch: read" in out
-    assert "gpu -> batch: stage, validate" in out
+    # a validate command names the staged copy: it is rendered from the host's stage reply
+    assert "gpu -> stage" in out and "gpu -> validate" in out
     assert re.search(r"\$ \S+ -c 'import sys' \S+orch-staged-\S+ \*\*\*", out), out
     assert '> {"id"' not in out
 

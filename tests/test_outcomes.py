@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.core.budget import deploy_budget, restore_budget, total
 from orchestrator.core.models import parse_playbook
-from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.outcomes import Step, committed_paths, verdict
 from orchestrator.core.restore import RestoreRecord
 from orchestrator.errors import (
     ConfigError,
@@ -19,9 +19,10 @@ from orchestrator.errors import (
 )
 
 
-def record(ok: bool) -> RestoreRecord:
+def record(ok: bool, action: str | None = None) -> RestoreRecord:
+    action = action or ("restored" if ok else "unchanged")
     return RestoreRecord.from_wire({"by": "controller", "ok": ok, "completed": True,
-                                    "files": [{"path": "/x", "action": "restored" if ok else "unchanged"}]})
+                                    "files": [{"path": "/x", "action": action}]})
 
 
 @pytest.mark.parametrize(("cause", "reached", "restore", "outcome", "code"), [
@@ -32,9 +33,13 @@ def record(ok: bool) -> RestoreRecord:
     (LinkLostError("closed"), Step.RESTARTING, None, "unreachable", 3),
     (ConfigError("bad"), Step.PLANNING, None, "failed", 2),
     (ValidationError("syntax"), Step.PLANNING, None, "failed", 2),
-    (ContentChangedError("edited"), Step.ARMED, record(True), "failed", 2),
+    (ContentChangedError("edited"), Step.ARMED, record(True, "unchanged"), "failed", 2),
     (KeyboardInterrupt(), Step.PLANNING, None, "failed", 1),
-    (KeyboardInterrupt(), Step.ARMED, record(True), "failed", 1),
+    (KeyboardInterrupt(), Step.ARMED, record(True, "unchanged"), "failed", 1),
+    # issue 17: whatever step the controller believed it reached, a restore that put a
+    # file back says the run had written it: rolled back (1), never "nothing changed" (2)
+    (RemoteError("internal: OSError"), Step.ARMED, record(True, "restored"), "rolled_back", 1),
+    (RemoteError("internal: OSError"), Step.ARMED, record(True, "removed"), "rolled_back", 1),
     (KeyboardInterrupt(), Step.RESTARTING, record(True), "rolled_back", 1),
     (RemoteError("unhealthy"), Step.RESTARTING, record(True), "rolled_back", 1),
     (RemoteError("unhealthy"), Step.RESTARTING, record(False), "rollback_failed", 3),
@@ -65,3 +70,16 @@ def test_the_watchdog_deadline_covers_every_step_after_the_commit() -> None:
     assert total(deploy_budget(pb.server, pb.health)) == sum(items.values())
     # the controller's own rollback is backed up after the restart it needs, without the confirm slack
     assert total(restore_budget(pb.server, pb.health)) < total(deploy_budget(pb.server, pb.health))
+
+
+@pytest.mark.parametrize(("details", "written"), [
+    ({"step": 0, "committed": []}, []),  # the commit refused or failed before its first rename
+    ({"step": 0, "committed": ["/a"]}, ["/a"]),  # it renamed /a, then failed on the next file
+    ({"step": 1, "done": [["/a", "/b"]]}, ["/a", "/b"]),  # the journal write after it failed
+    ({"step": 2, "done": [["/a"], True]}, ["/a"]),
+    ({}, None),  # the host said nothing: unknown, never "nothing written"
+    ({"step": 0}, None),
+])
+def test_what_the_commit_wrote_is_read_from_the_hosts_record(details: dict[str, object],
+                                                              written: list[str] | None) -> None:
+    assert committed_paths(details) == written

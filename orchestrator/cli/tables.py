@@ -226,9 +226,8 @@ def status_lines(s: HostStatus) -> list[tuple[str, str]]:
         rows.append(("server", "not running" if s.server_expected else "not known to orch"))
     rows.append(("health", s.health))
     rows.append(("drift", ", ".join(s.drift) + " changed since the release" if s.drift else "none"))
-    if s.journal:
-        rows.append(("unfinished", f"deploy {s.journal.get('release')} stopped at step "
-                                   f"{s.journal.get('step')}: run `orch rollback --host {s.host}`"))
+    if s.view is not None and s.view.busy:
+        rows.append((s.view.state.value.replace("_", " "), s.view.words()))
     if s.lock:
         rows.append(("lock", f"held by {s.lock.get('user')}@{s.lock.get('controller')} "
                              f"pid {s.lock.get('pid')}"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 from orchestrator.core.restore import RestoreRecord
 from orchestrator.errors import (
@@ -51,7 +52,9 @@ def verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None =
 
     ``restore``: the record of the restore the failure led to, if one ran
     to its end; it, not a guess from the cause, says whether the host is
-    back in its previous state.
+    back in its previous state — and whether anything had been written (a
+    restore that put a file back means the deploy changed it, however far
+    the controller believed the run got).
     """
     interrupted = isinstance(cause, KeyboardInterrupt)
     if restore is not None:
@@ -61,7 +64,7 @@ def verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None =
             # step 7 of the contract: a refusal after the commit, undone (even when only
             # the command line was to change): the deploy failed, the host is as it was
             return Verdict("rolled_back", 1)
-        if reached < Step.COMMITTING:
+        if reached < Step.COMMITTING and not restore.wrote_files:
             # The release was closed; nothing on the host had changed.
             return Verdict("failed", 1 if interrupted else 2)
         return Verdict("rolled_back", 1)
@@ -77,3 +80,24 @@ def verdict(cause: BaseException, reached: Step, restore: RestoreRecord | None =
         return Verdict("failed", 2)
     # Failed after the commit and no restore record came back: unknown state.
     return Verdict("rollback_failed", 3)
+
+
+def committed_paths(details: dict[str, Any]) -> list[str] | None:
+    """What the commit wrote, by the host's record, when its batch failed.
+
+    ``details``: the failed batch's error details. The commit is the
+    batch's step 0: failing there, its own record (``committed``) says which
+    files it had renamed into place; failing at a later step, its answer is
+    the first of the steps ``done``. None when the host said nothing
+    (unknown: the commit may have written, and a restore's record decides).
+    """
+    step = details.get("step")
+    if step is None:
+        return None
+    if step == 0:
+        got = details.get("committed")
+        return [str(p) for p in got] if isinstance(got, list) else None
+    done = details.get("done")
+    if isinstance(done, list) and done and isinstance(done[0], list):
+        return [str(p) for p in done[0]]
+    return None

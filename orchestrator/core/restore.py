@@ -206,6 +206,11 @@ class RestoreRecord:
         return [f for f in self.files if f.drift]
 
     @property
+    def wrote_files(self) -> bool:
+        """Whether the restore put a file back: orch's content was there, so the run had written it."""
+        return any(f.action in ("restored", "removed") for f in self.files)
+
+    @property
     def changed_anything(self) -> bool:
         """Whether the restore had to write or restart anything at all."""
         wrote = any(f.action in ("restored", "removed") for f in self.files)

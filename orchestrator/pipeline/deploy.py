@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
-from orchestrator.core.outcomes import Step, Verdict, verdict
+from orchestrator.core.outcomes import Step, Verdict, committed_paths, verdict
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import view_ranges
 from orchestrator.core.releases import FileState, drift_kept, held_note, new_release_id, prune_plan
@@ -52,7 +52,7 @@ from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
-    refuse_unfinished,
+    refuse_busy,
     release_lock,
 )
 from orchestrator.pipeline.plan import (
@@ -95,6 +95,7 @@ class Deployment:
     started_at: float = 0.0
     force_baseline: bool = False  # --baseline: probe the running server even where a record exists
     gate: GateRun | None = None
+    commit_written: list[str] | None = None  # the host's record of what a failed commit batch wrote
 
     def __post_init__(self) -> None:
         if self.clock is None:
@@ -180,10 +181,13 @@ class Deployment:
         try:
             results = self.session.batch(steps)
         except RemoteStepError as e:
-            if wire and e.op == "batch" and not e.details.get("committed") and e.details.get("step", 0) == 0:
-                self.reached = Step.ARMED  # the commit wrote nothing
-                if e.kind == "changed":
-                    raise ContentChangedError(f"{self.label}: {e.message}") from None
+            if wire and e.op == "batch":
+                # what the commit wrote, by the host's record: never assumed from where the batch failed
+                self.commit_written = committed_paths(e.details)
+                if self.commit_written == []:
+                    self.reached = Step.ARMED  # the host says the commit wrote nothing
+                    if e.kind == "changed":
+                        raise ContentChangedError(f"{self.label}: {e.message}") from None
             raise
         finally:
             self._stop("commit")
@@ -404,6 +408,8 @@ class Deployment:
         label = self.label
         if record is not None:
             done = record.describe([f.path for f in self.plan.changed_files])
+            if self.commit_written:
+                done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
             if record.ok and v.outcome == "rolled_back":
                 who = "" if record.by == "controller" else f" (by the {record.by})"
                 self.reporter.step(label, f"rolled back{who}: {done}")
@@ -709,7 +715,7 @@ def _deploy_in_session(
     with clock.step("lock"):
         state_dir, state = open_state(session, f"deploy {loaded.display}", options.break_lock, reporter)
     try:
-        refuse_unfinished(label, state["journal"])
+        refuse_busy(label, state)
         if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
         with clock.step("plan"):
@@ -741,7 +747,7 @@ def _check(
 ) -> HostReport:
     label = session.target.name
     state = session.run(ops.state_read(session.target.state_dir))  # reads, creates nothing
-    refuse_unfinished(label, state["journal"])  # --check exits 2 where a deploy would refuse
+    refuse_busy(label, state)  # --check exits 2 where a deploy would refuse
     with clock.step("plan"):
         plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
     reporter.plan(label, plan)

@@ -4,7 +4,9 @@ Both read the state dir with one ``state_read`` request, which creates
 nothing: on a host orch never deployed to, they say so and leave no trace.
 ``status`` also says what its exit code means: 0 when nothing is wrong
 that it can see (drift is reported, not an error), 3 when the server is
-not healthy (or not running) or a deploy never finished; with ``--probe``,
+not healthy (or not running) or a run was left half-done (its controller
+gone, or nothing finishing it); a run in progress is reported as such
+(``core.progress``) and exits by health now; with ``--probe``,
 1 when the server, probed now, fails the current release's gate.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
+from orchestrator.core.progress import HostView, view_of_state
 from orchestrator.core.releases import describe_release
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
@@ -117,6 +120,7 @@ class HostStatus:
     state_dir_exists: bool = True
     gate: GateOutcome | None = None  # --probe: the server now against the release's recorded probe
     gate_note: str | None = None  # --probe: why there is no gate outcome
+    view: HostView | None = None  # in progress / controller gone / unfinished (``core.progress``)
 
     @property
     def regressed(self) -> bool:
@@ -127,8 +131,10 @@ class HostStatus:
     def problems(self) -> list[str]:
         """What makes this status exit 3, in words (empty: exit 0)."""
         found = []
-        if self.journal:
-            found.append(f"deploy {self.journal.get('release')} unfinished")
+        # a run in progress is no problem by itself: health now decides the exit code
+        problem = self.view.problem() if self.view is not None else None
+        if problem:
+            found.append(problem)
         if self.healthy is False:
             found.append("server not healthy")
         elif self.server is None and self.server_expected:
@@ -142,6 +148,9 @@ class HostStatus:
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         data["gate"] = self.gate.to_json() if self.gate else None
+        data.pop("view", None)
+        data["in_progress"] = self.view.to_json() if self.view is not None else None
+        data["state_words"] = self.view.words() if self.view is not None and self.view.busy else None
         if self.server:
             data["server"] = {k: v for k, v in self.server.items() if k != "env"}
             data["server"]["argv"] = redact_argv(self.server.get("argv") or [])
@@ -217,6 +226,7 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             state_dir_exists=bool(state.get("exists", True)),
             gate=gate,
             gate_note=gate_note,
+            view=view_of_state(target.name, state),
         )
 
 

@@ -2,8 +2,8 @@
 
 A deploy, a night and a rollback each open the host's state directory,
 take its lock (one changing run per host at a time) and read its records
-in one round trip, and refuse to start over a journal that says an earlier
-run never finished. The lock's heartbeat is kept by the helper on the host;
+in one round trip, and refuse to start over a run in progress or a journal
+that says an earlier run never finished (``core.progress`` tells which). The lock's heartbeat is kept by the helper on the host;
 if our link dies, the helper gives the lock back by itself, so releasing it
 never waits on a dead link.
 """
@@ -15,6 +15,15 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
+from orchestrator.core.progress import (
+    FRESH_HEARTBEAT_SECONDS,
+    HostState,
+    HostView,
+    LockRecord,
+    TakeOver,
+    take_over_decision,
+    view_of_state,
+)
 from orchestrator.errors import LockHeldError, UnfinishedDeployError
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.session import HostSession, controller_id, lock_holder
@@ -36,13 +45,25 @@ def local_pid_alive(pid: int) -> bool:
 def open_state(
     session: HostSession, command: str, break_lock: bool, reporter: Reporter
 ) -> tuple[str, dict[str, Any]]:
-    """State dir, lock and records in one round trip (a second one only to take over a lock)."""
+    """State dir, lock and records in one round trip (a second one only to take over a lock).
+
+    A lock held by a run in progress (its helper alive and hearing its
+    controller) is refused in the words ``orch status`` prints, and never
+    taken over. The records returned carry no lock of this run's own.
+    """
     got = session.run(ops.open_state(session.target.state_dir, lock_holder(command)))
     root = got["root"]
+    token = got["lock"].get("token")
     if not got["lock"]["acquired"]:
-        take_over_lock(session, root, command, break_lock, reporter, got["lock"])
+        view = view_of_state(session.target.name, got["state"])
+        if view.state is HostState.IN_PROGRESS:
+            raise LockHeldError(f"{view.refusal()}; locked by {describe_holder(got['lock']['holder'])}")
+        token = take_over_lock(session, root, command, break_lock, reporter, got["lock"])
         got = session.run(ops.open_state(root))
-    return root, got["state"]
+    state = got["state"]
+    if state.get("lock") and state["lock"].get("token") == token:
+        state = dict(state, lock=None)  # our own: not another run's
+    return root, state
 
 
 def describe_holder(h: dict[str, Any]) -> str:
@@ -58,33 +79,49 @@ def take_over_lock(
     break_lock: bool,
     reporter: Reporter,
     refused: dict[str, Any],
-) -> None:
+) -> str | None:
     """The lock was held (``refused`` is the helper's answer): take it over, or fail fast naming who holds it.
 
-    A holder on this same machine whose process is gone is provably dead:
-    its lock is taken with a note. A holder whose heartbeat stopped but
-    which we cannot check (another controller) is only reported as stale,
-    and taken with ``--break-lock``. The take-over itself is a
+    A holder on this same machine whose process is gone, and whose helper on
+    the host is gone too, is provably dead: its lock is taken with a note. A
+    holder whose heartbeat stopped but which we cannot check (another
+    controller) is only reported as stale, and taken with ``--break-lock``.
+    A lock whose helper still lives on the host is never taken (see
+    ``core.progress.take_over_decision``). The take-over itself is a
     compare-and-swap on the host: of two runs taking over, one wins.
+    Returns the new lock's token.
     """
     label = session.target.name
     h = refused["holder"]
     who = describe_holder(h)
-    age = float(h.get("heartbeat_age", 0))
-    if h.get("controller_id") == controller_id() and not local_pid_alive(int(h.get("pid", 0))):
-        reporter.note(label, f"took the lock left by {who}: that process is gone")
-    elif age > STALE_LOCK_SECONDS and not h.get("agent_alive"):
-        if not break_lock:
-            raise LockHeldError(
-                f"{label}: stale lock held by {who}, no heartbeat for {age:.0f} s; "
-                "if that run is really gone, pass --break-lock"
-            )
+    lock = LockRecord.from_wire(h)
+    assert lock is not None
+    pid = int(h.get("pid") or 0)
+    decision = take_over_decision(
+        lock, same_controller=h.get("controller_id") == controller_id(),
+        holder_alive_here=bool(pid) and local_pid_alive(pid), break_lock=break_lock,
+        stale_after=STALE_LOCK_SECONDS)
+    age = lock.heartbeat_age
+    if decision is TakeOver.TAKE:
+        reporter.note(label, f"took the lock left by {who}: that process is gone, and so is its helper on the host")
+    elif decision is TakeOver.BREAK:
         reporter.warn(label, f"breaking the stale lock of {who} (no heartbeat for {age:.0f} s)")
+    elif decision is TakeOver.STALE:
+        raise LockHeldError(
+            f"{label}: stale lock held by {who}, no heartbeat for {age:.0f} s; "
+            "if that run is really gone, pass --break-lock"
+        )
+    elif lock.helper_alive and age > FRESH_HEARTBEAT_SECONDS:
+        raise LockHeldError(
+            f"{label}: locked by {who}: its helper (pid {lock.helper_pid}) is still alive on the host but no "
+            f"longer hears its controller (heartbeat {age:.0f} s ago); it gives the lock back once its step "
+            "ends; try again then (`orch status`)")
     else:
         raise LockHeldError(f"{label}: locked by {who}, heartbeat {age:.0f} s ago")
     again = session.run(ops.lock_acquire(state_dir, lock_holder(command), replace_token=h.get("token")))
     if not again["acquired"]:
         raise LockHeldError(f"{label}: another run took the lock first; try again")
+    return str(again.get("token")) if again.get("token") else None
 
 
 def release_lock(session: HostSession, state_dir: str) -> None:
@@ -101,9 +138,13 @@ def current_release_dir(state: dict[str, Any]) -> str | None:
     return f"{state['root']}/releases/{applied[-1]}" if applied else None
 
 
-def refuse_unfinished(label: str, journal: dict[str, Any] | None) -> None:
-    if journal and not journal.get("finished"):
-        raise UnfinishedDeployError(
-            f"{label}: {journal.get('kind', 'deploy')} {journal.get('release')} never finished "
-            f"(last step: {journal.get('step')}); run `orch rollback --host {label}` to finish restoring it"
-        )
+def refuse_busy(label: str, state: dict[str, Any]) -> HostView:
+    """Refuse (exit 2) a host where a run is in progress, or left a release half-done
+    (its controller gone, or nothing finishing it), in the words ``orch status`` prints.
+    ``state``: a ``state_read`` answer without this run's own lock."""
+    view = view_of_state(label, state)
+    if view.state is HostState.IN_PROGRESS:
+        raise LockHeldError(view.refusal())
+    if view.busy:
+        raise UnfinishedDeployError(view.refusal())
+    return view

@@ -2,7 +2,7 @@
 
 One night on one host, as steps:
 
-1. **lock and journal** as a deploy does (``open_state``, ``refuse_unfinished``);
+1. **lock and journal** as a deploy does (``open_state``, ``refuse_busy``);
    read the last good night's manifest (nothing written); refuse over drift
    in the current build (unless ``--force``) and, with ``--frozen``, over any
    input that differs from the last good night;
@@ -102,7 +102,7 @@ from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
-    refuse_unfinished,
+    refuse_busy,
     release_lock,
 )
 from orchestrator.pipeline.plan import (
@@ -350,7 +350,7 @@ class Night:
         self.state_dir, self.state = open_state(self.session, f"nightly {self.loaded.display}",
                                                 self.break_lock, self.reporter)
         try:
-            refuse_unfinished(self.label, self.state["journal"])
+            refuse_busy(self.label, self.state)
             self.resolve_vars()
             self.read_host()
             try:

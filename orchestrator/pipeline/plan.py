@@ -63,6 +63,7 @@ from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
+from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook, make_renderer
 
 
@@ -618,6 +619,11 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     With ``keep`` false (``--check``) the staged copies are removed in the
     same round trip; on any failure they are removed too. Raises
     ``ValidationError`` naming the file and the validator's own message.
+
+    The staged copy's name is the host's (the stage reply's ``staged``):
+    a validate command's ``{{ staged }}`` is rendered from it, so stage and
+    validate share one round trip only when no command needs the name
+    (the built-in ``python-syntax`` is given it on the host).
     """
     changed = plan.changed_files
     if not changed:
@@ -626,21 +632,20 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     files = [
         {"path": f.path, "data": base64.b64encode(f.new_bytes).decode("ascii")} for f in changed
     ]
-    checks = []
-    renderer = make_renderer(plan.loaded)
-    python = plan.vars.get("python", "python3")
-    for f in changed:
-        argvs = [
-            ["python-syntax"] if step.builtin == "python-syntax"
-            else render_validate(step, plan.vars, staged_name(f.remote.real or f.path, token), renderer)
-            for step in f.rendered.validate
-        ]
-        checks.append({"target": f.path, "argvs": argvs, "python": python})
-    steps = [ops.stage(files, token, clean_stale=keep), ops.validate(checks, token, keep_staged=keep)]
+    stage = ops.stage(files, token, clean_stale=keep)
+    custom = any(step.builtin != "python-syntax" for f in changed for step in f.rendered.validate)
+    staged_info: list[dict[str, Any]] = []
     try:
-        staged_info, results = session.batch(steps)
-    except BaseException:
-        _remove_quietly(session, [staged_name(f.remote.real or f.path, token) for f in changed])
+        if custom:
+            staged_info = session.run(stage)
+            results = session.run(ops.validate(validate_checks(plan, staged_info), token, keep_staged=keep))
+        else:
+            staged_info, results = session.batch([stage, ops.validate(validate_checks(plan, None), token,
+                                                                      keep_staged=keep)])
+    except BaseException as e:
+        done = (e.details.get("done") or []) if isinstance(e, RemoteStepError) else []
+        staged_info = staged_info or (done[0] if done else [])
+        _remove_quietly(session, [r["staged"] for r in staged_info])
         raise
     staged_paths = [r["staged"] for r in staged_info]
     failed = [r for r in results if r["rc"] != 0]
@@ -659,15 +664,20 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     return [Staged(f, s) for f, s in zip(changed, staged_paths, strict=True)]
 
 
-def staged_name(path: str, token: str) -> str:
-    """What ``{{ staged }}`` means in a validate command: the helper's name for
-    the staged copy of ``path`` (pass the real file of a symlinked target)."""
-    directory, _, base = path.rpartition("/")
-    stem, dot, ext = base.rpartition(".")
-    if not dot or not stem:
-        stem, ext = base, ""
-    suffix = f".{ext}" if ext else ""
-    return f"{directory}/.{stem}.orch-staged-{token}{suffix}"
+def validate_checks(plan: HostPlan, staged_info: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The validate op's checks; commands rendered with each file's staged path as the host named it."""
+    renderer = make_renderer(plan.loaded)
+    python = plan.vars.get("python", "python3")
+    checks = []
+    for i, f in enumerate(plan.changed_files):
+        staged = staged_info[i]["staged"] if staged_info is not None else ""
+        argvs = [
+            ["python-syntax"] if step.builtin == "python-syntax"
+            else render_validate(step, plan.vars, staged, renderer)
+            for step in f.rendered.validate
+        ]
+        checks.append({"target": f.path, "argvs": argvs, "python": python})
+    return checks
 
 
 def _remove_quietly(session: HostSession, paths: list[str]) -> None:

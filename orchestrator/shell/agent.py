@@ -54,6 +54,7 @@ READY_MAGIC = "ORCH-AGENT-READY"
 TICK_SECONDS = 5.0
 SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence means it is gone
 LOCK_HEARTBEAT_SECONDS = 5.0
+HEARD_SECONDS = 12.0  # two missed pings and a margin: past this the lock's heartbeat stops
 LOG_TAIL_LINES = 40
 
 SYNTAX_CHECK = (
@@ -492,6 +493,13 @@ class Session(object):
         """The controller stopped pinging: its link stalled, or it is gone."""
         return time.time() - self.last_heard > SILENCE_SECONDS
 
+    def hears_controller(self):
+        """The controller was heard lately (it pings every 5 s): only then is the
+        lock's heartbeat renewed, so a fresh heartbeat tells another run that this
+        helper is alive AND still hears its controller (a run in progress), and a
+        stale one that nobody is steering it any more."""
+        return not self.eof and time.time() - self.last_heard < HEARD_SECONDS
+
     def next_request(self):
         with self.cond:
             while not self.requests and not self.eof:
@@ -541,7 +549,7 @@ class Session(object):
             if self.current_id is not None and now - last_tick >= TICK_SECONDS:
                 last_tick = now
                 self.event("tick", t=now)
-            if self.lock is not None and now - last_beat >= LOCK_HEARTBEAT_SECONDS:
+            if self.lock is not None and now - last_beat >= LOCK_HEARTBEAT_SECONDS and self.hears_controller():
                 last_beat = now
                 renew_heartbeat(self.lock)
 
@@ -626,6 +634,8 @@ def op_batch(steps):
             e.details["step"] = i
             e.details["done"] = results
             raise
+        except Exception as e:  # unanticipated: the results of the steps before it still reach the controller
+            raise AgentError("internal", "%s: %s" % (type(e).__name__, e), step=i, done=results)
     return results
 
 
@@ -1177,7 +1187,8 @@ def lock_view(path):
         return None
     holder = read_record(path) or {}
     holder["heartbeat_age"] = time.time() - st.st_mtime
-    holder["agent_alive"] = pid_alive(holder.get("agent_pid"))
+    # pid + start time: a reused pid is not the helper that took the lock
+    holder["agent_alive"] = same_process(holder.get("agent_pid"), holder.get("agent_starttime"))
     return holder
 
 
@@ -1221,6 +1232,7 @@ def op_lock_acquire(state_dir, holder, replace_token=None):
     lock = dict(holder)
     lock["token"] = "%s-%d-%d" % (socket.gethostname(), os.getpid(), int(time.time() * 1000))
     lock["agent_pid"] = os.getpid()
+    lock["agent_starttime"] = proc_starttime(os.getpid())
     lock["taken"] = time.time()
     # Written whole under a name of our own, then linked into place: link()
     # fails if the lock exists, so the lock appears complete or not at all.
@@ -1306,14 +1318,50 @@ def op_state_read(state_dir):
             if manifest.get("drift"):
                 manifest["drift_kept"] = kept_drift(os.path.join(rel_root, name))
             releases.append(manifest)
+    journal = read_json(os.path.join(root, "journal.json"))
     return {
         "root": root,
         "exists": os.path.isdir(root),
-        "journal": read_json(os.path.join(root, "journal.json")),
+        "journal": journal,
         "state": read_json(os.path.join(root, "state.json"), {"applied": []}),
         "lock": lock_view(os.path.join(root, "lock.json")),
         "releases": releases,
+        "watchdog": watchdog_view(root, journal),
+        "host_time": time.time(),
     }
+
+
+def watchdog_view(root, journal):
+    """Whether the watchdog of the journal's release is alive, and when it acts
+    (host clock): with the lock's view, what tells a run in progress from one
+    whose controller is gone (the watchdog still restores it) from one nobody
+    finishes. None when the journal names no release."""
+    release = (journal or {}).get("release")
+    if not release or "/" in release or release in (".", ".."):
+        return None
+    release_dir = os.path.join(root, "releases", release)
+    record = read_record(os.path.join(release_dir, "watchdog.json")) or {}
+    pid, starttime = record.get("pid"), record.get("starttime")
+    if pid is None:  # armed by an older helper: the pid alone, and its name
+        try:
+            with open(os.path.join(release_dir, "watchdog.pid")) as f:
+                pid = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
+    alive = same_process(pid, starttime) if pid else False
+    if alive and starttime is None:
+        try:
+            with open("/proc/%d/comm" % pid) as f:
+                alive = f.read().strip() == "orch-watchdog"
+        except OSError:
+            alive = False
+    spec = read_json(os.path.join(release_dir, "restore.json")) or {}
+    claim = read_record(os.path.join(release_dir, "claim.json")) or {}
+    acts_at = spec.get("deadline")
+    if claim.get("by") in ("controller", "rollback") and claim.get("until"):
+        acts_at = claim["until"]  # backing up a restore under way (as watchdog_wait)
+    return {"release": release, "pid": pid, "alive": alive, "acts_at": acts_at,
+            "armed": bool(pid), "restored": os.path.exists(os.path.join(release_dir, "restored.json"))}
 
 
 # ---------------------------------------------------------------- releases
@@ -2423,6 +2471,8 @@ def op_release_arm(state_dir, release_dir, python=None):
         raise AgentError("arm", "release %s has no restore plan with a deadline" % release_dir)
     pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"))
     write_mark(os.path.join(release_dir, "watchdog.pid"), "%d\n" % pid)
+    # pid + start time (``same_process``): ``state_read`` tells a live watchdog from a reused pid
+    try_write_json(os.path.join(release_dir, "watchdog.json"), {"pid": pid, "starttime": proc_starttime(pid)})
     return {"pid": pid, "deadline": spec["deadline"]}
 
 

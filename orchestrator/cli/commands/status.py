@@ -21,7 +21,10 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
     Exit codes (the worst host's): 0 healthy, or nothing to check (drift
     is reported, not an error); 1 with --probe: the server fails a rule of
     the current release's performance gate; 2 unreachable; 3 the server is
-    not healthy or not running, or a deploy never finished. Reads only
+    not healthy or not running, or a release was left half-done (its
+    controller gone: the watchdog restores it; or unfinished: nothing on the
+    host finishes it). A run in progress (its helper alive and hearing its
+    controller) is shown as such and exits by health now. Reads only
     (--probe sends the gate's requests to the server); hosts are read
     --forks at a time, and each has its own entry.
     """
