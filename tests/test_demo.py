@@ -32,10 +32,10 @@ def standin_processes() -> set[int]:
 
 
 def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
-    before = standin_processes()
+    # the demo's sandbox under tmp_path (TMPDIR): its servers are told from other runs' by path
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=180,
-                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
+                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "demo finished as expected" in out
@@ -61,7 +61,7 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     assert "after the automatic rollback the server runs again with threshold 8" in out
     assert "sha256 equals the original: True" in out
     assert "history of sandbox" in out
-    assert standin_processes() - before == set(), "the demo left a server running"
+    assert servers_of(tmp_path) == set(), "the demo left a server running"
 
 
 def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
