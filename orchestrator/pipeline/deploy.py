@@ -37,7 +37,7 @@ from orchestrator.core.restore import (
     ServerTarget,
     restore_spec,
 )
-from orchestrator.core.secrets import redact, redact_argv, redact_env, redact_text
+from orchestrator.core.secrets import Masker, redact
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
@@ -539,10 +539,9 @@ class Deployment:
         before = change.before if change else None
         server = self._server_target()
         health = self._health_wire(for_restore=True)
-        if health is not None:
-            for check in health["checks"]:
-                check["headers"] = {k: self._redact(v) for k, v in check["headers"].items()}
-        return {
+        # A record for people: ``Masker.record`` masks the headers, the environments by the rule,
+        # the command lines' secret flags and every known value. What a restore runs is in restore.json.
+        return self.masker.record({
             "id": self.release_id,
             "kind": "deploy",
             "host": target.name,
@@ -557,16 +556,15 @@ class Deployment:
                              "port": server.port, "stop_timeout": server.stop_timeout}
                             if server is not None else None),
             "health": health,
-            # A record for people: secrets masked. What a restore runs is in restore.json.
             "server_before": (
                 {"argv": self._shown_argv(before.get("argv")), "cwd": before.get("cwd"),
-                 "env": redact_env(before.get("env")), "pid": before.get("pid"),
+                 "env": before.get("env"), "pid": before.get("pid"),
                  "found_by": before.get("found_by")}
                 if before else None
             ),
             "server_after": (
                 {"argv": self._shown_argv(change.after_argv), "cwd": change.after_cwd,
-                 "env": redact_env(change.after_env)}
+                 "env": change.after_env}
                 if change and change.restart else None
             ),
             "restarted": bool(change and change.restart),
@@ -576,7 +574,7 @@ class Deployment:
             "controller": lock_holder("deploy"),
             "created": time.time(),
             "outcome": "in_progress",
-        }
+        })
 
     def _journal(self, step: str, finished: bool = False) -> dict[str, Any]:
         return {"release": self.release_id, "kind": "deploy", "playbook": self.plan.playbook.name,
@@ -586,10 +584,9 @@ class Deployment:
         return f"{self.state_dir}/journal.json"
 
     def _log_op(self, last: str) -> ops.Op:
-        """The op that writes this run's log into the release (secrets redacted)."""
-        text = self.reporter.text() if isinstance(self.reporter, RunLog) else ""
-        text += f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
-        return ops.release_log(self.state_dir, self.release_id, self._redact(text))
+        """The op that writes this run's log into the release (made safe by ``RunLog.text``)."""
+        log = self.reporter if isinstance(self.reporter, RunLog) else RunLog(self.reporter, self.masker)
+        return ops.release_log(self.state_dir, self.release_id, log.text(end=last))
 
     def _preflight_timeout(self) -> float:
         server = self.plan.loaded.model.server
@@ -608,15 +605,16 @@ class Deployment:
         assert self.clock is not None
         self.clock.stop(step)
 
-    def _secret_values(self) -> list[str]:
-        names = self.plan.playbook.secret_names
-        return [str(v) for k, v in self.plan.vars.items() if k in names and v is not None]
+    @property
+    def masker(self) -> Masker:
+        """The run's (``ConnectOptions.masker``): it knows this plan's secrets (``HostPlan.teach``)."""
+        return self.session.options.masker
 
     def _redact(self, text: str) -> str:
-        return redact_text(text, self._secret_values())
+        return self.masker.text(text)
 
     def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
-        return redact_argv(argv, self._secret_values()) if argv is not None else None
+        return self.masker.argv(argv) if argv is not None else None
 
 
 def _health_began(event: dict[str, Any]) -> bool:
@@ -642,7 +640,7 @@ def deploy_host(
     (``pipeline.timings``), as far as the host got.
     """
     label = target.name
-    reporter = RunLog(reporter)
+    reporter = RunLog(reporter, options.masker)
     clock = StepClock(label, reporter)
     reached = Step.CONNECTING
     session = HostSession(target, options)
@@ -690,6 +688,7 @@ def _deploy_in_session(
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
         with clock.step("plan"):
             plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state))
+        plan.teach(options.masker)
         for note in plan.notes:
             reporter.note(label, note)
         reporter.plan(label, plan)
@@ -720,6 +719,7 @@ def _check(
     refuse_unfinished(label, state["journal"])  # --check exits 2 where a deploy would refuse
     with clock.step("plan"):
         plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
+    plan.teach(session.options.masker)
     reporter.plan(label, plan)
     for note in plan.notes:
         reporter.warn(label, note)

@@ -339,6 +339,8 @@ class Night:
             self.repo = str(self.render_value(spec.source.git.repo, ("source", "git", "repo"), self.variables))
         names = secret_names(self.variables, spec.secrets)
         self.secret_list = [str(v) for v in secret_values(self.variables, names)]
+        self.reporter.masker.hide(self.secret_list)  # the console and run.log mask them too
+        self.reporter.masker.declare(spec.secrets)
         pb = Playbook(name=spec.name, secrets=spec.secrets, server=spec.server, health=spec.health)
         self.rendered = render_playbook(pb, spec.locations, self.variables, self.renderer())
 
@@ -803,8 +805,7 @@ class Night:
 
     def log_op(self, last: str) -> ops.Op:
         """The op that writes this run's log into the release (secrets redacted)."""
-        text = self.reporter.text() + f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
-        return ops.release_log(self.state_dir, self.name, self._redact(text))
+        return ops.release_log(self.state_dir, self.name, self.reporter.text(end=last))
 
     def read_log(self) -> str:
         """The build's own log, to keep beside the report (best effort)."""
@@ -829,7 +830,7 @@ def nightly_host(
     current: Night | None = None
     try:
         with HostSession(target, options) as session:
-            current = Night(session, loaded, cli_vars, RunLog(reporter), night, name, started, options.break_lock)
+            current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker), night, name, started, options.break_lock)
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
             return result

@@ -102,6 +102,7 @@ def finish_unfinished(
     kind = journal.get("kind", "deploy")
     reporter.step(label, f"finishing the unfinished {kind} {rid} (last step: {journal.get('step')})")
     spec = session.run(ops.get_json(f"{release_dir}/restore.json"))
+    session.options.masker.learn(spec)  # its env, argv and headers: masked in what follows
     if spec is None:
         # Died before its release was written: nothing was changed.
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="abandoned", finished=True)))
@@ -164,6 +165,7 @@ def undo_releases(
         # The oldest undone release's restore.json says exactly what ran before
         # it (unmasked: the manifest is the masked record for people).
         spec = session.run(ops.get_json(f"{releases_dir}/{target.undo[-1]}/restore.json"))
+        session.options.masker.learn(spec)  # its env, argv and headers: masked in what follows
         if not spec or not spec["plan"].get("server"):
             raise OrchError(f"{label}: release {target.undo[-1]} has no restore record for its server")
         server = ServerTarget.from_wire(spec["plan"]["server"], keep_before=False)
@@ -181,7 +183,8 @@ def undo_releases(
          "sha256_after": f.sha256}
         for n, (info, f) in enumerate(zip(live, target.files, strict=True))
     ]
-    manifest = {
+    # a record for people: masked by today's rules even where it copies an older release's record
+    manifest = session.options.masker.record({
         "id": rid, "kind": "rollback", "host": label, "undid": list(target.undo),
         "to": target.new_applied[-1] if target.new_applied else None,
         "playbook": {"name": "(rollback)"}, "files": record_files,
@@ -189,7 +192,7 @@ def undo_releases(
         "server_before": newest.get("server_after"), "server_after": target.server_before,
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
         "controller": lock_holder("rollback"), "created": time.time(), "outcome": "in_progress",
-    }
+    })
     backups = [{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
                for n, i in enumerate(live)]
     what = ", ".join(target.undo)

@@ -1028,7 +1028,10 @@ def op_release_prune(state_dir, remove):
 @op("release_log")
 def op_release_log(state_dir, release_id, text):
     path = os.path.join(expand(state_dir), "releases", release_id, "run.log")
-    with open(path, "a") as f:
+    # 0600 like the release's other records: the controller masks it, but it is a person's log
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # one an older orch wrote 0644
+    with os.fdopen(fd, "a") as f:
         f.write(text)
     return True
 
@@ -1265,7 +1268,8 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
             os.makedirs(d, 0o755)
         if os.path.exists(log_path):
             os.replace(log_path, log_path + ".1")
-    out = open(log_path, "ab")
+    # 0600: a server logs its own secrets (SGLang prints its ServerArgs, api_key included)
+    out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

@@ -28,7 +28,7 @@ def history(out: OutputFlags, where: HostFlags) -> int:
 
     targets = where.targets()
     output = out.output()
-    options = where.connect()
+    options = where.connect(output)
     found = read_hosts(output, targets, lambda target: host_history(target, options), where.fleet(),
                        title="orch history")
     hosts: dict[str, Any] = {}
