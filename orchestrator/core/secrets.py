@@ -27,6 +27,8 @@ SECRET_NAME = re.compile(r"(?i)(secret|token|passw|api[_-]?key|credential|privat
 SENSITIVE_NAME = re.compile(r"(?i)(pass|pwd|key|token|secret|auth|credential|private|signing)")
 """Environment variables, flags and header names whose values are masked (a broader rule:
 over-masking a ``--tokenizer-path`` on a screen costs less than printing a ``DB_PASS``)."""
+NOT_SENSITIVE = frozenset({"pwd", "oldpwd"})
+"""Names the rule matches that are no secret: the shell's working directories."""
 URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@'\"]*:)([^\s/?#@'\"]+)@")
 """``scheme://user:password@host``: the password is group 2."""
 MASK = "***"
@@ -115,10 +117,10 @@ def normal_name(name: str) -> str:
 
 def is_sensitive(name: str, declared: Iterable[str] = ()) -> bool:
     """An env var, flag or header whose value is masked: by the rule, or listed in ``secrets:``."""
-    if SENSITIVE_NAME.search(name):
-        return True
     wanted = normal_name(name)
-    return any(normal_name(d) == wanted for d in declared)
+    if any(normal_name(d) == wanted for d in declared):
+        return True
+    return wanted not in NOT_SENSITIVE and bool(SENSITIVE_NAME.search(name))
 
 
 def worth_masking(value: str) -> bool:
