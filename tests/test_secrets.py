@@ -215,3 +215,57 @@ def test_a_hostile_log_tail_reaches_no_terminal_or_log_raw(sandbox: Sandbox, ver
     logs = [p.read_text() for p in sandbox.state_dir.glob("releases/*/run.log")]
     assert any("\\x1b]0;pwned" in log for log in logs)
     assert not any("\x1b" in log for log in logs)
+
+
+def run_in_terminal(box: Sandbox, *args: str, columns: int) -> tuple[int, bytes]:
+    """``orch ARGS`` on a pseudo-terminal ``columns`` wide: Rich's terminal layout (colours,
+    ``Syntax``, panels, folding); the raw bytes it wrote."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    env["TERM"] = "xterm-256color"
+    cmd = [sys.executable, "-m", "orchestrator", *args, "--ssh-config", str(box.sshd.ssh_config)]
+    proc = subprocess.Popen(cmd, cwd=box.root, env=env, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(120), b"".join(chunks)
+
+
+def test_on_a_terminal_folded_views_and_panels_hold_no_secret_and_no_host_escape(sandbox: Sandbox) -> None:
+    sandbox.start_by_hand()
+    var = ("--var", f"hub_access={SECRET}")
+    # 30 columns: the inserted line, the diff and the log tail are folded by Rich
+    code, raw = run_in_terminal(sandbox, "deploy", "--check", "--diff", "--host", "gpu", *var,
+                                playbook(sandbox, "good.yaml"), columns=30)
+    assert code == 0, raw.decode(errors="replace")
+    assert b"\x1b[" in raw  # a terminal's layout: Rich's own colours are there
+    for secret in SECRETS:
+        assert secret.encode() not in raw, raw.decode(errors="replace")
+    assert b"***" in raw
+
+    hostile = playbook(sandbox, "hostile.yaml", extra_env=(
+        ', STANDIN_CRASH_AT_START: "1", STANDIN_SAY: "\\e]0;pwned\\a\\e[2J\\e[32mgpu: changed"'))
+    code, raw = run_in_terminal(sandbox, "deploy", "--host", "gpu", *var, hostile, columns=100)
+    assert code == 1, raw.decode(errors="replace")
+    assert b"pwned" in raw  # the log tail was shown …
+    assert b"\x1b]0;pwned" not in raw and b"\x1b[2J" not in raw and b"\x07" not in raw  # … never raw
+    assert b"\\x1b]0;pwned\\x07\\x1b[2J\\x1b[32mgpu: changed" in raw
+    for secret in SECRETS:
+        assert secret.encode() not in raw, raw.decode(errors="replace")

@@ -76,13 +76,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def fail(message: str, exit_code: int, as_json: bool) -> None:
     """The one error path: a line on stderr, the JSON report on stdout with ``--json``, the code."""
-    line = re.sub(r"\s*\n\s*", " ", message.strip())  # exactly one line, whatever it held
-    # an error may quote a host (its answer, a file's line): control characters shown escaped;
-    # URL passwords masked (no run's Masker exists out here: this is the error before or around it)
     from orchestrator.core.safetext import printable
     from orchestrator.core.secrets import mask_urls
 
-    click.echo(f"orch: error: {printable(mask_urls(line))}", err=True)
+    # URL passwords masked (no run's Masker exists out here: this error comes before or around it)
+    line = mask_urls(re.sub(r"\s*\n\s*", " ", message.strip()))  # exactly one line, whatever it held
+    # an error may quote a host (its answer, a file's line): control characters shown escaped
+    click.echo(f"orch: error: {printable(line)}", err=True)
     if as_json:
         import json
 

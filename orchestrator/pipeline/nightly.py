@@ -760,15 +760,14 @@ class Night:
         """What the night's record adds once it is armed (secrets masked: a record for people;
         what a restore runs is in ``restore.json``)."""
         health = health_wire(self.health, for_restore=True)
-        for check in health["checks"]:
-            check["headers"] = {k: self._redact(str(v)) for k, v in check["headers"].items()}
         before = redact_argv(previous.argv, self.secret_list) if previous else None
         after = redact_argv(new_start.argv, self.secret_list)
         # Flags compare with the command line the current release asked for, not with the
         # process's argv: an interpreter found through a shim (pyenv) shows its real path there.
         asked = self.last_started["argv"] if self.last_started else (previous.argv if previous else None)
         changes = flag_changes(redact_argv(asked, self.secret_list), after) if asked else []
-        return {
+        # Masker.record: every header value, the environments by the rule, known values anywhere
+        return self.reporter.masker.record({
             "link": {"path": self.link, "before": self.previous_build, "after": self.name},
             "restarted": True,
             "patched": [f.model_dump() for f in self.file_records],
@@ -780,7 +779,7 @@ class Night:
             "server_after": {"argv": after, "cwd": new_start.cwd, "env": redact_env(new_start.env)},
             "flag_changes": changes,
             "watchdog_deadline": self.deadline,
-        }
+        })
 
     def make_manifest(self, start: ServerStart) -> NightManifest:
         rel = self.build_dir
