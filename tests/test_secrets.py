@@ -82,11 +82,12 @@ def test_a_value_pasted_into_secrets_is_refused_without_being_quoted(tmp_path: P
 SECRET = "hub-access-5f3a9c1e"
 MYSQL_PWD = "mysql-pwd-0815x"
 PG_PASSWORD = "pgpass-4711x"
-SECRETS = (SECRET, MYSQL_PWD, PG_PASSWORD)
+ODD_SETTING = "odd-value-2718x"  # under a name no rule matches: masked because secrets: lists it
+SECRETS = (SECRET, MYSQL_PWD, PG_PASSWORD, ODD_SETTING)
 
 PLAYBOOK = """\
 name: secret-deploy
-secrets: [hub_access]           # a var whose name the var rule would miss
+secrets: [hub_access, odd_setting]   # a var and an env var whose names no rule matches
 vars: {{threshold: 32}}
 files:
   - path: "{{{{ sglang_root }}}}/srt/server_args.py"
@@ -102,7 +103,7 @@ files:
     validate: [python-syntax]
 server:
   manager: process
-  env: {{MYSQL_PWD: {mysql}, DATABASE_URL: "postgres://u:{pg}@db.internal/app"{extra_env}}}
+  env: {{MYSQL_PWD: {mysql}, DATABASE_URL: "postgres://u:{pg}@db.internal/app", ODD_SETTING: {odd}{extra_env}}}
   flags: {{"--speculative-disable-batch-threshold": "{{{{ threshold }}}}", "--api-key": "{{{{ hub_access }}}}"}}
 health:
   base_url: "http://127.0.0.1:{{{{ port }}}}"
@@ -120,7 +121,7 @@ health:
 
 def playbook(box: Sandbox, name: str, extra_env: str = "") -> str:
     path = box.root / name
-    path.write_text(PLAYBOOK.format(mysql=MYSQL_PWD, pg=PG_PASSWORD, extra_env=extra_env))
+    path.write_text(PLAYBOOK.format(mysql=MYSQL_PWD, pg=PG_PASSWORD, odd=ODD_SETTING, extra_env=extra_env))
     return str(path)
 
 
@@ -172,9 +173,10 @@ def test_no_secret_reaches_any_output_log_or_record(sandbox: Sandbox) -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert_no_secret(proc, " ".join(args))
 
-    back = sandbox.orch("rollback", "-vv", "--host", "gpu")  # reads restore.json: real values, masked in output
+    # no playbook: the rules, and the secrets: names the releases recorded; restore.json's real values
+    back = sandbox.orch("rollback", "-vv", "--host", "gpu")
     assert back.returncode == 0, back.stdout + back.stderr
-    assert "MYSQL_PWD" in back.stdout  # the restore plan's environment was shown, masked
+    assert "MYSQL_PWD" in back.stdout and "ODD_SETTING" in back.stdout  # the restore plan's env, masked
     assert_no_secret(back, "rollback -vv")
     assert cmdline(sandbox.server_pid()) == sandbox.hand_argv
 
@@ -197,6 +199,7 @@ def test_no_secret_reaches_any_output_log_or_record(sandbox: Sandbox) -> None:
     manifests = [json.loads(p.read_text()) for p in sandbox.state_dir.glob("releases/*/manifest.json")]
     deploys = [m for m in manifests if m["kind"] == "deploy" and m.get("server_after")]
     assert deploys and all(m["server_after"]["env"]["MYSQL_PWD"] == MASK for m in deploys)
+    assert all(m["server_after"]["env"]["ODD_SETTING"] == MASK for m in deploys)
     assert all(m["server_after"]["env"]["DATABASE_URL"] == "postgres://u:***@db.internal/app" for m in deploys)
     assert all(c["headers"]["Authorization"] == MASK for m in deploys for c in m["health"]["checks"]
                if c.get("headers"))

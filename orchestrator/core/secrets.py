@@ -32,6 +32,8 @@ NOT_SENSITIVE = frozenset({"pwd", "oldpwd"})
 URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/?#@'\"]*:)([^\s/?#@'\"]+)@")
 """``scheme://user:password@host``: the password is group 2."""
 MASK = "***"
+MASKED_NAMES = "masked_names"
+"""A release manifest's list of its playbook's ``secrets:`` names (a key no rule masks)."""
 _MIN_LENGTH = 4
 _MIN_FOUND_LENGTH = 6
 
@@ -177,6 +179,11 @@ class Masker:
     @property
     def declared(self) -> frozenset[str]:
         return frozenset(self._declared)
+
+    def declare_recorded(self, manifests: Iterable[Mapping[str, Any]]) -> None:
+        """The ``secrets:`` names each release recorded (``masked_names``): ``orch rollback``,
+        ``status`` and ``history`` have no playbook to ask, and mask them all the same."""
+        self.declare(str(n) for m in manifests for n in (m.get(MASKED_NAMES) or []) if isinstance(n, str))
 
     def learn(self, data: Any, key: str = "") -> None:
         """Remember the secrets inside a record or wire message (env, argv, headers, URLs)."""

@@ -37,7 +37,7 @@ from orchestrator.core.restore import (
     ServerTarget,
     restore_spec,
 )
-from orchestrator.core.secrets import Masker, redact
+from orchestrator.core.secrets import MASKED_NAMES, Masker, redact
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
@@ -547,6 +547,7 @@ class Deployment:
             "host": target.name,
             "playbook": {"name": self.plan.playbook.name, "path": str(loaded.path), "sha256": loaded.sha256},
             "vars": redact(self.plan.vars, self.plan.playbook.secret_names),
+            MASKED_NAMES: list(self.plan.loaded.model.secrets),  # names, for rollback and status
             "files": [
                 {"path": f.path, "n": f.index, "existed": True, "mode": f.remote.mode, "uid": f.remote.uid,
                  "gid": f.remote.gid, "sha256_before": f.remote.sha256, "sha256_after": f.new_sha256}

@@ -70,7 +70,9 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
 def read_state(target: HostTarget, options: ConnectOptions) -> dict[str, Any]:
     """The host's records (``state_read``: reads only, never creates the state dir)."""
     with HostSession(target, options) as session:
-        return dict(session.run(ops.state_read(target.state_dir)))
+        state = dict(session.run(ops.state_read(target.state_dir)))
+    options.masker.declare_recorded(state.get("releases") or [])
+    return state
 
 
 @dataclass
@@ -177,6 +179,7 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
     """
     with HostSession(target, options) as session:
         state = session.run(ops.state_read(target.state_dir))
+        options.masker.declare_recorded(state["releases"])
         applied = list(state["state"].get("applied", []))
         releases = {m["id"]: m for m in state["releases"]}
         current = releases.get(applied[-1]) if applied else None

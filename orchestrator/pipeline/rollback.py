@@ -49,6 +49,7 @@ def rollback_host(
         with HostSession(target, options) as session:
             reached = Step.PLANNING
             state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
+            options.masker.declare_recorded(state["releases"])
             try:
                 applied = list(state["state"].get("applied", []))
                 # an unknown or undone --to is refused (exit 2) whatever the host's state
