@@ -161,7 +161,7 @@ class Masker:
         self._lock = threading.Lock()
         self._values: set[str] = set()
         self._ordered: tuple[str, ...] = ()
-        self._declared: set[str] = set()
+        self._declared: frozenset[str] = frozenset()  # replaced, never changed: read without the lock
         self.hide(values)
         self.declare(declared)
 
@@ -173,12 +173,13 @@ class Masker:
 
     def declare(self, names: Iterable[str]) -> None:
         """Names from a playbook's ``secrets:``: env vars, flags and headers masked like the rule's."""
+        new = frozenset(n for n in names if n)
         with self._lock:
-            self._declared.update(n for n in names if n)
+            self._declared = self._declared | new
 
     @property
     def declared(self) -> frozenset[str]:
-        return frozenset(self._declared)
+        return self._declared
 
     def declare_recorded(self, manifests: Iterable[Mapping[str, Any]]) -> None:
         """The ``secrets:`` names each release recorded (``masked_names``): ``orch rollback``,
