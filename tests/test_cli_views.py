@@ -177,11 +177,13 @@ def test_colour_follows_the_medium_no_color_and_the_flags(
                                   "uni ❱ é", "", "a" * 300, "x\x0by\x0cz"])
 def test_a_line_off_a_terminal_is_what_rich_would_have_printed(text: str) -> None:
     """Off a terminal without colour a line skips Rich's layout (a fleet prints hundreds);
-    the bytes must be the ones Rich gives: control codes dropped, tabs expanded, never cut."""
+    the bytes must be the ones Rich gives for the same safe text (control codes shown escaped,
+    ``Output.safe``), tabs expanded, never cut."""
     from rich.text import Text
 
     fast, rich_way = io.StringIO(), io.StringIO()
     make_output(stream=fast).line(text, "red")
     reference = make_output(stream=rich_way)
-    reference.console.print(Text(text, style="red"))
+    reference.console.print(Text(reference.safe(text), style="red"))
     assert fast.getvalue() == rich_way.getvalue()
+    assert "\x1b" not in fast.getvalue() and "\r" not in fast.getvalue()

@@ -77,8 +77,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def fail(message: str, exit_code: int, as_json: bool) -> None:
     """The one error path: a line on stderr, the JSON report on stdout with ``--json``, the code."""
-    line = re.sub(r"\s*\n\s*", " ", message.strip())  # exactly one line, whatever it held
-    click.echo(f"orch: error: {line}", err=True)
+    from orchestrator.core.safetext import printable
+    from orchestrator.core.secrets import mask_urls
+
+    # URL passwords masked (no run's Masker exists out here: this error comes before or around it)
+    line = mask_urls(re.sub(r"\s*\n\s*", " ", message.strip()))  # exactly one line, whatever it held
+    # an error may quote a host (its answer, a file's line): control characters shown escaped
+    click.echo(f"orch: error: {printable(line)}", err=True)
     if as_json:
         import json
 

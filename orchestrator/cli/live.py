@@ -202,7 +202,7 @@ def draw_fleet_summary(out: Output, report: RunReport) -> None:
                              justify="right" if name == "duration" else "left")
         for name, r in report.hosts.items():
             style = STYLE.get(r.exit_code, "red")
-            table.add_row(Text(name, style="bold"), Text(r.outcome, style=style), r.release or "-",
+            table.add_row(Text(name, style="bold"), Text(r.outcome, style=style), Text(r.release or "-"),
                           fmt_seconds(r.extra.get("duration")), Text(one_line(r.error or ""), style=style))
         with out.lock:
             out.console.print(table)

@@ -157,12 +157,13 @@ class HostFlags:
     def variables(self) -> dict[str, Any]:
         return var_options(self.cli_vars)
 
-    def connect(self, *, break_lock: bool = False) -> ConnectOptions:
+    def connect(self, output: Output, *, break_lock: bool = False) -> ConnectOptions:
+        """How to reach the hosts; the pipeline shares ``output``'s masker (one per run)."""
         from orchestrator.pipeline.session import ConnectOptions
 
         return ConnectOptions(accept_new_host_key=self.accept_new_host_key,
                               ssh_config_path=self.ssh_config, break_lock=break_lock,
-                              connect_timeout=self.connect_timeout)
+                              connect_timeout=self.connect_timeout, masker=output.masker)
 
     def fleet(self, batches: BatchFlags | None = None) -> FleetPlan:
         """How many hosts at once, and (deploy) in which batches."""

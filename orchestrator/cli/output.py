@@ -11,7 +11,11 @@ One ``Output`` per run decides, once, everything the views need to know:
   ``--no-color`` win over both;
 - **how much**: ``-q`` (outcomes, warnings and errors only), the default,
   ``-v`` (plus each request to the host's helper and the commands it runs
-  there, and every event), ``-vv`` (plus every line of the helper protocol).
+  there, and every event), ``-vv`` (plus every line of the helper protocol);
+- **what must never show**: the run's ``Masker`` (``core.secrets``). Every
+  piece of text the console writes passes through ``SafeConsole``, which
+  masks secrets and shows control characters escaped (``core.safetext``),
+  whatever view drew it; the ``--json`` report passes ``Masker.record``.
 
 Rich is imported here because an ``Output`` is only made by a command
 that prints; ``orch --help`` never gets this far.
@@ -24,21 +28,45 @@ import logging
 import shlex
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import click
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
 
-from orchestrator.core.secrets import MASK, SECRET_NAME, redact_argv, redact_env, redact_text
+from orchestrator.core.safetext import printable
+from orchestrator.core.secrets import MASK, Masker
 
 QUIET, NORMAL, VERBOSE, PROTOCOL = -1, 0, 1, 2
 """Verbosity levels: ``-q``, none, ``-v``, ``-vv``."""
 
 PROTOCOL_LOGGER = "orchestrator.protocol"
 """The logger ``shell.agent_client`` writes every helper line to (at DEBUG)."""
+
+
+class SafeConsole(Console):
+    """A Rich console whose every written piece of text is made safe first.
+
+    The one place the console channel masks secrets and escapes control
+    characters: whatever a view draws (a line, a table cell, a panel, a
+    ``Syntax`` window of a file read back), its text segments pass through
+    ``clean`` just before they are written. Rich's own control segments
+    (cursor moves of a live view) and its styles are left alone, so colours
+    still work while a host's ``\x1b[2J`` shows as text.
+    """
+
+    def __init__(self, *args: Any, clean: Callable[[str], str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clean = clean
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        clean = self._clean
+        return super()._render_buffer(
+            seg if seg.control or not seg.text else Segment(clean(seg.text), seg.style, seg.control)
+            for seg in buffer)
 
 
 @dataclass
@@ -54,22 +82,26 @@ class Output:
     terminal: bool
     json: bool = False
     verbosity: int = NORMAL
-    secret_values: set[str] = field(default_factory=set)
+    masker: Masker = field(default_factory=Masker)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
     def quiet(self) -> bool:
         return self.verbosity <= QUIET
 
+    def safe(self, text: str) -> str:
+        """``text`` fit to show: secrets masked, control characters escaped."""
+        return printable(self.masker.text(text))
+
     def line(self, text: str, style: str | None = None) -> None:
-        """One line of text as it is (never read as markup).
+        """One line of text as it is (never read as markup), made ``safe``.
 
         Where Rich would neither fold the line (``soft_wrap``: off a
         terminal) nor colour it, the line is written as it is: Rich's layout
         pass would only give it back unchanged, at a cost a fleet's hundreds
         of lines notice.
         """
-        line = Text(text, style=style or "")
+        line = Text(self.safe(text), style=style or "")
         with self.lock:
             if not self.console.soft_wrap or self.console.color_system:
                 self.console.print(line)
@@ -78,12 +110,13 @@ class Output:
                 self.console.file.write(line.plain + "\n")
 
     def emit_json(self, data: dict[str, Any]) -> None:
-        """The ``--json`` report: always on stdout, whatever the console uses."""
-        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        """The ``--json`` report: always on stdout, whatever the console uses; secrets masked
+        (JSON itself writes control characters as ``\\u001b``)."""
+        click.echo(json.dumps(self.masker.record(data), indent=2, sort_keys=True, default=str))
 
     def hide(self, values: Iterable[Any]) -> None:
         """Values (secret vars) that must never be printed, even at ``-vv``."""
-        self.secret_values.update(str(v) for v in values if v is not None)
+        self.masker.hide(values)
 
 
 def make_output(
@@ -93,7 +126,9 @@ def make_output(
     """An ``Output`` for this process: the stream, the medium, colour and verbosity."""
     stream = stream or (sys.stderr if as_json else sys.stdout)
     terminal = _isatty(stream)
-    console = Console(
+    masker = Masker()
+    console = SafeConsole(
+        clean=lambda text: printable(masker.text(text)),
         file=stream,
         # --color off a terminal: colours, but still the plain layout (see ``terminal``)
         force_terminal=True if color else None,
@@ -102,7 +137,7 @@ def make_output(
         highlight=False,
         emoji=False,
     )
-    out = Output(console=console, terminal=terminal, json=as_json, verbosity=verbosity)
+    out = Output(console=console, terminal=terminal, json=as_json, verbosity=verbosity, masker=masker)
     if verbosity >= VERBOSE:
         _echo_protocol(out)
     return out
@@ -135,8 +170,9 @@ class ProtocolEcho(logging.Handler):
 
     ``shell.agent_client`` logs each line it sends (``>``) or reads (``<``)
     and the command that starts the helper (``$``), with the host in
-    ``orch_host``. Secrets are masked: secret-looking flags and
-    environment variables by name, and the run's secret values anywhere.
+    ``orch_host``. Secrets are masked by the run's ``Masker``: flags,
+    environment variables and headers by name, the run's secret values
+    and URL passwords anywhere.
     """
 
     def __init__(self, out: Output) -> None:
@@ -149,7 +185,7 @@ class ProtocolEcho(logging.Handler):
         payload = getattr(record, "orch_line", "")
         try:
             for text in self.lines(kind, payload):
-                self.out.line(f"{host} {redact_text(text, self.out.secret_values)}", "dim")
+                self.out.line(f"{host} {text}", "dim")
         except Exception:  # noqa: BLE001 - a display problem must never stop a deploy
             self.handleError(record)
 
@@ -163,16 +199,16 @@ class ProtocolEcho(logging.Handler):
         except ValueError:
             return [] if verbose_only else [f"{kind} {payload[:LONG]}"]
         if not verbose_only:
-            return [f"{kind} {json.dumps(elided(masked(msg)), separators=(',', ':'))}"]
+            return [f"{kind} {json.dumps(elided(masked(msg, self.out.masker)), separators=(',', ':'))}"]
         if kind == ">":
-            return describe_request(msg)
+            return describe_request(msg, self.out.masker)
         if (isinstance(msg, dict) and not msg.get("done") and not msg.get("msg")
                 and msg.get("event") not in (None, "tick")):  # events with a msg are shown anyway
-            return [f"  event {json.dumps(masked(msg), separators=(',', ':'))}"]
+            return [f"  event {json.dumps(masked(msg, self.out.masker), separators=(',', ':'))}"]
         return []
 
 
-def describe_request(msg: dict[str, Any]) -> list[str]:
+def describe_request(msg: dict[str, Any], masker: Masker) -> list[str]:
     """``-v``: one line per request (op names; a batch lists its steps), then its commands."""
     args = msg.get("args") or {}
     steps = args.get("steps") if msg.get("op") in ("batch", "claim_then") else None
@@ -183,8 +219,13 @@ def describe_request(msg: dict[str, Any]) -> list[str]:
         title += ": " + ", ".join(str(s.get("op")) for s in steps)
         run = [s.get("args") for s in steps if s.get("op") not in RECORDING_OPS]
     out = [f"-> {title}"]
-    out += [f"     $ {shlex.join(redact_argv(argv))}" for argv in commands_in(run)]
+    out += [f"     $ {shown_command(masker.argv(argv))}" for argv in commands_in(run)]
     return out
+
+
+def shown_command(argv: list[str]) -> str:
+    """A masked command line as a shell would read it (``***`` left bare, as in every other line)."""
+    return " ".join(w if w == MASK else shlex.quote(w) for w in argv)
 
 
 def commands_in(value: Any) -> list[list[str]]:
@@ -208,20 +249,19 @@ def _is_words(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(w, str) for w in value)
 
 
-def masked(value: Any, key: str = "") -> Any:
-    """A protocol message fit to show: long strings elided, secret-looking values masked."""
+def masked(value: Any, masker: Masker) -> Any:
+    """A protocol message fit to show: secrets masked (``Masker.record``: env, argv and
+    headers by name, known values anywhere), then long strings elided."""
+    return _elided(masker.record(value))
+
+
+def _elided(value: Any) -> Any:
     if isinstance(value, dict):
-        if key == "env":
-            return redact_env({str(k): str(v) for k, v in value.items()})
-        return {k: masked(v, str(k)) for k, v in value.items()}
+        return {k: _elided(v) for k, v in value.items()}
     if isinstance(value, list):
-        if _is_words(value):
-            return [w if len(w) <= LONG else f"<{len(w)} chars>" for w in redact_argv(value)]
-        return [masked(v, key) for v in value]
+        return [_elided(v) for v in value]
     if isinstance(value, str) and len(value) > LONG:
         return f"<{len(value)} chars>"
-    if isinstance(value, str) and key and SECRET_NAME.search(key) and value != MASK:
-        return MASK
     return value
 
 

@@ -114,7 +114,7 @@ def history_table(host: str, rows: Sequence[HistoryRow]) -> Table:
         table.add_column(col, min_width=max(longest, len(col)), no_wrap=whole, overflow="fold",
                          justify="right" if col in ("duration", "tok/s") else "left")
     for r, row in zip(rows, cells, strict=True):
-        table.add_row(*row, style=row_style(r))
+        table.add_row(*(Text(c) for c in row), style=row_style(r))  # what a host recorded: never markup
     return table
 
 

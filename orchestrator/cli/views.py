@@ -175,7 +175,8 @@ def draw_diff(out: Output, f: PlannedFile) -> None:
     if out.terminal:
         from rich.syntax import Syntax
 
-        out.console.print(Syntax(diff.rstrip("\n"), "diff", theme=THEME, word_wrap=True))
+        # made safe whole, before Rich folds it: a fold could split a secret the console would miss
+        out.console.print(Syntax(out.safe(diff.rstrip("\n")), "diff", theme=THEME, word_wrap=True))
         return
     styles = {"+": "green", "-": "red", "@": "cyan"}
     for row in diff.splitlines():
@@ -194,8 +195,8 @@ def draw_view(out: Output, path: str, text: str, ranges: Sequence[ViewRange], *,
         if out.terminal:
             from rich.syntax import Syntax
 
-            out.console.print(Syntax(
-                "\n".join(window), lexer_for(path), theme=THEME, line_numbers=True,
+            out.console.print(Syntax(  # made safe whole before Rich folds it (see draw_diff)
+                out.safe("\n".join(window)), lexer_for(path), theme=THEME, line_numbers=True,
                 start_line=r.start, highlight_lines=set(r.highlight), word_wrap=True,
             ))
             continue
@@ -211,7 +212,7 @@ def draw_log(out: Output, title: str, lines: Sequence[str]) -> None:
     if out.terminal:
         from rich.panel import Panel
 
-        body = "\n".join(lines) if lines else "(empty)"
+        body = out.safe("\n".join(lines)) if lines else "(empty)"  # before Rich folds it or drops a BEL
         out.console.print(Panel(Text(body), title=escape(title), border_style="red"))
         return
     out.line(f"{title}:", "red")

@@ -215,6 +215,8 @@ ANCHOR_KEYS = (
 )
 FLAG_TYPES = ("int", "float", "str", "bool")
 FLAG_NAME = re.compile(r"(--)?[A-Za-z_][A-Za-z0-9_-]*")
+SECRET_ENTRY = re.compile(r"(--)?[A-Za-z_][A-Za-z0-9_.-]*")
+"""An entry of ``secrets:``: a var, env var, flag or header name."""
 """What ``add_flag``'s ``name`` and ``near`` look like: a field name or a ``--flag``."""
 
 
@@ -708,6 +710,18 @@ class Playbook(_Model):
     gate: Gate | None = None
 
     _locations: Locations | None = PrivateAttr(default=None)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        """Names, not values: a var, and the env var, ``--flag`` or header of the same name
+        (``hf_token`` is ``HF_TOKEN`` and ``--hf-token`` too). A value pasted here by mistake
+        would be printed in the error, so the message does not quote it."""
+        for i, name in enumerate(value):
+            if not SECRET_ENTRY.fullmatch(name):
+                raise LocatedProblem(("secrets", i), "expected the name of a var, env var, --flag or "
+                                                      "header (letters, digits, _ . -), not a value")
+        return value
 
     @model_validator(mode="after")
     def _gate_needs_a_restart_and_health(self) -> Playbook:

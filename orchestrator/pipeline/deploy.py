@@ -37,7 +37,7 @@ from orchestrator.core.restore import (
     ServerTarget,
     restore_spec,
 )
-from orchestrator.core.secrets import redact, redact_argv, redact_env, redact_text
+from orchestrator.core.secrets import MASKED_NAMES, Masker, redact
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
@@ -569,15 +569,15 @@ class Deployment:
         before = change.before if change else None
         server = self._server_target()
         health = self._health_wire(for_restore=True)
-        if health is not None:
-            for check in health["checks"]:
-                check["headers"] = {k: self._redact(v) for k, v in check["headers"].items()}
-        return {
+        # A record for people: ``Masker.record`` masks the headers, the environments by the rule,
+        # the command lines' secret flags and every known value. What a restore runs is in restore.json.
+        return self.masker.record({
             "id": self.release_id,
             "kind": "deploy",
             "host": target.name,
             "playbook": {"name": self.plan.playbook.name, "path": str(loaded.path), "sha256": loaded.sha256},
             "vars": redact(self.plan.vars, self.plan.playbook.secret_names),
+            MASKED_NAMES: list(self.plan.loaded.model.secrets),  # names, for rollback and status
             "files": [
                 {"path": f.path, "n": f.index, "existed": True, "mode": f.remote.mode, "uid": f.remote.uid,
                  "gid": f.remote.gid, "sha256_before": f.remote.sha256, "sha256_after": f.new_sha256}
@@ -587,16 +587,15 @@ class Deployment:
                              "port": server.port, "stop_timeout": server.stop_timeout}
                             if server is not None else None),
             "health": health,
-            # A record for people: secrets masked. What a restore runs is in restore.json.
             "server_before": (
                 {"argv": self._shown_argv(before.get("argv")), "cwd": before.get("cwd"),
-                 "env": redact_env(before.get("env")), "pid": before.get("pid"),
+                 "env": before.get("env"), "pid": before.get("pid"),
                  "found_by": before.get("found_by")}
                 if before else None
             ),
             "server_after": (
                 {"argv": self._shown_argv(change.after_argv), "cwd": change.after_cwd,
-                 "env": redact_env(change.after_env)}
+                 "env": change.after_env}
                 if change and change.restart else None
             ),
             "restarted": bool(change and change.restart),
@@ -606,7 +605,7 @@ class Deployment:
             "controller": lock_holder("deploy"),
             "created": time.time(),
             "outcome": "in_progress",
-        }
+        })
 
     def _journal(self, step: str, finished: bool = False) -> dict[str, Any]:
         return {"release": self.release_id, "kind": "deploy", "playbook": self.plan.playbook.name,
@@ -616,10 +615,9 @@ class Deployment:
         return f"{self.state_dir}/journal.json"
 
     def _log_op(self, last: str) -> ops.Op:
-        """The op that writes this run's log into the release (secrets redacted)."""
-        text = self.reporter.text() if isinstance(self.reporter, RunLog) else ""
-        text += f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
-        return ops.release_log(self.state_dir, self.release_id, self._redact(text))
+        """The op that writes this run's log into the release (made safe by ``RunLog.text``)."""
+        log = self.reporter if isinstance(self.reporter, RunLog) else RunLog(self.reporter, self.masker)
+        return ops.release_log(self.state_dir, self.release_id, log.text(end=last))
 
     def _preflight_timeout(self) -> float:
         server = self.plan.loaded.model.server
@@ -638,15 +636,16 @@ class Deployment:
         assert self.clock is not None
         self.clock.stop(step)
 
-    def _secret_values(self) -> list[str]:
-        names = self.plan.playbook.secret_names
-        return [str(v) for k, v in self.plan.vars.items() if k in names and v is not None]
+    @property
+    def masker(self) -> Masker:
+        """The run's (``ConnectOptions.masker``): it knows this plan's secrets (``HostPlan.teach``)."""
+        return self.session.options.masker
 
     def _redact(self, text: str) -> str:
-        return redact_text(text, self._secret_values())
+        return self.masker.text(text)
 
     def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
-        return redact_argv(argv, self._secret_values()) if argv is not None else None
+        return self.masker.argv(argv) if argv is not None else None
 
 
 def _health_began(event: dict[str, Any]) -> bool:
@@ -672,7 +671,7 @@ def deploy_host(
     (``pipeline.timings``), as far as the host got.
     """
     label = target.name
-    reporter = RunLog(reporter)
+    reporter = RunLog(reporter, options.masker)
     clock = StepClock(label, reporter)
     reached = Step.CONNECTING
     session = HostSession(target, options)
@@ -720,6 +719,7 @@ def _deploy_in_session(
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
         with clock.step("plan"):
             plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state))
+        plan.teach(options.masker)
         for note in plan.notes:
             reporter.note(label, note)
         reporter.plan(label, plan)
@@ -750,6 +750,7 @@ def _check(
     refuse_busy(label, state)  # --check exits 2 where a deploy would refuse
     with clock.step("plan"):
         plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
+    plan.teach(session.options.masker)
     reporter.plan(label, plan)
     for note in plan.notes:  # the same level as the deploy's: a layout found is news, not a warning
         reporter.note(label, note)

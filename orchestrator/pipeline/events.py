@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.core.gate import GateOutcome, plain_table
+from orchestrator.core.safetext import printable
+from orchestrator.core.secrets import Masker
 
 if TYPE_CHECKING:
     from orchestrator.pipeline.plan import HostPlan
@@ -73,9 +75,15 @@ class Recorder:
 
 @dataclass
 class RunLog:
-    """Forwards to a Reporter and keeps a plain-text copy: the release's ``run.log``."""
+    """Forwards to a Reporter and keeps a plain-text copy: the release's ``run.log``.
+
+    ``text`` is the one place that copy is made fit for a file people read:
+    the run's secrets masked (``masker``), control characters from the host
+    escaped (a log tail's ``\\x1b[2J`` stays text in ``less`` and in CI).
+    """
 
     inner: Reporter
+    masker: Masker = field(default_factory=Masker)
     lines: list[str] = field(default_factory=list)
 
     def _keep(self, kind: str, text: str) -> None:
@@ -124,5 +132,7 @@ class RunLog:
     def phase(self, host: str, step: str) -> None:
         self.inner.phase(host, step)
 
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+    def text(self, end: str | None = None) -> str:
+        """The log so far, with ``end`` as its last line if given; secrets masked, controls escaped."""
+        lines = self.lines + ([f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {end}"] if end else [])
+        return printable(self.masker.text("\n".join(lines) + "\n"))

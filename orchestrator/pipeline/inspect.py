@@ -79,7 +79,9 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
 def read_state(target: HostTarget, options: ConnectOptions) -> dict[str, Any]:
     """The host's records (``state_read``: reads only, never creates the state dir)."""
     with HostSession(target, options) as session:
-        return dict(session.run(ops.state_read(target.state_dir)))
+        state = dict(session.run(ops.state_read(target.state_dir)))
+    options.masker.declare_recorded(state.get("releases") or [])
+    return state
 
 
 @dataclass
@@ -159,6 +161,29 @@ class HostStatus:
         return data
 
 
+def health_as_sent(session: HostSession, root: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A release's health checks with their headers as the deploy sent them.
+
+    The manifest is a record for people: its headers are masked. Where a check
+    has headers, the release's ``restore.json`` (0600, unmasked because a
+    restore sends them) has the same checks in the same order; without one, the
+    masked record is all there is.
+    """
+    health = dict(manifest["health"])
+    checks = [dict(c) for c in health.get("checks") or []]
+    if not any(c.get("headers") for c in checks):
+        return health
+    spec = session.run(ops.get_json(f"{root}/releases/{manifest['id']}/restore.json"))
+    session.options.masker.learn(spec)  # the real values: masked wherever they show from now on
+    sent = (((spec or {}).get("plan") or {}).get("health") or {}).get("checks") or []
+    if len(sent) == len(checks):
+        for check, real in zip(checks, sent, strict=True):
+            if (real.get("method"), real.get("path")) == (check.get("method"), check.get("path")):
+                check["headers"] = real.get("headers") or {}
+    health["checks"] = checks
+    return health
+
+
 def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = False,
                 reporter: Any = None) -> HostStatus:
     """Current release, server process, health now, and drift since the release.
@@ -169,6 +194,7 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
     """
     with HostSession(target, options) as session:
         state = session.run(ops.state_read(target.state_dir))
+        options.masker.declare_recorded(state["releases"])
         applied = list(state["state"].get("applied", []))
         releases = {m["id"]: m for m in state["releases"]}
         current = releases.get(applied[-1]) if applied else None
@@ -178,11 +204,12 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
              if m.get("server_spec")),
             None,
         )
-        health_spec = next(
-            (m.get("health") for m in sorted(releases.values(), key=lambda m: m["id"], reverse=True)
-             if m.get("health")),
+        health_from = next(
+            (m for m in sorted(releases.values(), key=lambda m: m["id"], reverse=True) if m.get("health")),
             None,
         )
+        health_spec = (health_as_sent(session, state.get("root") or target.state_dir, health_from)
+                       if health_from else None)
         server = None
         if spec and spec.get("manager", "process") == "process":
             server = session.run(ops.server_find(spec.get("pidfile"), spec.get("port")))

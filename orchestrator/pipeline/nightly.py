@@ -341,6 +341,8 @@ class Night:
             self.repo = str(self.render_value(spec.source.git.repo, ("source", "git", "repo"), self.variables))
         names = secret_names(self.variables, spec.secrets)
         self.secret_list = [str(v) for v in secret_values(self.variables, names)]
+        self.reporter.masker.hide(self.secret_list)  # the console and run.log mask them too
+        self.reporter.masker.declare(spec.secrets)
         pb = Playbook(name=spec.name, secrets=spec.secrets, server=spec.server, health=spec.health)
         self.rendered = render_playbook(pb, spec.locations, self.variables, self.renderer())
 
@@ -776,15 +778,14 @@ class Night:
         """What the night's record adds once it is armed (secrets masked: a record for people;
         what a restore runs is in ``restore.json``)."""
         health = health_wire(self.health, for_restore=True)
-        for check in health["checks"]:
-            check["headers"] = {k: self._redact(str(v)) for k, v in check["headers"].items()}
         before = redact_argv(previous.argv, self.secret_list) if previous else None
         after = redact_argv(new_start.argv, self.secret_list)
         # Flags compare with the command line the current release asked for, not with the
         # process's argv: an interpreter found through a shim (pyenv) shows its real path there.
         asked = self.last_started["argv"] if self.last_started else (previous.argv if previous else None)
         changes = flag_changes(redact_argv(asked, self.secret_list), after) if asked else []
-        return {
+        # Masker.record: every header value, the environments by the rule, known values anywhere
+        return self.reporter.masker.record({
             "link": {"path": self.link, "before": self.previous_build, "after": self.name},
             "restarted": True,
             "patched": [f.model_dump() for f in self.file_records],
@@ -796,7 +797,7 @@ class Night:
             "server_after": {"argv": after, "cwd": new_start.cwd, "env": redact_env(new_start.env)},
             "flag_changes": changes,
             "watchdog_deadline": self.deadline,
-        }
+        })
 
     def make_manifest(self, start: ServerStart) -> NightManifest:
         rel = self.build_dir
@@ -821,8 +822,7 @@ class Night:
 
     def log_op(self, last: str) -> ops.Op:
         """The op that writes this run's log into the release (secrets redacted)."""
-        text = self.reporter.text() + f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {last}\n"
-        return ops.release_log(self.state_dir, self.name, self._redact(text))
+        return ops.release_log(self.state_dir, self.name, self.reporter.text(end=last))
 
     def read_log(self) -> str:
         """The build's own log, to keep beside the report (best effort)."""
@@ -847,7 +847,7 @@ def nightly_host(
     current: Night | None = None
     try:
         with HostSession(target, options) as session:
-            current = Night(session, loaded, cli_vars, RunLog(reporter), night, name, started, options.break_lock)
+            current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker), night, name, started, options.break_lock)
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
             return result

@@ -56,7 +56,7 @@ from orchestrator.core.rendering import (
     render_playbook,
     render_validate,
 )
-from orchestrator.core.secrets import redact_argv, secret_values
+from orchestrator.core.secrets import Masker, redact_argv, secret_values
 from orchestrator.core.structure import check_structure
 from orchestrator.core.target import HostTarget
 from orchestrator.core.templating import Renderer
@@ -177,6 +177,22 @@ class HostPlan:
     @property
     def changed(self) -> bool:
         return bool(self.changed_files) or bool(self.server and self.server.restart)
+
+    def teach(self, masker: Masker) -> None:
+        """Tell the run's masker every secret this plan holds, before anything of it is shown:
+        the secret vars' values, the playbook's ``secrets:`` names, and what the rules find in
+        the server's environment and command lines (as running and as planned) and in the
+        health checks' headers and URL."""
+        masker.declare(self.loaded.model.secrets)
+        masker.hide(secret_values(self.vars, self.playbook.secret_names))
+        change = self.server
+        if change is not None:
+            masker.learn({"before": change.before, "argv": change.after_argv, "env": change.after_env,
+                          "start": change.start, "restore_start": change.restore_start, "stop": change.stop,
+                          "before_stop": change.before_stop, "after_healthy": change.after_healthy})
+        health = self.playbook.health
+        if health is not None:
+            masker.learn({"base_url": health.base_url, "checks": [{"headers": dict(c.headers)} for c in health.checks]})
 
 
 def health_port(base_url: str | None) -> int | None:

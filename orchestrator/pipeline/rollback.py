@@ -49,6 +49,7 @@ def rollback_host(
         with HostSession(target, options) as session:
             reached = Step.PLANNING
             state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
+            options.masker.declare_recorded(state["releases"])
             try:
                 applied = list(state["state"].get("applied", []))
                 # an unknown or undone --to is refused (exit 2) whatever the host's state
@@ -102,6 +103,7 @@ def finish_unfinished(
     kind = journal.get("kind", "deploy")
     reporter.step(label, f"finishing the unfinished {kind} {rid} (last step: {journal.get('step')})")
     spec = session.run(ops.get_json(f"{release_dir}/restore.json"))
+    session.options.masker.learn(spec)  # its env, argv and headers: masked in what follows
     if spec is None:
         # Died before its release was written: nothing was changed.
         remove_half_built(session, journal, reporter)
@@ -184,6 +186,7 @@ def undo_releases(
         # The oldest undone release's restore.json says exactly what ran before
         # it (unmasked: the manifest is the masked record for people).
         spec = session.run(ops.get_json(f"{releases_dir}/{target.undo[-1]}/restore.json"))
+        session.options.masker.learn(spec)  # its env, argv and headers: masked in what follows
         if not spec or not spec["plan"].get("server"):
             raise OrchError(f"{label}: release {target.undo[-1]} has no restore record for its server")
         server = ServerTarget.from_wire(spec["plan"]["server"], keep_before=False)
@@ -201,7 +204,8 @@ def undo_releases(
          "sha256_after": f.sha256}
         for n, (info, f) in enumerate(zip(live, target.files, strict=True))
     ]
-    manifest = {
+    # a record for people: masked by today's rules even where it copies an older release's record
+    manifest = session.options.masker.record({
         "id": rid, "kind": "rollback", "host": label, "undid": list(target.undo),
         "to": target.new_applied[-1] if target.new_applied else None,
         "playbook": {"name": "(rollback)"}, "files": record_files,
@@ -209,7 +213,7 @@ def undo_releases(
         "server_before": newest.get("server_after"), "server_after": target.server_before,
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
         "controller": lock_holder("rollback"), "created": time.time(), "outcome": "in_progress",
-    }
+    })
     backups = [{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
                for n, i in enumerate(live)]
     what = ", ".join(target.undo)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core.secrets import Masker
 from orchestrator.core.target import HostTarget
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import Agent, EventHandler
@@ -31,6 +32,9 @@ class ConnectOptions:
     ssh_config_path: str | None = None
     connect_timeout: float = 10.0
     break_lock: bool = False
+    # the run's secrets (``core.secrets``): the pipeline masks its records and run.log with it,
+    # and teaches it what it finds (a server's env, a restore plan), which the console then masks too
+    masker: Masker = field(default_factory=Masker, compare=False)
 
 
 def controller_id() -> str:

@@ -1425,8 +1425,11 @@ def op_release_prune(state_dir, remove):
 @op("release_log")
 def op_release_log(state_dir, release_id, text):
     path = os.path.join(expand(state_dir), "releases", release_id, "run.log")
+    # 0600 like the release's other records: the controller masks it, but it is a person's log
     try:
-        with open(path, "a") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)  # one an older orch wrote 0644
+        with os.fdopen(fd, "a") as f:
             f.write(text)
     except OSError as e:
         raise named(e, path) from e
@@ -1666,8 +1669,9 @@ def op_server_start(argv, cwd=None, env=None, log=None, pidfile=None, replace_en
         if os.path.exists(log_path):
             os.replace(log_path, log_path + ".1")
     try:
-        # not through a link: one sitting here now was put there after the rotation (another user's)
-        out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab")
+        # not through a link: one sitting here now was put there after the rotation (another user's);
+        # 0600: a server logs its own secrets (SGLang prints its ServerArgs, api_key included)
+        out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab")
     except OSError as e:
         raise AgentError("planted" if e.errno == errno.ELOOP else "server", "cannot open the server's log %s: %s" % (
             log_path, "a link sits there: refused, not followed" if e.errno == errno.ELOOP else e.strerror or e))

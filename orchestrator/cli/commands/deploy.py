@@ -66,10 +66,11 @@ def deploy(out: OutputFlags, where: HostFlags, batches: BatchFlags, check: bool,
     if playbook is None and is_shipped(path):
         output.line(f"note: no playbooks/site.yaml here; using the shipped {display_path(path)}",
                     "dim")
+    output.masker.declare(loaded.model.secrets)  # env vars, flags and headers of those names too
     for target in targets:  # never shown, even at -vv
         merged = vars_for_host(loaded.model, target, variables)
         output.hide(secret_values(merged, secret_names(merged, loaded.model.secrets)))
-    options = where.connect(break_lock=break_lock)
+    options = where.connect(output, break_lock=break_lock)
     undo = None
     if batches.rollback_all_on_failure and not check:
         def undo(target, reporter):  # type: ignore[no-untyped-def]

@@ -36,7 +36,7 @@ def history(out: OutputFlags, where: HostFlags, release: str | None) -> int:
         return _one_release(out, where, release)
     targets = where.targets()
     output = out.output()
-    options = where.connect()
+    options = where.connect(output)
     found = read_hosts(output, targets, lambda target: host_history(target, options), where.fleet(),
                        title="orch history")
     hosts: dict[str, Any] = {}

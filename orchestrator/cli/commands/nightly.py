@@ -64,7 +64,7 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
     loaded = load_nightly(find_nightly(spec))
     targets = where.targets()
     reporter = ConsoleReporter(output, planned_view=False)
-    options = where.connect(break_lock=break_lock)
+    options = where.connect(output, break_lock=break_lock)
     report = RunReport()
     for target in targets:
         result = nightly_host(target, loaded, variables, options, reporter, NightOptions(frozen, force))

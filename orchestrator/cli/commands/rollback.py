@@ -33,7 +33,7 @@ def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: boo
 
     targets = where.targets()
     output = out.output()
-    options = where.connect(break_lock=break_lock)
+    options = where.connect(output, break_lock=break_lock)
     report = run_reports(output, targets, lambda target, reporter: rollback_host(target, to, options, reporter),
                          where.fleet(), ConsoleReporter(output), title="orch rollback")
     draw_fleet_summary(output, report)

@@ -40,7 +40,7 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
 
     targets = where.targets()
     output = out.output()
-    options = where.connect()
+    options = where.connect(output)
     reporter = ConsoleReporter(output, live_line=False) if probe else None
     found = read_hosts(output, targets, lambda target: host_status(target, options, probe=probe, reporter=reporter),
                        where.fleet(),

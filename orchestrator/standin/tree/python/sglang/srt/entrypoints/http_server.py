@@ -25,7 +25,8 @@ throughput a probe measures, the same on every machine. A greedy request
 
 Fault switches (environment variables), so tests can make the server fail
 the ways real ones do without an unknown flag:
-``STANDIN_CRASH_AT_START=1`` raises at start, before binding (a traceback,
+``STANDIN_SAY=TEXT`` prints TEXT verbatim at start (escape sequences
+included: a hostile log); ``STANDIN_CRASH_AT_START=1`` raises at start, before binding (a traceback,
 exit 1); ``STANDIN_EXIT_AFTER_READY=S`` exits (code 1) S seconds after it
 became healthy; ``STANDIN_FLAP=S`` answers health 200 for S seconds, then
 503 for S seconds, and so on; ``STANDIN_HANG=1`` accepts connections and
@@ -594,6 +595,8 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
     access_level = (server_args.log_level_http or server_args.log_level).upper()
     access_logger.setLevel(getattr(logging, access_level, logging.INFO))
     logger.info(f"server_args={server_args!r}")
+    if os.environ.get("STANDIN_SAY"):
+        print(os.environ["STANDIN_SAY"], flush=True)  # verbatim: control characters and all
     if os.environ.get("STANDIN_CRASH_AT_START") == "1":
         raise RuntimeError("STANDIN_CRASH_AT_START=1: the server fails at start")
     args = list(argv if argv is not None else sys.argv[1:])
