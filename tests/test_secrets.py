@@ -167,7 +167,12 @@ def test_no_secret_reaches_any_output_log_or_record(sandbox: Sandbox) -> None:
     assert_no_secret(as_json, "failed deploy --json")
     assert health_status(sandbox.port) == 200  # the previous release's server is back
 
+    current = json.loads(sandbox.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"][0]["id"]
+    view = sandbox.orch("history", "--host", "gpu", "--release", current)
+    assert "HF_TOKEN = '***'" in view.stdout, view.stdout  # the release's own copy, read back masked
     for args in (("history", "--host", "gpu"), ("history", "--host", "gpu", "--json"),
+                 ("history", "--host", "gpu", "--release", current),  # its files' sed -n view too
+                 ("history", "--host", "gpu", "--release", current, "--json"),
                  ("status", "--host", "gpu", "-vv"), ("status", "--host", "gpu", "--json")):
         proc = sandbox.orch(*args)
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -265,32 +265,62 @@ def _elided(value: Any) -> Any:
     return value
 
 
-BIG = 4 * LONG
+LINE_LIMIT = 4000
+"""The longest a ``-vv`` protocol line may grow before its biggest parts are elided."""
 
 
-def elided(value: Any) -> Any:
-    """``value`` with every list or mapping whose JSON exceeds ``BIG`` shown as ``<N chars>``.
+def elided(value: Any, limit: int = LINE_LIMIT) -> Any:
+    """``value`` with its biggest lists and mappings shown as ``<N chars>`` until it fits ``limit``.
 
-    ``-vv`` shows each protocol line; a file list or a state read of many
-    releases would be one line of tens of thousands of characters. The
-    message's own keys stay, so the line still says what it was.
+    ``-vv`` shows each protocol line; a state read of many releases would be
+    one line of tens of thousands of characters. The biggest part goes first,
+    then the next, so what is small (an op's arguments, a short environment)
+    stays readable, and the message's own keys always stay.
     """
-    if isinstance(value, dict):
-        return {k: _small(v) for k, v in value.items()}
-    return _small(value)
+    while _size(value) > limit:
+        path = _biggest_part(value)
+        if path is None:
+            return value
+        value = _replaced(value, path)
+    return value
 
 
-def _small(value: Any) -> Any:
-    if not isinstance(value, dict | list):
-        return value
-    size = len(json.dumps(value, separators=(",", ":")))
-    if size <= BIG:
-        return value
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def _biggest_part(value: Any) -> tuple[Any, ...] | None:
+    """The path to the part to elide next: the largest list or mapping, followed down while
+    one of its own parts makes up most of it (so a state read loses its list of releases,
+    not its journal and state beside it). Never ``value`` itself."""
+    path: tuple[Any, ...] = ()
+    node = value
+    while True:
+        children = [(k, c) for k, c in _items(node) if isinstance(c, dict | list) and c]
+        if not children:
+            return path or None
+        key, child = max(children, key=lambda kc: _size(kc[1]))
+        if path and _size(child) * 2 < _size(node):
+            return path  # no one part dominates this one: elide it whole
+        path, node = (*path, key), child
+
+
+def _items(node: Any) -> list[tuple[Any, Any]]:
+    if isinstance(node, dict):
+        return list(node.items())
+    if isinstance(node, list):
+        return list(enumerate(node))
+    return []
+
+
+def _replaced(value: Any, path: tuple[Any, ...]) -> Any:
+    """A copy of ``value`` with the part at ``path`` shown as its size."""
+    key, rest = path[0], path[1:]
+    child = value[key]
+    new = _replaced(child, rest) if rest else f"<{_size(child)} chars>"
     if isinstance(value, dict):
-        inner = {k: _small(v) for k, v in value.items()}
-        if len(json.dumps(inner, separators=(",", ":"))) <= BIG:
-            return inner
-    return f"<{size} chars>"
+        return {**value, key: new}
+    return [new if i == key else v for i, v in enumerate(value)]
 
 
 def _echo_protocol(out: Output) -> None:

@@ -136,10 +136,20 @@ def restore_spec(
     *,
     deadline: float | None = None,
     started: dict[str, Any] | None = None,
+    mask: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``restore.json``: the plan, the watchdog's deadline, and what the release starts."""
-    return {"version": 2, "release": release_id, "kind": kind, "deadline": deadline,
+    """``restore.json``: the plan, the watchdog's deadline, and what the release starts.
+
+    ``mask``: the release's secret var values (the file is 0600, and holds the
+    server's real environment already): a later ``orch history --release`` or
+    ``status`` without the playbook masks them in what it shows of the
+    release's files.
+    """
+    spec = {"version": 2, "release": release_id, "kind": kind, "deadline": deadline,
             "plan": plan.to_wire(), "started": started}
+    if mask:
+        spec["mask"] = sorted(set(mask))
+    return spec
 
 
 # ---------------------------------------------------------------- the record

@@ -146,6 +146,10 @@ def _looks_like_argv(key: str, data: list[Any] | tuple[Any, ...]) -> bool:
     return key in ARGV_KEYS or (not data[0].startswith("-") and any(w.startswith("-") for w in data[1:]))
 
 
+RESTORE_MASK = "mask"
+"""The key of ``restore.json`` that lists a release's secret var values (``core.restore.restore_spec``)."""
+
+
 class Masker:
     """Every secret of one run, and the rules; masks text, command lines, environments and records.
 
@@ -188,9 +192,13 @@ class Masker:
 
     def learn(self, data: Any, key: str = "") -> None:
         """Remember the secrets inside a record or wire message (env, argv, headers, URLs)."""
+        if isinstance(data, dict) and isinstance(data.get(RESTORE_MASK), list):
+            self.hide(v for v in data[RESTORE_MASK] if isinstance(v, str))  # secret vars' values
         self._add(v for v in self._found(data, key) if worth_masking(v))
 
     def _found(self, data: Any, key: str) -> Iterable[str]:
+        if key == RESTORE_MASK:  # learned whole by ``learn`` (secret var values)
+            return
         if isinstance(data, dict):
             for k, v in data.items():
                 k = str(k)
@@ -254,6 +262,8 @@ class Masker:
                 return {k: MASK for k in data}
             return {k: self.record(v, str(k)) for k, v in data.items()}
         if isinstance(data, (list, tuple)):
+            if key == RESTORE_MASK:  # restore.json's list of the secret values themselves
+                return [MASK for _ in data]
             if _looks_like_argv(key, data):
                 return self.argv(data)
             return [self.record(v, key) for v in data]

@@ -37,7 +37,7 @@ from orchestrator.core.restore import (
     ServerTarget,
     restore_spec,
 )
-from orchestrator.core.secrets import MASKED_NAMES, Masker, redact
+from orchestrator.core.secrets import MASKED_NAMES, Masker, redact, secret_values
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
@@ -145,7 +145,8 @@ class Deployment:
             for f in self.plan.changed_files
         ]
         spec = restore_spec(self.release_id, "deploy", self._restore_plan(), deadline=self.deadline,
-                            started=self._started_record())
+                            started=self._started_record(),
+                            mask=[str(v) for v in secret_values(self.plan.vars, self.plan.playbook.secret_names)])
         self.backup_sent = True
         self.session.batch([
             ops.release_create(self.state_dir, self.release_id, self._manifest(), files, restore=spec),

@@ -314,7 +314,8 @@ class NoRelease:
 def host_release(target: HostTarget, options: ConnectOptions, ref: str) -> ReleaseView | NoRelease:
     """The release ``ref`` names on this host (full id, unique prefix or suffix), or ``NoRelease``.
 
-    Two round trips: the state read, then the release's backup copies.
+    Three round trips: the state read, the release's restore plan (what to mask),
+    then its backup copies.
     """
     from orchestrator.core.releases import resolve_release
     from orchestrator.errors import ConfigError
@@ -328,6 +329,9 @@ def host_release(target: HostTarget, options: ConnectOptions, ref: str) -> Relea
         except ConfigError:
             return NoRelease(target.name, ref)
         manifest = releases[rid]
+        options.masker.declare_recorded([manifest])
+        spec = session.run(ops.get_json(f"{state.get('root') or target.state_dir}/releases/{rid}/restore.json"))
+        options.masker.learn(spec)  # its env, argv, headers and secret values: masked in what follows
         entries = [f for f in manifest.get("files") or [] if isinstance(f, dict)]
         root = f"{state.get('root') or target.state_dir}/releases/{rid}/files"
         paths = [f"{root}/{f.get('n')}.{side}" for f in entries for side in ("before", "after")]

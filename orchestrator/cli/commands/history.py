@@ -68,7 +68,7 @@ def _one_release(out: OutputFlags, where: HostFlags, ref: str) -> int:
 
     targets = where.targets()
     output = out.output()
-    options = where.connect()
+    options = where.connect(output)
     found = read_hosts(output, targets, lambda target: host_release(target, options, ref), where.fleet(),
                        title="orch history")
     hosts: dict[str, Any] = {}
