@@ -240,6 +240,11 @@ def _short(text: str, width: int = 110) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _value(v: float) -> str:
+    """A point's label: whole numbers from 100 up, three significant digits below."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def chart_caption(nights: Sequence[dict[str, Any]]) -> list[str]:
     """One line per night, numbered as the x axis: its build, history's word and what changed."""
     lines = []
@@ -315,7 +320,7 @@ def _draw_panel(ax: Any, xs: list[int], values: list[float | None], bad: list[bo
     top = max((v for _, v in known), default=0.0) * 1.2 or 1.0
     ax.set_ylim(0, top)
     for x, v in known:
-        ax.annotate(f"{v:g}", (x, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+        ax.annotate(_value(v), (x, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     crosses = [(x, v if v is not None else 0.0, w, v) for x, v, b, w in zip(xs, values, bad, words, strict=True)
                if b]
     if crosses:
@@ -323,6 +328,7 @@ def _draw_panel(ax: Any, xs: list[int], values: list[float | None], bad: list[bo
                            markersize=9, color="#cf222e")
         marks.set_gid("not_good")
         for x, y, word, value in crosses:
+            word = "undone" if word.startswith("undone by") else word  # the caption has the full words
             text = word if value is not None else f"{word}: -"
             ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, -12 if value is not None else 8),
                         ha="center", fontsize=7, color="#cf222e")
