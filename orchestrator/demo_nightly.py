@@ -26,6 +26,7 @@ order from the sandbox directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -188,8 +189,10 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         if out.json:
-            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {},
-                           "steps": {k: r.to_json() for k, r in report.hosts.items()},
+            steps = {k: r.to_json() for k, r in report.hosts.items()}
+            if not keep:  # the same words as the lines: no path into the deleted sandbox
+                steps = json.loads(json.dumps(steps, default=str).replace(str(tmp), "<sandbox>"))
+            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {}, "steps": steps,
                            "sandbox": str(tmp) if keep else None})
 
 

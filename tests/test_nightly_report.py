@@ -294,7 +294,7 @@ def test_demo_nightly_keep_next_steps_work_in_order(kept_demo: tuple[Path, subpr
 
 
 def test_demo_nightly_without_keep_names_no_file_it_deletes(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -303,3 +303,4 @@ def test_demo_nightly_without_keep_names_no_file_it_deletes(tmp_path: Path) -> N
     named = re.findall(r"(/\S*orch-nightly-demo-\S*)", out)
     assert named == [], named
     assert "trend.svg" not in out and "index.html" not in out
+    assert json.loads(proc.stdout)["sandbox"] is None
