@@ -89,7 +89,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
     state_dir, builds, reports = tmp / "state", tmp / "builds", tmp / "reports"
     port = free_port()
     if not keep:
-        out.console.file = SandboxMask(out.console.file, str(tmp))
+        out.console.file = SandboxMask(out.console.file, str(tmp))  # type: ignore[assignment]  # a stream
     upstream = tmp / "upstream"
     make_tree(upstream)
     _git(upstream, "init", "-q")

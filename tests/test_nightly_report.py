@@ -23,6 +23,7 @@ from xml.etree import ElementTree
 import pytest
 
 from orchestrator.pipeline.nightly_report import CHART_MISSING, rewrite_page
+from tests.fixtures.sandbox import wait_until
 from tests.test_nightly import NightBox, demo_servers, nightbox  # noqa: F401 - the fixture, shared
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -107,7 +108,8 @@ def after_rollback(tmp_path: Path) -> Path:
     folder.mkdir()
     for i, (name, outcome, probe, changes, last_good) in enumerate(NIGHTS):
         record(folder, name, outcome, 1764554400 + i * 86400, probe, changes, last_good)
-    (folder / "history.json").write_text(json.dumps(
+    (folder / "host").mkdir()
+    (folder / "host" / "history.json").write_text(json.dumps(
         {"format": 1, "read": 1764554400 + 5 * 86400, "nights": WORDS, "current": "20261202T020000000-aaaaaaa"}))
     return folder
 
@@ -197,7 +199,7 @@ def test_the_page_uses_historys_words_marks_the_live_build_and_never_says_none(a
 
 
 def test_without_historys_words_the_page_words_nights_from_their_own_outcomes(after_rollback: Path) -> None:
-    (after_rollback / "history.json").unlink()
+    (after_rollback / "host" / "history.json").unlink()
     index, _, _ = rewrite_page(after_rollback, "gpu")
     rows = night_rows(index.read_text())
     assert [rows[n][1][2] for n, *_ in NIGHTS] == ["good", "good", "good", "switched back"]
@@ -244,10 +246,10 @@ def readme_steps(readme: str) -> list[tuple[list[str], int]]:
 
 @pytest.fixture
 def kept_demo(tmp_path: Path) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
-    before = demo_servers()
+    before = demo_servers(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--keep", "--json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
+                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     sandbox = Path(json.loads(proc.stdout)["sandbox"]) if proc.stdout.strip() else None
     try:
         assert sandbox is not None, proc.stdout + proc.stderr
@@ -256,7 +258,7 @@ def kept_demo(tmp_path: Path) -> Iterator[tuple[Path, subprocess.CompletedProces
         if sandbox is not None:
             subprocess.run(["sh", str(sandbox / "stop-server.sh")], capture_output=True, timeout=60)
             shutil.rmtree(sandbox, ignore_errors=True)
-        assert demo_servers() - before == set(), "a server of the kept sandbox was left running"
+        wait_until(lambda: not demo_servers(tmp_path) - before, "the kept sandbox's server stopped", timeout=60)
 
 
 def test_demo_nightly_keep_next_steps_work_in_order(kept_demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:

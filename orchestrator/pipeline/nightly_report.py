@@ -11,8 +11,8 @@ matplotlib is the optional extra ``orch[report]``; without it the page is
 written without the chart and one line says how to get it.
 
 A night's JSON is written once; what became of it later (a night after it,
-an ``orch rollback``) is the host's to say. ``history.json`` beside the
-nights keeps the host's words for each night as ``orch history`` prints
+an ``orch rollback``) is the host's to say. ``host/history.json`` (a folder
+of its own: ``*.json`` beside the page stays one file per night) keeps the host's words for each night as ``orch history`` prints
 them (``current``, ``good``, ``undone by R``, ``switched back``, ``failed``),
 read from the host after each night and after each ``orch rollback``; the
 page and the chart are drawn from it, so they never call an undone night
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from orchestrator.pipeline.session import ConnectOptions
 
 CHART_MISSING = "no chart: matplotlib is not installed; pip install 'orch[report]'"
-HISTORY_FILE = "history.json"
+HISTORY_FILE = "host/history.json"
 IN_EFFECT = ("current", "good")
 """The history words of a night whose build is (or is under) what ``current`` points to."""
 
@@ -101,7 +101,7 @@ def write_report(reports_dir: Path, result: NightResult, spec_name: str, spec_pa
     """Write this night's JSON (and log), then rewrite the page and the chart from all nights.
 
     ``history``: the host's history rows read after the night (``HistoryRow``),
-    stored as ``history.json`` so the page words each night as ``orch history``
+    stored as ``host/history.json`` so the page words each night as ``orch history``
     does; None when they could not be read (the last stored words are kept).
     """
     folder = reports_dir / result.host
@@ -121,7 +121,7 @@ def write_report(reports_dir: Path, result: NightResult, spec_name: str, spec_pa
 
 
 def rewrite_page(folder: Path, host: str) -> tuple[Path, Path | None, tuple[str, ...]]:
-    """``index.html`` and ``trend.svg`` from the nights' JSON and ``history.json``.
+    """``index.html`` and ``trend.svg`` from the nights' JSON and ``host/history.json``.
 
     Returns the page, the chart (None when none was drawn: then no old chart is
     left beside the page either, so no path names a stale file) and notes.
@@ -171,10 +171,11 @@ def host_rows(target: HostTarget, options: ConnectOptions) -> tuple[list[Any] | 
 
 
 def write_history(folder: Path, rows: Sequence[Any]) -> None:
-    """``history.json``: each night's words as ``orch history`` prints them, and when they were read."""
+    """``host/history.json``: each night's words as ``orch history`` prints them, and when they were read."""
     data = {"format": 1, "read": time.time(),
             "nights": {r.id: r.outcome for r in rows if r.kind == "night"},
             "current": next((r.id for r in rows if r.current), None)}
+    (folder / HISTORY_FILE).parent.mkdir(exist_ok=True)
     _write_atomic(folder / HISTORY_FILE, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
@@ -332,8 +333,8 @@ def _draw_panel(ax: Any, xs: list[int], values: list[float | None], bad: list[bo
             text = word if value is not None else f"{word}: -"
             ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, -12 if value is not None else 8),
                         ha="center", fontsize=7, color="#cf222e")
-    for x, v in zip(xs, values, strict=True):
-        if v is None and not bad[x - 1]:
+    for x, missing in zip(xs, values, strict=True):
+        if missing is None and not bad[x - 1]:
             ax.annotate("-", (x, 0), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
     ax.grid(alpha=0.3)
 
