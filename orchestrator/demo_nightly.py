@@ -14,20 +14,26 @@ spec (``playbooks/nightly.yaml``) pinned to its commit. Then:
 4. a night whose new server crashes at start: switched back by the restore
    machine, the previous night serves again;
 5. ``orch rollback``: ``current`` back to the second night's build, its
-   command line restarted;
+   command line restarted, the report's page rewritten to say so;
 6. the history: nights beside the rollback, with source and tokens/s.
 
-Everything it started is stopped at the end, Ctrl-C included.
+Everything it started is stopped at the end, Ctrl-C included. Without
+``--keep`` it names no file of its sandbox (they are deleted at the end);
+with it, the spec is left as it is shipped but for its pin (night 4's crash
+switch is taken out again) and README.txt lists next steps that work in
+order from the sandbox directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cli.output import Output
 from orchestrator.cli.tables import draw_history
@@ -38,7 +44,7 @@ from orchestrator.core.nightly import manifest_changes
 from orchestrator.demo import free_port, heading, kill_port_owner
 from orchestrator.pipeline.inspect import host_history
 from orchestrator.pipeline.nightly import NightOptions, NightResult, nightly_host
-from orchestrator.pipeline.nightly_report import write_report
+from orchestrator.pipeline.nightly_report import host_rows, refresh_report, write_report
 from orchestrator.pipeline.report import RunReport
 from orchestrator.pipeline.rollback import rollback_host
 from orchestrator.pipeline.session import ConnectOptions
@@ -58,11 +64,32 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+class SandboxMask:
+    """The demo's output stream, with the sandbox's path written ``<sandbox>``.
+
+    Without ``--keep`` the sandbox is deleted at the end: the nights' own
+    lines (``building <sandbox>/builds/…``) still say where things go, but
+    name no path a person could try to open afterwards. A line that Rich
+    folds inside the path (a terminal narrower than it) keeps its pieces.
+    """
+
+    def __init__(self, stream: Any, path: str) -> None:
+        self._stream, self._path = stream, path
+
+    def write(self, text: str) -> int:
+        return int(self._stream.write(text.replace(self._path, "<sandbox>")) or 0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
     reporter = ConsoleReporter(out, planned_view=False)  # as `orch nightly` shows it
     tmp = Path(tempfile.mkdtemp(prefix="orch-nightly-demo-"))
     state_dir, builds, reports = tmp / "state", tmp / "builds", tmp / "reports"
     port = free_port()
+    if not keep:
+        out.console.file = SandboxMask(out.console.file, str(tmp))  # type: ignore[assignment]  # a stream
     upstream = tmp / "upstream"
     make_tree(upstream)
     _git(upstream, "init", "-q")
@@ -91,16 +118,20 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
         heading(out, title)
         loaded = load_nightly(spec_path)
         result = nightly_host(target, loaded, {}, options, reporter, NightOptions())
-        files = write_report(reports, result, loaded.model.name, loaded.display)
+        rows, _ = host_rows(target, options)
+        files = write_report(reports, result, loaded.model.name, loaded.display, rows)
         report.hosts[key] = result.host_report()
-        out.line(f"{result.outcome} (exit {result.exit_code}); report {files.json}", "bold")
+        where = f"; report {files.json}" if keep else ""  # no path to a file the demo deletes
+        out.line(f"{result.outcome} (exit {result.exit_code}){where}", "bold")
         return result
 
     try:
         heading(out, "orch demo nightly: a sandbox host, an upstream git repository, a pinned spec")
-        out.line(f"sandbox: {tmp}")
+        if keep:
+            out.line(f"sandbox: {tmp}")
         pin(_git(upstream, "rev-parse", "HEAD"))
-        out.line(f"spec: {spec_path} (pinned to {_git(upstream, 'rev-parse', 'HEAD')})")
+        out.line(f"spec: {spec_path.name if not keep else spec_path} "
+                 f"(pinned to {_git(upstream, 'rev-parse', 'HEAD')})")
         first = night("night 1", "1. the first night: build, patch, switch, probe")
         second = night("night 2", "2. the same spec again")
         ok &= first.exit_code == 0 and second.exit_code == 0
@@ -122,6 +153,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
         crashing = 'PYTHONDONTWRITEBYTECODE: "1", STANDIN_CRASH_AT_START: "1"}'
         spec_path.write_text(spec_path.read_text().replace('PYTHONDONTWRITEBYTECODE: "1"}', crashing))
         fourth = night("night 4", "4. a night whose new server crashes at start (a stand-in switch)")
+        pin(_git(upstream, "rev-parse", "HEAD"))  # the crash switch out again: the kept spec runs as given
         ok &= fourth.exit_code == 1 and os.readlink(builds / "current") == third.name
         out.line(f"current -> {os.readlink(builds / 'current')} (night 3) again, its server healthy", "bold")
 
@@ -129,11 +161,17 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
         back = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
         ok &= back.exit_code == 0 and os.readlink(builds / "current") == second.name
         out.line(f"current -> {os.readlink(builds / 'current')} (night 2)", "bold")
+        page = refresh_report(reports, target, options)  # as `orch rollback` rewrites the page
+        if page is not None:
+            for note in page.notes:
+                out.line(f"note: {note}", "dim")
 
         heading(out, "6. orch history")
         draw_history(out, host_history(target, options))
-        out.line(f"page: {reports / target.name / 'index.html'}")
-        out.line(f"chart: {reports / target.name / 'trend.svg'}")
+        if keep:
+            out.line(f"page: {reports / target.name / 'index.html'}")
+            if (reports / target.name / "trend.svg").is_file():
+                out.line(f"chart: {reports / target.name / 'trend.svg'}")
         print_summary(out, report)
         out.line("demo finished as expected" if ok else "demo went wrong", "bold green" if ok else "bold red")
         return 0 if ok else 1
@@ -144,10 +182,49 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
     finally:
         kill_port_owner(port, state_dir)
         if keep:
-            out.line(f"sandbox kept in {tmp} (its server is stopped)", "bold")
+            write_kept_nightly(tmp, port)
+            out.line(f"sandbox kept in {tmp} (its server is stopped); to go on there:", "bold")
+            out.line(f"  cd {tmp} && orch history --host sandbox && orch nightly --host sandbox")
+            out.line(f"  more in {tmp / 'README.txt'} and docs/NIGHTLY.md")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         if out.json:
-            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {},
-                           "steps": {k: r.to_json() for k, r in report.hosts.items()},
+            steps = {k: r.to_json() for k, r in report.hosts.items()}
+            if not keep:  # the same words as the lines: no path into the deleted sandbox
+                steps = json.loads(json.dumps(steps, default=str).replace(str(tmp), "<sandbox>"))
+            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {}, "steps": steps,
                            "sandbox": str(tmp) if keep else None})
+
+
+KEPT_README = """\
+The sandbox of `orch demo nightly --keep`: host `sandbox` (connection: local)
+in inventory.yaml, an upstream git repository in upstream/, the nightly spec
+in playbooks/nightly.yaml (pinned to upstream's last commit), builds in
+builds/ (current -> night 2's build, after the demo's rollback), orch's state
+in state/, the reports in reports/sandbox/ (open index.html in a browser).
+The server is stopped. From this directory, in this order:
+
+  orch history  --host sandbox     # exit 0: four nights and the rollback
+  orch nightly  --host sandbox     # exit 0: a fifth night at the pin; starts the server; page rewritten
+  orch status   --host sandbox     # exit 0: healthy, no drift
+  orch rollback --host sandbox     # exit 0: back to night 2's build; the page marks it live
+  orch history  --host sandbox     # exit 0: the fifth night is undone by the rollback
+  ./stop-server.sh                 # exit 0: stops the server orch started
+
+Remove the directory when done: rm -rf {dir}
+"""
+
+
+def write_kept_nightly(tmp: Path, port: int) -> None:
+    """README.txt with next steps and a script that stops the server those steps start."""
+    stop = tmp / "stop-server.sh"
+    stop.write_text(
+        "#!/bin/sh\n"
+        "# Stop the stand-in server orch started (its pidfile names its process group).\n"
+        'cd "$(dirname "$0")" || exit 1\n'
+        '[ -f state/server.pid ] && kill -TERM "-$(cat state/server.pid)" 2>/dev/null && '
+        'echo "stopped group $(cat state/server.pid)"\n'
+        "exit 0\n"
+    )
+    stop.chmod(0o755)
+    (tmp / "README.txt").write_text(KEPT_README.format(dir=tmp, port=port))

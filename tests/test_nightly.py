@@ -664,8 +664,9 @@ def test_schedule_runs_under_cron_bare_env_and_unschedule_restores_the_crontab(
     assert shlex.split(command)  # the entry was one shell line
 
 
-def demo_servers() -> set[int]:
-    """Stand-in servers whose environment names a nightly demo's sandbox."""
+def demo_servers(where: Path | None = None) -> set[int]:
+    """Stand-in servers whose environment names a nightly demo's sandbox (under ``where``: a
+    demo run with ``TMPDIR=where``, so that demos other tests run at the same time don't count)."""
     found = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -675,16 +676,16 @@ def demo_servers() -> set[int]:
             env = Path(f"/proc/{name}/environ").read_bytes()
         except OSError:
             continue
-        if b"sglang.launch_server" in argv and b"orch-nightly-demo-" in env:
+        if b"sglang.launch_server" in argv and b"orch-nightly-demo-" in env and str(where or "").encode() in env:
             found.add(int(name))
     return found
 
 
 def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) -> None:
-    before = demo_servers()
+    before = demo_servers(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
+                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     steps = report["steps"]
@@ -696,4 +697,4 @@ def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) 
     assert "changed since the last good night: commit " in err
     assert f"current -> {steps['night 2']['build']} (night 2)" in err
     assert "demo finished as expected" in err
-    assert demo_servers() - before == set(), "the demo left a server running"
+    assert demo_servers(tmp_path) - before == set(), "the demo left a server running"

@@ -56,7 +56,7 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
          frozen: bool, force: bool, break_lock: bool) -> int:
     from orchestrator.cli.views import ConsoleReporter, print_summary
     from orchestrator.pipeline.nightly import NightOptions, nightly_host
-    from orchestrator.pipeline.nightly_report import notify, write_report
+    from orchestrator.pipeline.nightly_report import host_rows, notify, write_report
     from orchestrator.pipeline.report import RunReport
     from orchestrator.shell.nightly_files import find_nightly, load_nightly
 
@@ -68,10 +68,12 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
     report = RunReport()
     for target in targets:
         result = nightly_host(target, loaded, variables, options, reporter, NightOptions(frozen, force))
-        files = write_report(Path(reports_dir), result, loaded.model.name, loaded.display)
-        for note in files.notes:
+        rows, unread = host_rows(target, options) if result.outcome in READABLE else (None, None)
+        files = write_report(Path(reports_dir), result, loaded.model.name, loaded.display, rows)
+        for note in (*files.notes, *([unread] if unread else [])):
             reporter.note(target.name, note)
-        reporter.step(target.name, f"report: {files.json} (page {files.index})")
+        chart = f", chart {files.chart}" if files.chart else ""  # never a path to a chart not drawn
+        reporter.step(target.name, f"report: {files.json} (page {files.index}{chart})")
         if loaded.model.notify:
             warning = notify(loaded.model.notify, result, files)
             if warning:
@@ -83,6 +85,11 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
     if as_json:
         output.emit_json(report.to_json())
     return report.exit_code
+
+
+READABLE = ("changed", "rolled_back", "failed")
+"""Outcomes after which the host answered: its history is read again for the page's words
+(never after ``unreachable`` or a failed switch back: that read would wait on a dead link)."""
 
 
 def _absolute(path: str | None) -> str | None:
