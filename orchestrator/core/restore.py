@@ -134,11 +134,17 @@ def restore_spec(
     kind: str,
     plan: RestorePlan,
     *,
-    deadline: float | None = None,
+    budget: float | None = None,
     started: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``restore.json``: the plan, the watchdog's deadline, and what the release starts."""
-    return {"version": 2, "release": release_id, "kind": kind, "deadline": deadline,
+    """``restore.json``: the plan, the watchdog's budget, and what the release starts.
+
+    ``budget`` is a duration (seconds from the arming), counted by the
+    watchdog on the host's monotonic clock: an absolute deadline computed on
+    the controller would be off by however far its clock is from the host's
+    (an hour behind, and the watchdog restored every good deploy at once).
+    """
+    return {"version": 3, "release": release_id, "kind": kind, "budget": budget,
             "plan": plan.to_wire(), "started": started}
 
 
