@@ -342,11 +342,12 @@ class NightManifest(_Record):
     orch_version: str
     host_python: str
     build: str
-    started: float
+    started: float  # the host's clock
     finished: float | None = None
     probe: dict[str, Any] | None = None
+    seq: int | None = None  # the host's sequence number of this night's release (what orders nights)
 
-    VARYING: tuple[str, ...] = ("build", "started", "finished", "probe")
+    VARYING: tuple[str, ...] = ("build", "started", "finished", "probe", "seq")
 
     def comparable(self) -> dict[str, Any]:
         """Everything that two nights of one spec must have equal."""
@@ -503,10 +504,22 @@ def record_tokens_per_s(record: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int) -> list[str]:
-    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one."""
+def build_order(name: str, seqs: Mapping[str, int]) -> tuple[int, int, str]:
+    """Sort key of a build: the host's ``seq`` of its night, never the time in its name
+    (a stepped host clock names a later night earlier); builds of nights made before
+    ``seq`` existed come first, by name."""
+    seq = seqs.get(name)
+    return (1, seq, name) if seq is not None else (0, 0, name)
+
+
+def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int,
+                    seqs: Mapping[str, int] | None = None) -> list[str]:
+    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one.
+
+    Oldest by ``build_order``: ``seqs`` maps a build to its night's ``seq``.
+    """
     protected = {b for b in (current, previous) if b}
-    ordered = sorted(set(builds))
+    ordered = sorted(set(builds), key=lambda name: build_order(name, seqs or {}))
     excess = len(ordered) - max(keep, len(protected))
     out: list[str] = []
     for name in ordered:

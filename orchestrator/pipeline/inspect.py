@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
-from orchestrator.core.releases import describe_release
+from orchestrator.core.releases import describe_release, release_order
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
 from orchestrator.pipeline.gate import probe_now
@@ -47,7 +47,7 @@ class HistoryRow:
 def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
     applied = list(state["state"].get("applied", []))
     rows = []
-    for m in sorted(state["releases"], key=lambda m: m["id"]):
+    for m in sorted(state["releases"], key=release_order):  # the host's order, not the time stamps
         rows.append(
             HistoryRow(
                 id=m["id"],
@@ -159,12 +159,12 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
         current = releases.get(applied[-1]) if applied else None
         # the newest release that knew the server says where to look for it
         spec = next(
-            (m.get("server_spec") for m in sorted(releases.values(), key=lambda m: m["id"], reverse=True)
+            (m.get("server_spec") for m in sorted(releases.values(), key=release_order, reverse=True)
              if m.get("server_spec")),
             None,
         )
         health_spec = next(
-            (m.get("health") for m in sorted(releases.values(), key=lambda m: m["id"], reverse=True)
+            (m.get("health") for m in sorted(releases.values(), key=release_order, reverse=True)
              if m.get("health")),
             None,
         )
