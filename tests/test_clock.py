@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.pipeline.nightly_report import load_nights
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, cmdline, get_json, sha256, wait_healthy
 from tests.test_nightly import NightBox, nightbox  # noqa: F401 - the fixture, used by name
@@ -250,3 +251,52 @@ def test_a_host_an_hour_ahead_then_stepped_back_keeps_the_order_of_the_deploys(s
     rollback(sk, "+0h", d2, None)
     assert sha256(box.server_args) == original and serving(box)[0] == box.hand_argv
     assert box.journal()["finished"] is True
+
+
+def test_nights_on_a_host_stepped_back_an_hour_keep_builds_and_history_in_the_order_they_ran(
+    nightbox: NightBox,  # noqa: F811 - the fixture imported above
+) -> None:
+    box = nightbox.box
+    faketime_works()
+    proxy = TcpProxy(box.sshd.port, delay=0.02)
+    known = box.root / "known_hosts_proxy"
+    known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
+    offset = box.root / "host-offset"
+    offset.write_text("+1h")
+    box.write_inventory(port=proxy.port, known_hosts=str(known), python=str(host_wrapper(box.root, offset)),
+                        vars={"model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
+                              "builds_root": str(nightbox.builds)})
+    nightbox.write_spec(keep_builds=3, probe=False)
+    try:
+        names: list[str] = []
+        # the first night on a host an hour ahead; then its clock is stepped back an hour
+        for skew, threshold in (("+1h", 16), ("+0h", 24), ("+0h", 32), ("+0h", 40)):
+            offset.write_text(skew)
+            proc, data = nightbox.night("--var", f"threshold={threshold}")
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            names.append(data["hosts"]["gpu"]["build"])
+            assert nightbox.current() == names[-1]
+            wait_healthy(box.port, 60)
+            assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == threshold
+        assert names[1] < names[2] < names[3] < names[0]  # the names, stamped on the host's clock, misorder
+
+        # keep_builds 3: the oldest night's build goes (not the second, whose name sorts first)
+        kept = {p.name for p in nightbox.builds.iterdir() if p.name not in ("current", "logs", ".cache")}
+        assert kept == set(names[1:])
+        seqs = [json.loads((nightbox.builds / n / "manifest.json").read_text())["seq"] for n in names[1:]]
+        assert seqs == [2, 3, 4]
+        rows = json.loads(box.orch("history", "--host", "gpu", "--json", "--ssh-config",
+                                   str(box.sshd.ssh_config)).stdout)["hosts"]["gpu"]
+        assert [r["id"] for r in rows] == names
+        assert [r["outcome"] for r in rows] == ["good", "good", "good", "current"]
+        assert [n["night"] for n in load_nights(nightbox.reports)] == names  # the trend's order too
+
+        # orch rollback switches back to the night before, by the order they ran
+        back = box.orch("rollback", "--host", "gpu", "--json", "--ssh-config", str(box.sshd.ssh_config))
+        assert back.returncode == 0, back.stdout + back.stderr
+        assert json.loads(back.stdout)["hosts"]["gpu"]["current"] == names[2]
+        assert nightbox.current() == names[2]
+        wait_healthy(box.port, 60)
+        assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
+    finally:
+        proxy.close()
