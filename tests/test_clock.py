@@ -25,6 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.core.nightly import builds_to_prune
+from orchestrator.core.releases import ordered_ids, prune_candidates, resolve_release
+from orchestrator.errors import ConfigError
 from orchestrator.pipeline.nightly_report import load_nights
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, cmdline, get_json, sha256, wait_healthy
@@ -300,3 +303,30 @@ def test_nights_on_a_host_stepped_back_an_hour_keep_builds_and_history_in_the_or
         assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
     finally:
         proxy.close()
+
+
+# ---------------------------------------------------------------- the order, as pure functions
+
+
+def test_records_of_earlier_versions_come_first_by_id_then_the_hosts_sequence() -> None:
+    """Releases without ``seq`` (written before it existed) keep their old order, by id, before any
+    release with one; those with one follow ``seq`` whatever their ids say."""
+    old1, old2 = "20261129T100000000-aaaa", "20261130T100000000-bbbb"
+    late_stamp, early_stamp = "20261201T120000000-cccc", "20261201T110000000-dddd"  # made in this order
+    manifests = [{"id": early_stamp, "seq": 2}, {"id": old2}, {"id": late_stamp, "seq": 1}, {"id": old1}]
+    order = ordered_ids(manifests)
+    assert order == [old1, old2, late_stamp, early_stamp]
+    assert prune_candidates(order, applied=[old2, early_stamp], keep=2) == [old1, late_stamp]
+    # "the latest" that a wrong --to names are the newest by sequence
+    with pytest.raises(ConfigError) as refused:
+        resolve_release("nope", [], {m["id"]: m for m in manifests})
+    assert f"the latest: {early_stamp}, {late_stamp}, {old2}" in str(refused.value)
+
+
+def test_keep_builds_prunes_by_sequence_and_builds_without_one_first() -> None:
+    legacy, first, second, third, fourth = "20261130T0-aaaaaaa", "20261201T2-bbbbbbb", "20261201T0-ccccccc", \
+        "20261201T1-ddddddd", "20261201T3-eeeeeee"
+    seqs = {first: 1, second: 2, third: 3, fourth: 4}  # ``second`` was named an hour earlier than ``first``
+    builds = [legacy, first, second, third, fourth]
+    assert builds_to_prune(builds, fourth, third, keep=3, seqs=seqs) == [legacy, first]
+    assert builds_to_prune(builds, fourth, third, keep=3) == [legacy, second]  # by name: the misorder
