@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,15 @@ from orchestrator.core.releases import ordered_ids, prune_candidates, resolve_re
 from orchestrator.errors import ConfigError
 from orchestrator.pipeline.nightly_report import load_nights
 from tests.fixtures.proxy import TcpProxy
-from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, cmdline, get_json, sha256, wait_healthy
+from tests.fixtures.sandbox import (
+    SHIPPED_SPEC,
+    Sandbox,
+    cmdline,
+    get_json,
+    sha256,
+    wait_healthy,
+    wait_until,
+)
 from tests.test_nightly import NightBox, nightbox  # noqa: F401 - the fixture, used by name
 
 FLAG = "--speculative-disable-batch-threshold"
@@ -63,11 +72,14 @@ class Skewed:
     proxy: TcpProxy
     host_offset: Path  # the host's faketime offset ("+0h"), read by the wrapper at each start
 
-    def orch(self, offset: str, *args: str) -> subprocess.CompletedProcess[str]:
+    def command(self, offset: str, *args: str) -> tuple[list[str], dict[str, str]]:
         """The real CLI under a controller clock ``offset`` from the true time ("-1h", "+1h")."""
         env = with_shim(dict(os.environ, COLUMNS="200", NO_COLOR="1", **self.box.extra_env))
-        cmd = ["faketime", "--exclude-monotonic", "-f", offset, sys.executable, "-m", "orchestrator", *args,
-               "--ssh-config", str(self.box.sshd.ssh_config)]
+        return (["faketime", "--exclude-monotonic", "-f", offset, sys.executable, "-m", "orchestrator", *args,
+                 "--ssh-config", str(self.box.sshd.ssh_config)], env)
+
+    def orch(self, offset: str, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd, env = self.command(offset, *args)
         return subprocess.run(cmd, cwd=self.box.root, env=env, capture_output=True, text=True, timeout=300)
 
     def json_run(self, offset: str, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -116,17 +128,21 @@ def skewed(sandbox: Sandbox) -> Iterator[Skewed]:
         proxy.close()
 
 
-def story(box: Sandbox, *, bad_flag: bool = False) -> Path:
-    """The story's playbook with short timeouts; ``bad_flag`` adds a flag the server's parser refuses."""
+def story(box: Sandbox, *, bad_flag: bool = False, never_ready: bool = False) -> Path:
+    """The story's playbook with short timeouts; ``bad_flag`` adds a flag the server's parser refuses,
+    ``never_ready`` makes the new server answer its health 503 until the 15 s timeout."""
     spec = yaml.safe_load(SHIPPED_SPEC)
-    spec["server"].update(stop_timeout="5s", free_timeout="5s", preflight_timeout="15s")
+    spec["server"].update(stop_timeout="5s", free_timeout="5s", preflight_timeout="15s",
+                          env={"STANDIN_NEVER_READY": "1"} if never_ready else {})
     spec["health"].update(timeout="30s", stable_for="1s", confirm_timeout="1s", interval="0.2s")
     # health and the flag it reports; no /generate: on two shared cores its answer can outlast
     # the stability window's 1 s bound, and nothing here is about generation
     spec["health"]["checks"] = [c for c in spec["health"]["checks"] if "post" not in c]
     if bad_flag:
         spec["server"]["flags"]["--no-such-flag"] = 1
-    path = box.root / ("refused.yaml" if bad_flag else "story.yaml")
+    if never_ready:
+        spec["health"]["timeout"] = "15s"
+    path = box.root / ("refused.yaml" if bad_flag else "never-ready.yaml" if never_ready else "story.yaml")
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -216,6 +232,31 @@ def test_two_controllers_an_hour_either_side_of_the_host_deploy_and_roll_back_in
     assert serving(box)[0] == box.hand_argv
     assert box.journal()["finished"] is True and box.journal()["step"] == "done"
 
+
+
+def test_a_held_lock_shows_since_when_on_the_hosts_clock(skewed: Skewed) -> None:
+    """A controller an hour ahead is refused by the lock of one an hour behind; the holder is
+    shown since the time the host took the lock, on the host's clock."""
+    sk, box = skewed, skewed.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    started = time.time()
+    cmd, env = sk.command("-1h", "deploy", "--host", "gpu", str(story(box, never_ready=True)), "--json")
+    first = subprocess.Popen(cmd, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: box.journal().get("step") == "restarting", "the first deploy's restart")
+        lock = json.loads((box.state_dir / "lock.json").read_text())
+        assert started <= lock["since"] == lock["taken"] <= time.time()  # the host's clock, not -1h
+        code, rep, text = sk.json_run("+1h", "deploy", "--host", "gpu", str(story(box)))
+        assert code == 2 and rep["outcome"] == "failed", text
+        since = datetime.fromtimestamp(lock["taken"], timezone.utc).strftime("%H:%M:%S")
+        assert "locked by" in rep["error"] and f"since {since} UTC, host clock" in rep["error"], text
+    finally:
+        out, err = first.communicate(timeout=240)
+    assert first.returncode == 1, out + err  # its new server never got healthy: rolled back
+    assert json.loads(out)["hosts"]["gpu"]["outcome"] == "rolled_back"
+    assert sha256(box.server_args) == original and serving(box)[0] == box.hand_argv
+    assert box.journal()["finished"] is True
 
 
 def test_a_host_an_hour_ahead_then_stepped_back_keeps_the_order_of_the_deploys(skewed: Skewed) -> None:
