@@ -342,11 +342,12 @@ class NightManifest(_Record):
     orch_version: str
     host_python: str
     build: str
-    started: float
+    started: float  # the host's clock
     finished: float | None = None
     probe: dict[str, Any] | None = None
+    seq: int | None = None  # the host's sequence number of this night's release (what orders nights)
 
-    VARYING: tuple[str, ...] = ("build", "started", "finished", "probe")
+    VARYING: tuple[str, ...] = ("build", "started", "finished", "probe", "seq")
 
     def comparable(self) -> dict[str, Any]:
         """Everything that two nights of one spec must have equal."""
@@ -503,17 +504,27 @@ def record_tokens_per_s(record: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def build_order(name: str, seqs: Mapping[str, int]) -> tuple[int, int, str]:
+    """Sort key of a build: the host's ``seq`` of its night, never the time in its name
+    (a stepped host clock names a later night earlier); builds of nights made before
+    ``seq`` existed come first, by name."""
+    seq = seqs.get(name)
+    return (1, seq, name) if seq is not None else (0, 0, name)
+
+
 def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int,
-                    complete: Sequence[str] | None = None) -> list[str]:
+                    complete: Sequence[str] | None = None,
+                    seqs: Mapping[str, int] | None = None) -> list[str]:
     """The oldest builds beyond ``keep``; never ``current`` nor the previous good one.
 
+    Oldest by ``build_order``: ``seqs`` maps a build to its night's ``seq``.
     ``complete``: the builds a night confirmed (``None``: all of them). The
     others — built half-way by a night that was killed, or never passed —
     hold nothing a rollback can switch to: they never count toward ``keep``
     (a good build must not be pruned in their place) and go first.
     """
     protected = {b for b in (current, previous) if b}
-    ordered = sorted(set(builds))
+    ordered = sorted(set(builds), key=lambda name: build_order(name, seqs or {}))
     whole = set(ordered) if complete is None else set(complete) | protected
     out = [name for name in ordered if name not in whole]
     good = [name for name in ordered if name in whole]

@@ -16,6 +16,7 @@ never pushed, so never current.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -24,9 +25,31 @@ from orchestrator.errors import ConfigError, RefusedError
 
 
 def new_release_id(now: datetime, suffix: str) -> str:
-    """Sortable by time (milliseconds), readable, and short enough to type."""
+    """Readable, short enough to type, stamped with the host's time (milliseconds).
+
+    Not what orders releases: a stepped host clock stamps a later release
+    with an earlier time. ``release_order`` uses the host's ``seq``.
+    """
     now = now.astimezone(timezone.utc)
     return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}-{suffix}"
+
+
+def release_order(manifest: dict[str, Any]) -> tuple[int, int, str]:
+    """Sort key of a release: the order the host made them in, never a clock.
+
+    ``seq`` is the host's sequence number, taken under its lock when the
+    release is created. Releases recorded by versions before it have none:
+    they come first, by id (their time stamp) as those versions ordered them.
+    """
+    seq = manifest.get("seq")
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        return (1, seq, str(manifest.get("id", "")))
+    return (0, 0, str(manifest.get("id", "")))
+
+
+def ordered_ids(manifests: Iterable[dict[str, Any]]) -> list[str]:
+    """Release ids, oldest first (``release_order``)."""
+    return [m["id"] for m in sorted(manifests, key=release_order)]
 
 
 @dataclass(frozen=True)
@@ -112,7 +135,7 @@ def resolve_release(ref: str, applied: list[str], releases: dict[str, dict[str, 
     if len(hits) == 1:
         return hits[0]
     if not hits:
-        latest = sorted(releases)[-3:]
+        latest = ordered_ids(releases.values())[-3:]
         known = (f"the latest: {', '.join(reversed(latest))}; `orch history` lists them all"
                  if latest else "no release was ever recorded here")
         raise ConfigError(f"no release {ref!r} on this host ({known})", key="--to")
@@ -246,7 +269,8 @@ def prune_plan(
 ) -> PrunePlan:
     """The oldest releases beyond ``keep`` that are no longer in effect, and those held back.
 
-    ``keep_releases`` is a soft cap. A release in effect (in ``applied``) is
+    ``release_ids`` oldest first, as ``ordered_ids`` gives them (the host's
+    ``seq``, never a clock). ``keep_releases`` is a soft cap. A release in effect (in ``applied``) is
     never pruned: each is a step ``orch rollback`` can take, and the oldest
     of them holds the only copy of the files as they were before any
     release. Rolled back deploys, undone releases and rollback records go
@@ -260,7 +284,7 @@ def prune_plan(
     excess = len(release_ids) - keep
     out: list[str] = []
     held: dict[str, list[str]] = {}
-    for rid in sorted(release_ids):
+    for rid in release_ids:
         if excess <= 0:
             break
         if rid in in_effect:

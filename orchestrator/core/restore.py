@@ -134,18 +134,22 @@ def restore_spec(
     kind: str,
     plan: RestorePlan,
     *,
-    deadline: float | None = None,
+    budget: float | None = None,
     started: dict[str, Any] | None = None,
     mask: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``restore.json``: the plan, the watchdog's deadline, and what the release starts.
+    """``restore.json``: the plan, the watchdog's budget, and what the release starts.
 
+    ``budget`` is a duration (seconds from the arming), counted by the
+    watchdog on the host's monotonic clock: an absolute deadline computed on
+    the controller would be off by however far its clock is from the host's
+    (an hour behind, and the watchdog restored every good deploy at once).
     ``mask``: the release's secret var values (the file is 0600, and holds the
     server's real environment already): a later ``orch history --release`` or
     ``status`` without the playbook masks them in what it shows of the
     release's files.
     """
-    spec = {"version": 2, "release": release_id, "kind": kind, "deadline": deadline,
+    spec = {"version": 3, "release": release_id, "kind": kind, "budget": budget,
             "plan": plan.to_wire(), "started": started}
     if mask:
         spec["mask"] = sorted(set(mask))

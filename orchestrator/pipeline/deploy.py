@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -29,7 +28,14 @@ from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, rest
 from orchestrator.core.outcomes import Step, Verdict, committed_paths, verdict
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import view_ranges
-from orchestrator.core.releases import FileState, drift_kept, held_note, new_release_id, prune_plan
+from orchestrator.core.releases import (
+    FileState,
+    drift_kept,
+    held_note,
+    new_release_id,
+    ordered_ids,
+    prune_plan,
+)
 from orchestrator.core.restore import (
     RestorePlan,
     RestoreRecord,
@@ -72,7 +78,8 @@ from orchestrator.shell.config_files import LoadedPlaybook
 
 
 def at(when: float) -> str:
-    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC")
+    """A moment on the host's clock (``HostSession.host_time``), said so."""
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC (host clock)")
 
 
 @dataclass
@@ -90,7 +97,7 @@ class Deployment:
     reached: Step = Step.PLANNING
     release_created: bool = False
     backup_sent: bool = False  # the backup was asked for: the release may exist even if no answer came
-    deadline: float = 0.0
+    deadline: float = 0.0  # when the watchdog acts unless confirmed: the host's wall time (host clock)
     clock: StepClock | None = None  # times the steps (``pipeline.timings``); one is made if none
     started_at: float = 0.0
     force_baseline: bool = False  # --baseline: probe the running server even where a record exists
@@ -113,8 +120,9 @@ class Deployment:
     # ---------------------------------------------------------------- the steps
 
     def run(self) -> HostReport:
-        self.started_at = time.time()
-        self.release_id = new_release_id(datetime.now(timezone.utc), secrets.token_hex(2))
+        self.started_at = self.session.host_time()
+        self.release_id = new_release_id(datetime.fromtimestamp(self.started_at, timezone.utc),
+                                         secrets.token_hex(2))
         self.release_dir = f"{self.state_dir}/releases/{self.release_id}"
         try:
             self.gate = self._gate_run()
@@ -137,22 +145,25 @@ class Deployment:
             extra.append(BudgetItem("hooks", len(hooks) * pb.server.hook_timeout, "server.hook_timeout"))
         if self.gate is not None and pb.gate is not None:
             extra += gate_items(pb.gate, baseline=bool(self.gate.to_probe))
-        self.deadline = time.time() + total(deploy_budget(pb.server, pb.health, extra))
+        budget = total(deploy_budget(pb.server, pb.health, extra))
+        self.deadline = self.session.host_time() + budget  # until the host says when exactly
         files = [
             {"path": f.path, "n": f.index,
              "before": base64.b64encode(f.remote.data).decode("ascii"),
              "after": base64.b64encode(f.new_bytes).decode("ascii")}
             for f in self.plan.changed_files
         ]
-        spec = restore_spec(self.release_id, "deploy", self._restore_plan(), deadline=self.deadline,
+        spec = restore_spec(self.release_id, "deploy", self._restore_plan(), budget=budget,
                             started=self._started_record(),
                             mask=[str(v) for v in secret_values(self.plan.vars, self.plan.playbook.secret_names)])
+        manifest = dict(self._manifest(), watchdog_budget=budget)
         self.backup_sent = True
-        self.session.batch([
-            ops.release_create(self.state_dir, self.release_id, self._manifest(), files, restore=spec),
+        armed = self.session.batch([
+            ops.release_create(self.state_dir, self.release_id, manifest, files, restore=spec),
             ops.put_json(self._journal_path(), self._journal("backed_up")),
             ops.release_arm(self.state_dir, self.release_dir),
-        ])
+        ])[-1]
+        self.deadline = float(armed.get("fires_at") or self.deadline)
         self.release_created = True
         self.reached = Step.ARMED
         self._stop("backup")
@@ -300,11 +311,11 @@ class Deployment:
         self.reached = Step.CONFIRMING
         self._start("confirm")
         applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
-        releases = [r["id"] for r in self.state.get("releases", [])] + [self.release_id]
+        releases = ordered_ids(self.state.get("releases", [])) + [self.release_id]  # its seq is the newest
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
         pruning = prune_plan(releases, applied, keep, drift_kept(self.state.get("releases", [])))
         prune = pruning.remove
-        finished = time.time()
+        finished = self.session.host_time()
         gate_records = []
         if self.gate is not None and self.gate.outcome is not None:
             gate_records = [ops.put_json(f"{self.release_dir}/{SPEC_FILE}", self.gate.spec_record())]
@@ -353,11 +364,12 @@ class Deployment:
         self.reporter.warn(self.label, f"deploy failed: {reason}; "
                                        + ("rolling back" if changed else "closing the release (nothing was changed)"))
         pb = self.plan.loaded.model
-        until = time.time() + total(restore_budget(pb.server, pb.health))
+        within = total(restore_budget(pb.server, pb.health))
+        until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
         self._start("rollback")
         try:
             record: RestoreRecord = self.session.run(
-                ops.restore_release(self.release_dir, "controller", until=until, reason=reason),
+                ops.restore_release(self.release_dir, "controller", within=within, reason=reason),
                 on_event=lambda ev: self.reporter.progress(self.label, ev))
         except LinkLostError as e:
             return self._report(e, reason, None, restoring_until=until)
@@ -452,7 +464,7 @@ class Deployment:
 
     def _close_record(self, record: RestoreRecord, outcome: str) -> None:
         """Timings, the outcome and the run log into the release (best effort: the link may be gone)."""
-        finished = time.time()
+        finished = self.session.host_time()
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.release_update(self.state_dir, self.release_id, {
@@ -604,13 +616,14 @@ class Deployment:
             "watchdog_deadline": self.deadline,
             "orch_version": __version__,
             "controller": lock_holder("deploy"),
-            "created": time.time(),
+            "created": self.session.host_time(),  # host clock, like every time in the host's records
             "outcome": "in_progress",
         })
 
     def _journal(self, step: str, finished: bool = False) -> dict[str, Any]:
         return {"release": self.release_id, "kind": "deploy", "playbook": self.plan.playbook.name,
-                "step": step, "finished": finished, "time": time.time(), "controller": lock_holder("deploy")}
+                "step": step, "finished": finished, "time": self.session.host_time(),
+                "controller": lock_holder("deploy")}
 
     def _journal_path(self) -> str:
         return f"{self.state_dir}/journal.json"

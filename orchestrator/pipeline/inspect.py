@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
 from orchestrator.core.progress import HostView, view_of_state
-from orchestrator.core.releases import describe_release
+from orchestrator.core.releases import describe_release, release_order
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
 from orchestrator.pipeline.gate import probe_now
@@ -51,7 +51,7 @@ class HistoryRow:
 def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
     applied = list(state["state"].get("applied", []))
     rows = []
-    for m in sorted(state["releases"], key=lambda m: m["id"]):
+    for m in sorted(state["releases"], key=release_order):  # the host's order, not the time stamps
         kept = [d["path"] for d in m.get("drift_kept") or []]
         outcome = describe_release(m, applied)
         if kept:  # the only copy of what a person wrote: this release is not pruned while it holds it
@@ -200,12 +200,12 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
         current = releases.get(applied[-1]) if applied else None
         # the newest release that knew the server says where to look for it
         spec = next(
-            (m.get("server_spec") for m in sorted(releases.values(), key=lambda m: m["id"], reverse=True)
+            (m.get("server_spec") for m in sorted(releases.values(), key=release_order, reverse=True)
              if m.get("server_spec")),
             None,
         )
         health_from = next(
-            (m for m in sorted(releases.values(), key=lambda m: m["id"], reverse=True) if m.get("health")),
+            (m for m in sorted(releases.values(), key=release_order, reverse=True) if m.get("health")),
             None,
         )
         health_spec = (health_as_sent(session, state.get("root") or target.state_dir, health_from)

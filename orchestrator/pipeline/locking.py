@@ -67,9 +67,11 @@ def open_state(
 
 
 def describe_holder(h: dict[str, Any]) -> str:
-    since = datetime.fromtimestamp(float(h.get("started", 0)), timezone.utc).strftime("%H:%M:%S")
+    """Who holds the lock, and since when on the host's clock: ``taken`` is stamped by the
+    helper there (the holder's ``started`` is its own controller's clock, hours off maybe)."""
+    since = datetime.fromtimestamp(float(h.get("taken") or h.get("started") or 0), timezone.utc).strftime("%H:%M:%S")
     return (f"{h.get('user', '?')}@{h.get('controller', '?')} pid {h.get('pid', '?')} "
-            f"({h.get('command', '?')}, since {since} UTC)")
+            f"({h.get('command', '?')}, since {since} UTC, host clock)")
 
 
 def take_over_lock(

@@ -66,7 +66,14 @@ from orchestrator.core.nightly import (
 )
 from orchestrator.core.outcomes import Step, verdict
 from orchestrator.core.probe import ProbeResult
-from orchestrator.core.releases import LinkState, drift_kept, held_note, new_release_id, prune_plan
+from orchestrator.core.releases import (
+    LinkState,
+    drift_kept,
+    held_note,
+    new_release_id,
+    ordered_ids,
+    prune_plan,
+)
 from orchestrator.core.rendering import (
     RenderedHealth,
     RenderedPlaybook,
@@ -148,6 +155,7 @@ class NightResult:
     build_log: str = ""
     restore: str | None = None  # what the switch back did, from the host's record
     notes: list[str] = field(default_factory=list)
+    seq: int | None = None  # the host's sequence number of the night's release, once it was made
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -168,14 +176,17 @@ class NightResult:
 
 
 def night_name(loaded: LoadedNightly, now: datetime) -> str:
-    """``<UTC stamp>-<short id>``: the short commit, or a short digest of the requirements."""
+    """``<UTC stamp>-<short id>``: the short commit, or a short digest of the requirements.
+
+    ``now`` is the host's time; the stamp is for people, the host's ``seq`` orders nights."""
     source = loaded.model.source
     short = source.git.commit[:7] if source.git else (loaded.requirements.sha256[:7] if loaded.requirements else "pip")
     return new_release_id(now, short)
 
 
 def at(when: float) -> str:
-    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC")
+    """A moment on the host's clock (``HostSession.host_time``), said so."""
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC (host clock)")
 
 
 def health_wire(health: RenderedHealth, *, for_restore: bool) -> dict[str, Any]:
@@ -233,7 +244,9 @@ class Night:
     rendered: RenderedPlaybook | None = None
     last_good: NightManifest | None = None
     manifest: NightManifest | None = None
-    deadline: float = 0.0
+    deadline: float = 0.0  # when the watchdog acts unless confirmed: the host's wall time (host clock)
+    seq: int | None = None  # the host's sequence number of this night's release
+    build_seqs: dict[str, int] = field(default_factory=dict)  # the builds already there, by their ``seq``
     running: dict[str, Any] | None = None  # the server found just before arming
     last_started: dict[str, Any] | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
@@ -298,9 +311,9 @@ class Night:
         return lambda ev: self.reporter.progress(self.label, ev)
 
     def result(self, outcome: str, code: int, error: str | None = None) -> NightResult:
-        return NightResult(self.label, self.name, outcome, code, self.started, time.time(),
+        return NightResult(self.label, self.name, outcome, code, self.started, self.session.host_time(),
                            error=self._redact(error) if error else None, manifest=self.manifest,
-                           last_good=self.last_good)
+                           last_good=self.last_good, seq=self.seq)
 
     # -------------------------------------------------------------- rendering
 
@@ -415,15 +428,17 @@ class Night:
     # ------------------------------------------------ build and patch: nothing live
 
     def build(self) -> None:
-        prepared, _, _ = self.session.batch([
+        prepared, created, _ = self.session.batch([
             ops.nightly_prepare(self.builds_dir, self.name),
             ops.release_create(self.state_dir, self.name, self.record(), []),
             self.journal("building"),
         ])
         self.prepared = True
+        self.seq = created.get("seq") if isinstance(created, dict) else None
         self.previous_build = prepared.current
         self.existing_builds = list(prepared.builds)
         self.complete_builds = None if prepared.complete is None else list(prepared.complete)
+        self.build_seqs = dict(prepared.seqs)
         self.reporter.step(self.label, f"building {self.build_dir} (log {self.log_path})")
         source = self.spec.source
         if source.git is not None:
@@ -521,7 +536,7 @@ class Night:
             self.session.batch([
                 ops.nightly_remove_build(self.builds_dir, self.name),
                 ops.release_update(self.state_dir, self.name, {"outcome": "failed", "error": reason,
-                                                                "finished": time.time()}),
+                                                                "finished": self.session.host_time()}),
                 self.journal("failed", finished=True),
                 self.log_op(f"failed before the switch: {reason}"),
             ])
@@ -583,16 +598,19 @@ class Night:
         self.manifest = self.make_manifest(new_start)
         spec = self.spec
         extra = [BudgetItem("probe", probe_seconds(spec.probe), "probe.timeout × batches")] if spec.probe else []
-        self.deadline = time.time() + total(deploy_budget(spec.server, spec.health, extra))
-        restore = restore_spec(self.name, "night", self.restore_plan(previous), deadline=self.deadline,
+        budget = total(deploy_budget(spec.server, spec.health, extra))
+        self.deadline = self.session.host_time() + budget  # until the host says when exactly
+        restore = restore_spec(self.name, "night", self.restore_plan(previous), budget=budget,
                                started=new_start.to_wire())
         self.arm_sent = True
-        self.session.batch([
-            ops.release_update(self.state_dir, self.name, self.switch_record(previous, new_start)),
+        armed = self.session.batch([
+            ops.release_update(self.state_dir, self.name,
+                               dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
             ops.put_json(f"{self.release_dir}/restore.json", restore),
             self.journal("armed"),
             ops.release_arm(self.state_dir, self.release_dir),
-        ])
+        ])[-1]
+        self.deadline = float(armed.get("fires_at") or self.deadline)
         self.reached = Step.ARMED
         self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
                                        "the night is confirmed")
@@ -643,16 +661,17 @@ class Night:
         """Claim the night as confirmed (the watchdog leaves), push it on ``applied``, prune."""
         assert self.manifest is not None
         self.reached = Step.CONFIRMING
-        finished = time.time()
+        finished = self.session.host_time()
         self.manifest = self.manifest.model_copy(update={
             "finished": finished, "probe": probe.to_json() if probe else None})
         applied = list(self.state["state"].get("applied", [])) + [self.name]
-        releases = [r["id"] for r in self.state.get("releases", [])] + [self.name]
+        releases = ordered_ids(self.state.get("releases", [])) + [self.name]  # this night's seq is the newest
         pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.get("releases", [])))
         prune_releases = pruning.remove
         complete = None if self.complete_builds is None else [*self.complete_builds, self.name]
+        seqs = dict(self.build_seqs, **({self.name: self.seq} if self.seq is not None else {}))
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
-                                       self.spec.keep_builds, complete)
+                                       self.spec.keep_builds, complete, seqs)
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {
@@ -702,10 +721,11 @@ class Night:
         self.reporter.warn(self.label, f"night failed: {reason}; " + (
             "switching back" if switched else "closing the release (nothing live was touched)"))
         spec = self.spec
-        until = time.time() + total(restore_budget(spec.server, spec.health))
+        within = total(restore_budget(spec.server, spec.health))
+        until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
         try:
             record: RestoreRecord = self.session.run(
-                ops.restore_release(self.release_dir, "controller", until=until, reason=reason),
+                ops.restore_release(self.release_dir, "controller", within=within, reason=reason),
                 on_event=self._events())
         except LinkLostError as e:
             v = verdict(e, self.reached)
@@ -742,7 +762,7 @@ class Night:
             reason = (f"{reason}; and the SWITCH BACK FAILED: {done}. The host is not known to be healthy; its "
                       f"restore plan is {self.release_dir}/restore.json; fix the cause and run "
                       f"`orch rollback --host {self.label}`")
-        finished = time.time()
+        finished = self.session.host_time()
         steps = [ops.release_update(self.state_dir, self.name, {
                      "finished": finished, "duration": round(finished - self.started, 3),
                      **({"outcome": "failed"} if never_switched else {})}),
@@ -811,13 +831,13 @@ class Night:
                                 cwd=relative_to_build(start.cwd, rel), env=env),
             orch_version=__version__,
             host_python=str(self.session.agent.info.get("python_version", "?")) if self.session.agent else "?",
-            build=self.name, started=self.started,
+            build=self.name, started=self.started, seq=self.seq,
         )
 
     def journal(self, step: str, *, finished: bool = False) -> ops.Op:
         return ops.put_json(f"{self.state_dir}/journal.json", {
             "release": self.name, "kind": "night", "playbook": self.spec.name, "step": step,
-            "finished": finished, "time": time.time(), "controller": lock_holder("nightly"),
+            "finished": finished, "time": self.session.host_time(), "controller": lock_holder("nightly"),
             "builds_dir": self.builds_dir, "previous_build": self.previous_build})
 
     def log_op(self, last: str) -> ops.Op:
@@ -842,11 +862,13 @@ def nightly_host(
     night: NightOptions,
 ) -> NightResult:
     """One night on one host; every error becomes this host's result (``core.outcomes.verdict``)."""
-    started = time.time()
+    started = time.time()  # until connected; then the host's clock names and times the night
     name = night_name(loaded, datetime.fromtimestamp(started, timezone.utc))
     current: Night | None = None
     try:
         with HostSession(target, options) as session:
+            started = session.host_time()
+            name = night_name(loaded, datetime.fromtimestamp(started, timezone.utc))
             current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker), night, name, started, options.break_lock)
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
@@ -859,9 +881,10 @@ def nightly_host(
             error = f"{cause}; nothing live was touched"
         else:
             error = str(cause)
-        result = NightResult(target.name, name, v.outcome, v.exit_code, started, time.time(), error=error)
+        finished = current.session.host_time() if current is not None else time.time()
+        result = NightResult(target.name, name, v.outcome, v.exit_code, started, finished, error=error)
         if current is not None:
-            result.manifest, result.last_good = current.manifest, current.last_good
+            result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq
         return result
 
 

@@ -66,11 +66,12 @@ def night_json(result: NightResult, spec_name: str, spec_path: str) -> dict[str,
         "format": 1,
         "host": result.host,
         "night": result.name,
+        "seq": result.seq,
         "spec": {"name": spec_name, "path": spec_path},
         "outcome": result.outcome,
         "exit_code": result.exit_code,
         "error": result.error,
-        "started": result.started,
+        "started": result.started,  # the host's clock
         "finished": result.finished,
         "source": result.manifest.source.label if result.manifest else None,
         "manifest": result.manifest.model_dump() if result.manifest else None,
@@ -83,7 +84,12 @@ def night_json(result: NightResult, spec_name: str, spec_path: str) -> dict[str,
 
 
 def load_nights(folder: Path) -> list[dict[str, Any]]:
-    """Every night's JSON in ``folder``, oldest first (unreadable files skipped)."""
+    """Every night's JSON in ``folder``, oldest first (unreadable files skipped).
+
+    Oldest by the host's ``seq``, not by the time in the names: two controllers,
+    or a host whose clock was stepped, name nights out of order. Nights without
+    one (from older versions, or that never reached the host) come first, by name.
+    """
     nights = []
     for path in sorted(folder.glob("*.json")):
         try:
@@ -93,7 +99,15 @@ def load_nights(folder: Path) -> list[dict[str, Any]]:
         if isinstance(data, dict) and data.get("night"):
             data["_file"] = path.name
             nights.append(data)
-    return sorted(nights, key=lambda n: n["night"])
+    return sorted(nights, key=night_order)
+
+
+def night_order(night: dict[str, Any]) -> tuple[int, int, str]:
+    """Sort key of a night's JSON (``load_nights``)."""
+    seq = night.get("seq")
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        return (1, seq, str(night["night"]))
+    return (0, 0, str(night["night"]))
 
 
 def write_report(reports_dir: Path, result: NightResult, spec_name: str, spec_path: str,

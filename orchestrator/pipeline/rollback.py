@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -178,7 +177,7 @@ def undo_releases(
     for rid in reversed(target.undo):  # oldest first: the newest's "after" wins
         for entry in releases[rid].get("files", []):
             expected_after[entry["path"]] = entry["sha256_after"]
-    rid = new_release_id(datetime.now(timezone.utc), secrets.token_hex(2))
+    rid = new_release_id(datetime.fromtimestamp(session.host_time(), timezone.utc), secrets.token_hex(2))
     release_dir = f"{releases_dir}/{rid}"
     server = None
     health = None
@@ -212,7 +211,7 @@ def undo_releases(
         "links": [{"path": link.path, "from": link.expect, "to": link.target} for link in target.links],
         "server_before": newest.get("server_after"), "server_after": target.server_before,
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
-        "controller": lock_holder("rollback"), "created": time.time(), "outcome": "in_progress",
+        "controller": lock_holder("rollback"), "created": session.host_time(), "outcome": "in_progress",
     })
     backups = [{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
                for n, i in enumerate(live)]
@@ -222,16 +221,17 @@ def undo_releases(
     steps = [
         ops.release_create(state_dir, rid, manifest, backups, restore=restore_spec(rid, "rollback", plan)),
         ops.put_json(f"{state_dir}/journal.json", {"release": rid, "kind": "rollback", "step": "rolling_back",
-                                                   "finished": False, "time": time.time(),
+                                                   "finished": False, "time": session.host_time(),
                                                    "controller": lock_holder("rollback")}),
     ]
     if server is not None:
         steps.append(ops.mark(f"{release_dir}/server.touched"))
     steps.append(ops.restore_release(release_dir, "rollback"))
-    started = time.time()
+    started = session.host_time()
     record: RestoreRecord = session.batch(steps, on_event=_events(reporter, label))[-1]
-    session.run(ops.release_update(state_dir, rid, {"finished": time.time(),
-                                                     "duration": round(time.time() - started, 3)}))
+    finished = session.host_time()
+    session.run(ops.release_update(state_dir, rid, {"finished": finished,
+                                                     "duration": round(finished - started, 3)}))
     now_current = target.new_applied[-1] if target.new_applied else "none (the state before any release)"
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
                           extra={"undid": list(target.undo),

@@ -107,6 +107,19 @@ class HostSession:
         """Several typed ops in one round trip, run in order until the first failure."""
         return list(self.run(ops.batch(steps), on_event))
 
+    def host_time(self) -> float:
+        """The host's wall clock now, as its helper's hello gave it, moved on by this
+        controller's monotonic clock since: what release ids, night names and every
+        time orch records are stamped with. The controller's own wall clock may be
+        hours off the host's, and another controller's differently: stamping with it
+        misordered the records and made every deadline wrong. Off by at most the
+        hello's one-way latency; the controller's clock where the helper sent no time.
+        """
+        agent = self.agent
+        if agent is None or not isinstance(agent.info.get("time"), (int, float)):
+            return time.time()
+        return float(agent.info["time"]) + (time.monotonic() - agent.info_monotonic)
+
     @property
     def link_alive(self) -> bool:
         return self.agent is not None and self.agent.dead is None

@@ -462,7 +462,7 @@ class Session(object):
         self.cancel_requested = False
         self.eof = False
         self.finishing = False  # a restore runs: the end of the link does not stop it
-        self.last_heard = time.time()  # any line from the controller, pings included
+        self.last_heard = time.monotonic()  # any line from the controller, pings included
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
         self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
@@ -472,7 +472,7 @@ class Session(object):
         while True:
             line = stdin.readline()
             with self.cond:
-                self.last_heard = time.time()
+                self.last_heard = time.monotonic()
                 if not line:
                     self.eof = True
                     self.cond.notify_all()
@@ -491,14 +491,14 @@ class Session(object):
 
     def silent(self):
         """The controller stopped pinging: its link stalled, or it is gone."""
-        return time.time() - self.last_heard > SILENCE_SECONDS
+        return time.monotonic() - self.last_heard > SILENCE_SECONDS
 
     def hears_controller(self):
         """The controller was heard lately (it pings every 5 s): only then is the
         lock's heartbeat renewed, so a fresh heartbeat tells another run that this
         helper is alive AND still hears its controller (a run in progress), and a
         stale one that nobody is steering it any more."""
-        return not self.eof and time.time() - self.last_heard < HEARD_SECONDS
+        return not self.eof and time.monotonic() - self.last_heard < HEARD_SECONDS
 
     def next_request(self):
         with self.cond:
@@ -545,10 +545,10 @@ class Session(object):
         last_beat = last_tick = 0.0
         while not self.stopping:
             time.sleep(1.0)
-            now = time.time()
+            now = time.monotonic()  # intervals: a step of the wall clock must not stop the ticks
             if self.current_id is not None and now - last_tick >= TICK_SECONDS:
                 last_tick = now
-                self.event("tick", t=now)
+                self.event("tick", t=time.time())
             if self.lock is not None and now - last_beat >= LOCK_HEARTBEAT_SECONDS and self.hears_controller():
                 last_beat = now
                 renew_heartbeat(self.lock)
@@ -1234,6 +1234,7 @@ def op_lock_acquire(state_dir, holder, replace_token=None):
     lock["agent_pid"] = os.getpid()
     lock["agent_starttime"] = proc_starttime(os.getpid())
     lock["taken"] = time.time()
+    lock["since"] = lock["taken"]  # this host's clock: the holder's ``started`` is its controller's
     # Written whole under a name of our own, then linked into place: link()
     # fails if the lock exists, so the lock appears complete or not at all.
     tmp = "%s.new-%d-%s" % (path, os.getpid(), base64.b16encode(os.urandom(4)).decode())
@@ -1357,14 +1358,41 @@ def watchdog_view(root, journal):
             alive = False
     spec = read_json(os.path.join(release_dir, "restore.json")) or {}
     claim = read_record(os.path.join(release_dir, "claim.json")) or {}
-    acts_at = spec.get("deadline")
+    acts_at = record.get("fires_at") or spec.get("deadline")  # host wall time; "deadline": an older helper's
     if claim.get("by") in ("controller", "rollback") and claim.get("until"):
-        acts_at = claim["until"]  # backing up a restore under way (as watchdog_wait)
+        acts_at = claim["until"]  # backing up a restore under way (as watchdog_wait), host wall time
     return {"release": release, "pid": pid, "alive": alive, "acts_at": acts_at,
             "armed": bool(pid), "restored": os.path.exists(os.path.join(release_dir, "restored.json"))}
 
 
 # ---------------------------------------------------------------- releases
+
+
+SEQ_FILE = "seq"
+
+
+def next_seq(state_root):
+    """The host's next release sequence number: 1, 2, 3 ... in the order releases are made.
+
+    History, retention and ``keep_builds`` order by it, never by a clock: ids
+    and build names are stamped with a time, and two controllers (or a host
+    whose clock was stepped) can stamp them out of order. Taken while the
+    run holds the host's lock; the flock on ``seq.lock`` also keeps two
+    helpers that somehow both got here from handing out one number twice.
+    """
+    fd = os.open(os.path.join(state_root, SEQ_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = os.path.join(state_root, SEQ_FILE)
+        try:
+            with open(path) as f:
+                last = int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            last = 0
+        write_atomic(path, ("%d\n" % (last + 1)).encode(), 0o600)
+        return last + 1
+    finally:
+        os.close(fd)  # closing drops the flock
 
 
 @op("release_create")
@@ -1375,7 +1403,8 @@ def op_release_create(state_dir, release_id, manifest, files, restore=None):
     before copy is what restores the host; it is re-read and its sha256
     compared before the controller is allowed to touch the live file.
     ``restore`` is the release's durable restore plan (``restore.json``,
-    see the restore machine below).
+    see the restore machine below). The manifest gets the host's next
+    ``seq`` (``next_seq``); the answer is ``{"root", "seq"}``.
     """
     root = os.path.join(expand(state_dir), "releases", release_id)
     os.makedirs(os.path.join(root, "files"), 0o700)
@@ -1389,13 +1418,14 @@ def op_release_create(state_dir, release_id, manifest, files, restore=None):
             got = sha256_file(dest)
             if got != sha256_bytes(data):
                 raise AgentError("backup", "backup %s reads back with sha256 %s" % (dest, got))
+    manifest = dict(manifest, seq=next_seq(expand(state_dir)))
     write_json(os.path.join(root, "manifest.json"), manifest)
     if restore is not None:
         write_json(os.path.join(root, "restore.json"), restore)
     # The restore machine's lock file exists from the start: locking it later
     # needs no free space, so a full disk cannot stop a restore.
     write_mark(os.path.join(root, RESTORE_LOCK))
-    return root
+    return {"root": root, "seq": manifest["seq"]}
 
 
 @op("release_update")
@@ -1610,29 +1640,29 @@ def op_server_stop(pid, pgid=None, stop_timeout=30.0, port=None, free_timeout=12
     signal_all(signal.SIGTERM)
     SESSION.event("progress", msg="SIGTERM sent to %s" % ("group %d" % pgid if use_group else "pid %d" % pid))
     killed = False
-    deadline = time.time() + stop_timeout
+    deadline = time.monotonic() + stop_timeout
     # Polls start at 10 ms and back off to 100 ms: a server that leaves at
     # once costs the restart no 100 ms sleep, one that takes a minute no CPU.
     pause = 0.01
     while any(pid_alive(p) for p in targets):
         reap_children()
-        if time.time() >= deadline:
+        if time.monotonic() >= deadline:
             if killed:
                 break
             signal_all(signal.SIGKILL)
             SESSION.event("progress", msg="still running after %ss: SIGKILL" % stop_timeout)
             killed = True
-            deadline = time.time() + 10.0
+            deadline = time.monotonic() + 10.0
         time.sleep(pause)
         pause = min(0.1, pause * 2)
     reap_children()
     left = [p for p in targets if pid_alive(p)]
     if left:
         raise AgentError("server", "server processes %s did not exit" % left)
-    deadline = time.time() + free_timeout
+    deadline = time.monotonic() + free_timeout
     pause = 0.01
     while port and port_busy(port):
-        if time.time() >= deadline:
+        if time.monotonic() >= deadline:
             raise AgentError("server", "port %d still in use %ss after the server stopped" % (port, free_timeout))
         time.sleep(pause)
         pause = min(0.1, pause * 2)
@@ -1640,7 +1670,7 @@ def op_server_stop(pid, pgid=None, stop_timeout=30.0, port=None, free_timeout=12
         on_gpu = gpu_pids()
         if not on_gpu or not (on_gpu & set(targets)):
             break
-        if time.time() >= deadline:
+        if time.monotonic() >= deadline:
             raise AgentError("server", "old server processes still hold GPUs: %s" % sorted(on_gpu & set(targets)))
         time.sleep(0.5)
     return {"stopped": targets, "killed": killed}
@@ -1904,7 +1934,7 @@ def check_all(base_url, checks, interval, deadline):
     for check in checks:
         per_check = min(max(interval, 1.0) * 5, CHECK_TIMEOUT)
         if deadline is not None:
-            per_check = min(per_check, max(0.1, deadline - time.time()))
+            per_check = min(per_check, max(0.1, deadline - time.monotonic()))
         ok, last = run_check(base_url, check, per_check)
         if not ok:
             return False, last
@@ -1923,10 +1953,10 @@ def watch_process(pid, log, polls, phase):
 
 
 def sleep_watching(seconds):
-    wake = time.time() + seconds
-    while time.time() < wake:
+    wake = time.monotonic() + seconds
+    while time.monotonic() < wake:
         SESSION.check_cancel()
-        time.sleep(min(0.1, max(0.0, wake - time.time())))
+        time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
 
 
 @op("health_wait")
@@ -1949,7 +1979,7 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, stab
             raise AgentError("health_timeout", "not healthy: %s" % last, polls=1, last=last)
         return {"elapsed": 0.0, "polls": 1, "last": last, "stable_for": 0.0}
     SESSION.event("progress", msg="waiting up to %.0f s for %s to be healthy" % (timeout, base_url))
-    start = time.time()
+    start = time.monotonic()
     deadline = start + timeout
     last = said = ""
     said_at = 0.0
@@ -1963,7 +1993,7 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, stab
         if ok:
             break
         # Say what we wait for when it changes, and every 10 s: not at every poll.
-        now = time.time()
+        now = time.monotonic()
         if last != said or now - said_at >= 10.0:
             said, said_at = last, now
             SESSION.event("health", msg=last, elapsed=round(now - start, 1), polls=polls)
@@ -1973,19 +2003,19 @@ def op_health_wait(base_url, checks, timeout, interval, pid=None, log=None, stab
         # Poll quickly at first (a small server is up in a fraction of a
         # second), backing off to ``interval``: 0.05, 0.1, 0.2 … s.
         sleep_watching(min(interval, 0.05 * (2 ** min(polls, 10)), max(0.0, deadline - now)))
-    healthy_after = time.time() - start
+    healthy_after = time.monotonic() - start
     if stable_for > 0:
         SESSION.event("progress", msg="healthy after %.1f s; checking it stays healthy for %.0f s"
                       % (healthy_after, stable_for))
-        stable_until = time.time() + stable_for
-        while time.time() < stable_until:
-            sleep_watching(min(interval, 1.0, max(0.0, stable_until - time.time())))
-            watch_process(pid, log, polls, "%.1f s after it became healthy" % (time.time() - start - healthy_after))
-            ok, seen = check_all(base_url, checks, interval, max(stable_until, time.time() + 1.0))
+        stable_until = time.monotonic() + stable_for
+        while time.monotonic() < stable_until:
+            sleep_watching(min(interval, 1.0, max(0.0, stable_until - time.monotonic())))
+            watch_process(pid, log, polls, "%.1f s after it became healthy" % (time.monotonic() - start - healthy_after))
+            ok, seen = check_all(base_url, checks, interval, max(stable_until, time.monotonic() + 1.0))
             polls += 1
             if not ok:
                 raise AgentError("unstable", "server became unhealthy %.1f s after it first passed its checks: %s"
-                                 % (time.time() - start - healthy_after, seen),
+                                 % (time.monotonic() - start - healthy_after, seen),
                                  log_tail=tail_lines(log) if log else [], polls=polls, last=seen)
     return {"elapsed": healthy_after, "polls": polls, "last": last, "stable_for": stable_for}
 
@@ -2401,13 +2431,30 @@ def finish_records(release_dir, spec, record, reason):
     return problems
 
 
+def restore_claim(by, within, until):
+    """``claim.json`` for a restore under way: who, and when the watchdog backs it up.
+
+    ``within`` (seconds, counted here on the monotonic clock) is what a
+    controller sends: a deadline computed on its own clock would be off by
+    however far that clock is from this host's. ``until`` (an absolute time)
+    is what older controllers sent. ``until`` is written as this host's wall
+    time either way, for people and ``orch status`` (host clock).
+    """
+    claim = {"by": by, "time": time.time(), "until": until}
+    if within is not None:
+        claim["until"] = time.time() + within
+        claim["until_monotonic"] = time.monotonic() + within
+    return claim
+
+
 @op("restore_release")
-def op_restore_release(release_dir, by, until=None, reason=None):
+def op_restore_release(release_dir, by, until=None, reason=None, within=None):
     """Bring the host to the release's restore plan (see the banner above).
 
-    ``until``: the moment after which the watchdog backs this restore up if
-    it has not completed (the claim). Returns the restore record; a restore
-    another party already completed is returned as it was (``already``).
+    ``within``: seconds after which the watchdog backs this restore up if
+    it has not completed (the claim; ``until`` is the older absolute form).
+    Returns the restore record; a restore another party already completed is
+    returned as it was (``already``).
     """
     release_dir = expand(release_dir)
     if not os.path.isdir(release_dir):
@@ -2427,8 +2474,7 @@ def op_restore_release(release_dir, by, until=None, reason=None):
             spec = read_json(os.path.join(release_dir, "restore.json"))
             if spec is None:
                 raise AgentError("restore", "release %s has no restore plan" % os.path.basename(release_dir))
-            claim_error = try_write_json(os.path.join(release_dir, "claim.json"),
-                                         {"by": by, "time": time.time(), "until": until})
+            claim_error = try_write_json(os.path.join(release_dir, "claim.json"), restore_claim(by, within, until))
             record = run_restore(release_dir, spec, by)
             record["record_errors"] = ([claim_error] if claim_error else []) + finish_records(
                 release_dir, spec, record, reason)
@@ -2471,16 +2517,37 @@ def op_release_arm(state_dir, release_dir, python=None):
     """
     release_dir = expand(release_dir)
     spec = read_json(os.path.join(release_dir, "restore.json"))
-    if spec is None or not spec.get("deadline"):
-        raise AgentError("arm", "release %s has no restore plan with a deadline" % release_dir)
-    pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"))
+    budget = watchdog_budget(spec)
+    if budget is None:
+        raise AgentError("arm", "release %s has no restore plan with a budget" % release_dir)
+    fire_at = time.monotonic() + budget
+    fires_at = time.time() + budget
+    pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"), fire_at)
     write_mark(os.path.join(release_dir, "watchdog.pid"), "%d\n" % pid)
-    # pid + start time (``same_process``): ``state_read`` tells a live watchdog from a reused pid
-    try_write_json(os.path.join(release_dir, "watchdog.json"), {"pid": pid, "starttime": proc_starttime(pid)})
-    return {"pid": pid, "deadline": spec["deadline"]}
+    # pid + start time (``same_process``): ``state_read`` tells a live watchdog from a reused pid;
+    # fires_at: when it acts, in this host's wall time (for people and ``orch status``)
+    write_json(os.path.join(release_dir, WATCHDOG_FILE),
+               {"pid": pid, "starttime": proc_starttime(pid), "budget": budget, "armed": fires_at - budget,
+                "fires_at": fires_at, "clock": "host"})
+    return {"pid": pid, "deadline": fires_at, "fires_at": fires_at, "budget": budget}
 
 
-def fork_watchdog(release_dir, log_path):
+WATCHDOG_FILE = "watchdog.json"  # when the watchdog fires, in this host's wall time: for people and `orch status`
+
+
+def watchdog_budget(spec):
+    """Seconds the watchdog waits from now: the plan's ``budget``; from an older
+    controller's absolute ``deadline``, what is left of it on this host's clock."""
+    if spec is None:
+        return None
+    if spec.get("budget") is not None:
+        return max(0.0, float(spec["budget"]))
+    if spec.get("deadline"):
+        return max(0.0, float(spec["deadline"]) - time.time())
+    return None
+
+
+def fork_watchdog(release_dir, log_path, fire_at=None):
     """Fork ``watchdog_main`` off this helper, detached: its own session, its
     output to ``log_path``, none of this helper's files (the SSH channel
     must close when the helper leaves, and the lock file is the helper's).
@@ -2511,7 +2578,7 @@ def fork_watchdog(release_dir, log_path):
         close_fds_from(3)
         sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
         name_process("orch-watchdog")
-        code = watchdog_main(release_dir)
+        code = watchdog_main(release_dir, fire_at)
     except SystemExit as e:  # SIGTERM (watchdog_main's handler)
         code = e.code if isinstance(e.code, int) else 0
     except BaseException as e:  # noqa: BLE001 - the child must never return into the helper's loop
@@ -2550,27 +2617,38 @@ def close_fds_from(low):
                 pass
 
 
-def watchdog_wait(release_dir, spec):
+def watchdog_due(claim, fire_at):
+    """The backstop has passed: ``fire_at`` on the monotonic clock (a duration
+    counted on this host: no controller's clock and no step of this host's
+    wall clock moves it), or a restore's claim that has not completed in time."""
+    if claim.get("by") in ("controller", "rollback"):
+        if claim.get("until_monotonic") is not None:
+            return time.monotonic() >= claim["until_monotonic"]  # backing up a restore under way
+        if claim.get("until"):
+            return time.time() >= claim["until"]  # an older controller's absolute time
+    return time.monotonic() >= fire_at
+
+
+def watchdog_wait(release_dir, spec, fire_at):
     """Sleep until the watchdog must act (True) or is no longer needed (False)."""
     while True:
         claim = read_record(os.path.join(release_dir, "claim.json")) or {}
         done = read_record(os.path.join(release_dir, "restored.json")) or {}
         if claim.get("by") == "confirmed" or done.get("completed"):
             return False
-        deadline = spec["deadline"]
-        if claim.get("by") in ("controller", "rollback") and claim.get("until"):
-            deadline = claim["until"]  # backing up a restore that is under way
-        if time.time() >= deadline:
+        if watchdog_due(claim, fire_at):
             return True
         time.sleep(0.5)
 
 
-def watchdog_main(release_dir):
+def watchdog_main(release_dir, fire_at=None):
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     release_dir = expand(release_dir)
     spec = read_json(os.path.join(release_dir, "restore.json"))
-    if spec is None or not watchdog_wait(release_dir, spec):
+    if fire_at is None:  # not handed one by ``op_release_arm``: the plan's budget from now
+        fire_at = time.monotonic() + (watchdog_budget(spec) or 0.0)
+    if spec is None or not watchdog_wait(release_dir, spec, fire_at):
         return 0
     global SESSION
     SESSION = Session(open(os.devnull, "wb"))
@@ -2899,11 +2977,11 @@ def stream_argv(argv, cwd=None, env=None, log=None, timeout=3600.0):
         reader = threading.Thread(target=pump)
         reader.daemon = True
         reader.start()
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         why = None
         while proc.poll() is None:
             why = nightly_stop_reason()
-            if why is None and time.time() >= deadline:
+            if why is None and time.monotonic() >= deadline:
                 why = "timed out after %ss" % timeout
             if why:
                 try:
@@ -2967,7 +3045,7 @@ def op_nightly_prepare(builds_dir, build):
         raise AgentError("build", "%s already exists" % dest)
     found = op_nightly_builds(root)
     return {"builds_dir": root, "build_dir": dest, "current": found["current"], "builds": found["builds"],
-            "complete": found["complete"],
+            "complete": found["complete"], "seqs": found["seqs"],
             "log": os.path.join(root, "logs", build + ".log"), "python_version": sys.version.split()[0]}
 
 
@@ -2987,7 +3065,18 @@ def op_nightly_builds(builds_dir):
     # built half-way, or never passed, and never count toward keep_builds
     complete = [n for n in builds if os.path.isfile(os.path.join(root, n, "manifest.json"))]
     return {"builds_dir": root, "current": read_link(os.path.join(root, "current")), "builds": builds,
-            "complete": complete}
+            "complete": complete, "seqs": build_seqs(root, builds)}
+
+
+def build_seqs(root, builds):
+    """Each build's ``seq`` from its own manifest (nights made by older versions have none):
+    ``keep_builds`` orders by it, not by the names, which are stamped with a clock."""
+    seqs = {}
+    for name in builds:
+        seq = (read_json(os.path.join(root, name, "manifest.json")) or {}).get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            seqs[name] = seq
+    return seqs
 
 
 @op("nightly_fetch_git")

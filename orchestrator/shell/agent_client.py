@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,6 +121,7 @@ class Agent:
     link_timeout: float = LINK_TIMEOUT
     calls: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    info_monotonic: float = 0.0  # this controller's monotonic clock when ``info`` (the hello) arrived
     dead: str | None = None  # why the link is gone: later calls fail at once, never wait on it
     _proc: RemoteProcess | None = None
     _next_id: int = 0
@@ -161,6 +163,7 @@ class Agent:
                 self.info = msg["hello"] if isinstance(msg.get("hello"), dict) else self.call("hello")
                 if not isinstance(self.info, dict):
                     raise self.malformed("hello", Malformed("result is not an object"))
+                self.info_monotonic = time.monotonic()
                 return self
         raise UnreachableError(f"{label}: orch's helper never said it was ready")
 

@@ -165,6 +165,8 @@ def commit(files: Sequence[Wire], release_dir: str | None) -> Op:
 
 def release_create(state_dir: str, release_id: str, manifest: Wire, files: Sequence[Wire],
                    restore: Wire | None = None) -> Op:
+    """Back up into a new release; the host adds its next ``seq`` to the manifest and
+    answers ``{"root", "seq"}``."""
     return _op("release_create", state_dir=state_dir, release_id=release_id, manifest=manifest,
                files=list(files), restore=restore)
 
@@ -182,14 +184,21 @@ def release_log(state_dir: str, release_id: str, text: str) -> Op:
 
 
 def release_arm(state_dir: str, release_dir: str) -> Op:
-    """Start the release's watchdog (its restore plan is already on disk)."""
+    """Start the release's watchdog (its restore plan is already on disk); answers with
+    ``fires_at``, the host's wall time at which it acts unless confirmed (host clock)."""
     return _op("release_arm", state_dir=state_dir, release_dir=release_dir)
 
 
-def restore_release(release_dir: str, by: str, *, until: float | None = None, reason: str | None = None) -> Op:
-    """Run the release's restore plan; answers with the record of what was done."""
+def restore_release(release_dir: str, by: str, *, within: float | None = None, reason: str | None = None,
+                    until: float | None = None) -> Op:
+    """Run the release's restore plan; answers with the record of what was done.
+
+    ``within``: seconds (counted on the host) after which the watchdog backs
+    this restore up; ``until`` is the older absolute form, kept for callers
+    that have one.
+    """
     return _op("restore_release", RestoreRecord.from_wire, dict, release_dir=release_dir, by=by, until=until,
-               reason=reason)
+               reason=reason, within=within)
 
 
 @dataclass(frozen=True)
@@ -286,12 +295,13 @@ class Builds:
     current: str | None
     builds: list[str]
     complete: list[str] | None = None  # confirmed builds (None: an older helper did not say)
+    seqs: dict[str, int] = field(default_factory=dict)  # each build's ``seq``, where its manifest has one
 
 
 def _builds(data: Wire) -> Builds:
     complete = data.get("complete")
     return Builds(data["builds_dir"], data.get("current"), list(data.get("builds") or []),
-                  list(complete) if complete is not None else None)
+                  list(complete) if complete is not None else None, dict(data.get("seqs") or {}))
 
 
 @dataclass(frozen=True)
@@ -304,13 +314,14 @@ class PreparedBuild:
     builds: list[str]
     log: str
     complete: list[str] | None = None  # confirmed builds (None: an older helper did not say)
+    seqs: dict[str, int] = field(default_factory=dict)  # each build's ``seq``, where its manifest has one
 
 
 def _prepared(data: Wire) -> PreparedBuild:
     complete = data.get("complete")
     return PreparedBuild(data["builds_dir"], data["build_dir"], data.get("current"),
                          list(data.get("builds") or []), data["log"],
-                         list(complete) if complete is not None else None)
+                         list(complete) if complete is not None else None, dict(data.get("seqs") or {}))
 
 
 def nightly_prepare(builds_dir: str, build: str) -> Op:
