@@ -307,7 +307,8 @@ def test_a_live_deploy_is_in_progress_and_nobody_may_act_on_it(box: Sandbox) -> 
 
 
 def watchdog_time(box: Sandbox, release: str) -> str:
-    return clock(json.loads((box.state_dir / "releases" / release / "restore.json").read_text())["deadline"])
+    """When the watchdog acts, as the host recorded it when it armed (host wall time)."""
+    return clock(json.loads((box.state_dir / "releases" / release / "watchdog.json").read_text())["fires_at"])
 
 
 @pytest.mark.parametrize("fault", ["kill-9", "sever"])
@@ -444,15 +445,15 @@ def test_the_helper_renews_its_heartbeat_only_while_it_hears_its_controller(tmp_
     os.utime(path, (old, old))
     session = helper.Session(io.BytesIO())
     session.lock = (str(path), os.open(path, os.O_RDONLY))
-    session.last_heard = time.time() - 60  # its controller went silent a minute ago
+    session.last_heard = time.monotonic() - 60  # its controller went silent a minute ago
     loop = threading.Thread(target=session.background, daemon=True)
     loop.start()
     try:
         wait_until(lambda: loop.is_alive(), "the loop")
         assert not session.hears_controller()
-        session.last_heard = time.time() + 3600  # heard (kept "just now" for the loop's next pass)
+        session.last_heard = time.monotonic() + 3600  # heard (kept "just now" for the loop's next pass)
         wait_until(lambda: path.stat().st_mtime > old + 1, "the heartbeat once the controller is heard", 30)
-        session.last_heard = time.time() - 60
+        session.last_heard = time.monotonic() - 60
         session.eof = True
         assert not session.hears_controller()
     finally:
