@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from orchestrator.core.facts import MARKER
 from orchestrator.core.rendering import RenderedPlaybook, RenderedServer
 from orchestrator.core.yamlsrc import Loc
 from orchestrator.errors import ConfigError
@@ -69,8 +70,13 @@ def env_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
+FACT_MARKER = re.compile(re.escape(MARKER).replace(re.escape("{}"), "[^\x00]*"))
+"""A host fact not gathered yet (``core.facts.MARKER``): orch's own placeholder, which the
+helper fills in before it opens the path — not a NUL the host would be handed."""
+
+
 def path_problem(path: str) -> str | None:
-    if "\0" in path:
+    if "\0" in FACT_MARKER.sub("", path):
         return f"path {_shown(path)} contains a NUL byte: no file name can hold one"
     return None
 
