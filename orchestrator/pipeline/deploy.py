@@ -16,7 +16,6 @@ host-side function running the release's ``restore.json`` (see
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import secrets
 import time
@@ -67,7 +66,7 @@ from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
-from orchestrator.shell.agent_client import RemoteStepError
+from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
 from orchestrator.shell.config_files import LoadedPlaybook
 
 
@@ -138,8 +137,7 @@ class Deployment:
         self.deadline = time.time() + total(deploy_budget(pb.server, pb.health, extra))
         files = [
             {"path": f.path, "n": f.index,
-             "before": base64.b64encode(f.remote.data).decode("ascii"),
-             "after": base64.b64encode(f.new_bytes).decode("ascii")}
+             "before": f.remote.data, "after": f.new_bytes}  # bytes go as blob lines
             for f in self.plan.changed_files
         ]
         spec = restore_spec(self.release_id, "deploy", self._restore_plan(), deadline=self.deadline,
@@ -188,7 +186,7 @@ class Deployment:
         if wire:
             self.reporter.step(self.label, f"committed {len(wire)} file(s)")
             for f, info in zip(changed, results[2], strict=True):
-                data = base64.b64decode(info.get("data") or "")
+                data = wire_bytes(info.get("data"))
                 if info.get("sha256") != f.new_sha256:
                     raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
                                       f"planned {f.new_sha256}")

@@ -15,7 +15,6 @@ staged. ``deploy --check`` is exactly these two and nothing else.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import secrets
@@ -56,6 +55,7 @@ from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
+from orchestrator.shell.agent_client import wire_bytes
 from orchestrator.shell.config_files import LoadedPlaybook, make_renderer
 
 
@@ -76,7 +76,7 @@ class RemoteFile:
             real=info.get("real"),
             path=info["path"],
             exists=info["exists"],
-            data=base64.b64decode(info["data"]) if info.get("data") else b"",
+            data=wire_bytes(info.get("data")),
             mode=info.get("mode"),
             uid=info.get("uid"),
             gid=info.get("gid"),
@@ -569,9 +569,7 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     if not changed:
         return []
     token = secrets.token_hex(4)
-    files = [
-        {"path": f.path, "data": base64.b64encode(f.new_bytes).decode("ascii")} for f in changed
-    ]
+    files = [{"path": f.path, "data": f.new_bytes} for f in changed]  # bytes go as blob lines
     checks = []
     renderer = make_renderer(plan.loaded)
     python = plan.vars.get("python", "python3")

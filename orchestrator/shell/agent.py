@@ -23,6 +23,15 @@ every few seconds while an op runs, so the controller can tell a slow step
 from a dead link), then one ``{"id": 1, "done": true, "ok": true,
 "result": ...}`` or ``{"id": 1, "done": true, "ok": false, "error":
 {"type": ..., "message": ...}}``.
+
+File contents never travel as one long line: a line that takes longer to
+send than the link's silence limit would pass for a dead link. Bytes go as
+``blob`` lines of at most ``BLOB_CHUNK`` bytes (base64), ahead of the line
+that uses them, which names them ``{"blob": n}``: the controller sends
+``{"op": "blob", "blob": n, "data": ...}`` before its request, the helper
+``{"id": 1, "blob": n, "data": ...}`` before its answer. Pings and ticks
+go between them, and both ends count any bytes that arrive as a sign of
+life, not only whole lines.
 """
 
 import base64
@@ -53,6 +62,8 @@ def http():
 READY_MAGIC = "ORCH-AGENT-READY"
 TICK_SECONDS = 5.0
 SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence means it is gone
+BLOB_CHUNK = 192 * 1024  # bytes per blob line (256 KiB of base64): about a second at 200 KB/s
+READ_PIECE = 64 * 1024  # stdin is read in pieces this big, so a long line is heard as it arrives
 LOCK_HEARTBEAT_SECONDS = 5.0
 LOG_TAIL_LINES = 40
 
@@ -97,6 +108,23 @@ def b64e(data):
 
 def b64d(text):
     return base64.b64decode(text.encode("ascii"))
+
+
+class Blob(object):
+    """Bytes in an op's answer: ``Session.send`` sends them ahead as bounded blob lines."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+
+def payload(value):
+    """The bytes a request carries: ``{"blob": n}`` (sent ahead in blob lines), or base64
+    text (small data from callers that do not use blobs)."""
+    if isinstance(value, dict):
+        return SESSION.take_blob(value["blob"])
+    return b64d(value)
 
 
 def sha256_bytes(data):
@@ -298,32 +326,67 @@ class Session(object):
         self.cancel_requested = False
         self.eof = False
         self.finishing = False  # a restore runs: the end of the link does not stop it
-        self.last_heard = time.time()  # any line from the controller, pings included
+        self.last_heard = time.time()  # any bytes from the controller, pings included
+        self.blobs = {}  # blob id -> bytearray, from blob lines the controller sent ahead of a request
+        self.gone = None  # why the helper stopped serving, when it was not told to (said on stderr)
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
         self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
     def reader(self, stdin):
         """Read requests while an op runs, so a ``cancel`` or the end of the
-        connection is seen at once, not after a long wait."""
+        connection is seen at once, not after a long wait.
+
+        Read in pieces, not by lines: every piece counts as word from the
+        controller, so a long line on a slow link is not taken for silence.
+        """
+        read = getattr(stdin, "read1", None) or stdin.readline
+        pending = bytearray()
         while True:
-            line = stdin.readline()
+            piece = read(READ_PIECE)
             with self.cond:
                 self.last_heard = time.time()
-                if not line:
+            if not piece:
+                if pending:
+                    self.take_line(bytes(pending))  # a last line without its newline
+                with self.cond:
                     self.eof = True
                     self.cond.notify_all()
-                    return
-                try:
-                    kind = json.loads(line.decode()).get("op")
-                except ValueError:
-                    kind = None
-                if kind == "ping":
-                    continue
-                if kind == "cancel":
-                    self.cancel_requested = True
-                    continue
-                self.requests.append(line)
-                self.cond.notify_all()
+                return
+            start = len(pending)
+            pending += piece
+            end = pending.find(b"\n", start)
+            while end >= 0:
+                line = bytes(pending[: end + 1])
+                del pending[: end + 1]
+                self.take_line(line)
+                end = pending.find(b"\n")
+
+    def take_line(self, line):
+        """One whole line from the controller: a ping, a cancel, a blob piece, or a request."""
+        try:
+            message = json.loads(line.decode())
+            kind = message.get("op")
+        except (ValueError, AttributeError):
+            message, kind = None, None
+        with self.cond:
+            if kind == "ping":
+                return
+            if kind == "cancel":
+                self.cancel_requested = True
+                return
+            if kind == "blob":
+                self.blobs.setdefault(message["blob"], bytearray()).extend(b64d(message["data"]))
+                return
+            self.requests.append(line)
+            self.cond.notify_all()
+
+    def take_blob(self, blob):
+        """The bytes of blob ``blob``: complete, since its lines came before the request."""
+        with self.cond:
+            data = self.blobs.pop(blob, None)
+        if data is None:
+            raise AgentError("protocol", "blob %r was named but never sent" % (blob,))
+        return data
 
     def silent(self):
         """The controller stopped pinging: its link stalled, or it is gone."""
@@ -334,6 +397,7 @@ class Session(object):
             while not self.requests and not self.eof:
                 if self.silent():
                     self.eof = True  # treat a silent controller as gone: free the host
+                    self.gone = "no word from the controller for %g s" % SILENCE_SECONDS
                     break
                 self.cond.wait(1.0)
             if self.requests:
@@ -352,7 +416,26 @@ class Session(object):
             raise AgentError("cancelled", "the controller went away")
 
     def send(self, message):
-        line = json.dumps(message, separators=(",", ":")) + "\n"
+        """One message; the ``Blob`` values in it go first, as bounded blob lines
+        (ticks may come between them), and the message names them ``{"blob": n}``."""
+        blobs = []
+
+        def blob_ref(value):
+            if isinstance(value, Blob):
+                blobs.append(value.data)
+                return {"blob": len(blobs)}
+            raise TypeError("cannot send %s" % type(value).__name__)
+
+        line = json.dumps(message, separators=(",", ":"), default=blob_ref) + "\n"
+        rid = message.get("id")
+        for n, data in enumerate(blobs, 1):
+            view = memoryview(data)
+            for start in range(0, max(len(data), 1), BLOB_CHUNK):  # a line even for no bytes
+                self.write_line('{"id":%s,"blob":%d,"data":"%s"}\n'
+                                % (json.dumps(rid), n, b64e(view[start:start + BLOB_CHUNK])))
+        self.write_line(line)
+
+    def write_line(self, line):
         with self.out_lock:
             if self.out_broken:
                 return
@@ -420,6 +503,8 @@ def serve(stdin, stdout):
         except Exception as e:  # reported, not fatal: the controller decides
             reply = {"id": rid, "done": True, "ok": False,
                      "error": {"type": "internal", "message": "%s: %s" % (type(e).__name__, e)}}
+        with SESSION.cond:
+            SESSION.blobs.clear()  # what this request sent and no op took: not kept for ever
         SESSION.current_id = None
         SESSION.send(reply)
         if request.get("op") == "bye":
@@ -439,6 +524,24 @@ def serve(stdin, stdout):
             pass
     release_own_lock()
     SESSION.stopping = True
+    leave(SESSION.gone)
+
+
+def leave(reason):
+    """End the helper now, saying why on stderr in one line.
+
+    Not a normal interpreter exit: with the reader thread blocked in stdin,
+    that can die in a "Fatal Python error" dump whose last line, ``<no
+    Python frame>``, is what the controller would show as the reason.
+    """
+    try:
+        if reason:
+            sys.stderr.write("orch-helper: %s; stopped\n" % reason)
+            sys.stderr.flush()
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(0)
 
 
 @op("bye")
@@ -495,7 +598,7 @@ def file_info(path, with_data=True):
     info = {"path": path, "real": real, "exists": True, "mode": st.st_mode & 0o7777, "uid": st.st_uid,
             "gid": st.st_gid, "sha256": sha256_bytes(data), "size": len(data)}
     if with_data:
-        info["data"] = b64e(data)
+        info["data"] = Blob(data)
     return info
 
 
@@ -577,7 +680,7 @@ def stage_one(f, token, clean_stale):
     """One file staged: a hidden sibling of the real file, read back by sha256."""
     path = expand(f["path"])
     real = real_path(path)
-    data = b64d(f["data"])
+    data = payload(f["data"])
     staged = staged_name(path, token)
     if clean_stale:
         remove_stale_staged(path)
@@ -616,7 +719,7 @@ def run_argv(argv, cwd=None, env=None, timeout=600.0, stdin=None, limit=64 * 102
 
 @op("run")
 def op_run(argv, cwd=None, env=None, timeout=600.0, stdin=None):
-    return run_argv(argv, cwd and expand(cwd), env, timeout, b64d(stdin) if stdin else None)
+    return run_argv(argv, cwd and expand(cwd), env, timeout, bytes(payload(stdin)) if stdin else None)
 
 
 def derived_files(staged):
@@ -987,7 +1090,7 @@ def op_release_create(state_dir, release_id, manifest, files, restore=None):
         for side in ("before", "after"):
             if f.get(side) is None:
                 continue
-            data = b64d(f[side])
+            data = payload(f[side])
             dest = os.path.join(root, "files", "%d.%s" % (f["n"], side))
             write_atomic(dest, data, 0o600)
             got = sha256_file(dest)

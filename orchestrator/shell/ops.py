@@ -101,7 +101,7 @@ def sha256(paths: Sequence[str]) -> Op:
 
 
 def stage(files: Sequence[Wire], token: str, *, clean_stale: bool = False) -> Op:
-    """``files``: ``{"path", "data" (base64)}``; staged beside the real file."""
+    """``files``: ``{"path", "data" (bytes: sent as blob lines)}``; staged beside the real file."""
     return _op("stage", files=list(files), token=token, clean_stale=clean_stale)
 
 
