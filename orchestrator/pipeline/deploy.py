@@ -27,7 +27,7 @@ from orchestrator import __version__
 from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
 from orchestrator.core.outcomes import Step, Verdict, verdict
 from orchestrator.core.preflight import PreflightResult
-from orchestrator.core.regions import view_ranges
+from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import FileState, new_release_id, prune_candidates
 from orchestrator.core.restore import (
     RestorePlan,
@@ -135,9 +135,11 @@ class Deployment:
         if self.gate is not None and pb.gate is not None:
             extra += gate_items(pb.gate, baseline=bool(self.gate.to_probe))
         self.deadline = time.time() + total(deploy_budget(pb.server, pb.health, extra))
+        # bytes go as blob lines; the after copy is the staged file, already on the host
+        staged = {s.file.path: s.staged for s in self.staged}
         files = [
-            {"path": f.path, "n": f.index,
-             "before": f.remote.data, "after": f.new_bytes}  # bytes go as blob lines
+            {"path": f.path, "n": f.index, "before": f.remote.data,
+             "after": {"copy_of": staged[f.path], "sha256": f.new_sha256} if f.path in staged else f.new_bytes}
             for f in self.plan.changed_files
         ]
         spec = restore_spec(self.release_id, "deploy", self._restore_plan(), deadline=self.deadline,
@@ -191,7 +193,7 @@ class Deployment:
                     raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
                                       f"planned {f.new_sha256}")
                 text = data.decode("utf-8")
-                ranges = view_ranges(f.plan.changes, len(text.splitlines()), context=3)
+                ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
         if preflight:
             result: PreflightResult = results[-1]

@@ -120,11 +120,27 @@ class Blob(object):
 
 
 def payload(value):
-    """The bytes a request carries: ``{"blob": n}`` (sent ahead in blob lines), or base64
-    text (small data from callers that do not use blobs)."""
+    """The bytes a request carries: ``{"blob": n}`` (sent ahead in blob lines), ``{"copy_of":
+    path, "sha256": ...}`` (a file already on this host, orch's staged copy: not sent again),
+    or base64 text (small data from callers that do not use blobs)."""
+    if isinstance(value, dict) and "copy_of" in value:
+        return copy_of(value["copy_of"], value["sha256"])
     if isinstance(value, dict):
         return SESSION.take_blob(value["blob"])
     return b64d(value)
+
+
+def copy_of(path, sha256):
+    """The content of ``path``, which must be exactly the planned content ``sha256``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise AgentError("backup", "cannot read %s: %s" % (path, e.strerror or e), path=path)
+    got = sha256_bytes(data)
+    if got != sha256:
+        raise AgentError("backup", "%s holds sha256 %s, planned %s" % (path, got, sha256), path=path)
+    return data
 
 
 def sha256_bytes(data):
@@ -1078,7 +1094,8 @@ def op_state_read(state_dir):
 def op_release_create(state_dir, release_id, manifest, files, restore=None):
     """Back up every file into a new release, and check the backups read back.
 
-    ``files``: ``[{"path", "n", "before": b64|None, "after": b64}]``. The
+    ``files``: ``[{"path", "n", "before": data|None, "after": data}]`` (data: see
+    ``payload``; the after copy is usually the staged file, copied here). The
     before copy is what restores the host; it is re-read and its sha256
     compared before the controller is allowed to touch the live file.
     ``restore`` is the release's durable restore plan (``restore.json``,
