@@ -345,6 +345,7 @@ class Session(object):
         self.last_heard = time.time()  # any bytes from the controller, pings included
         self.blobs = {}  # blob id -> bytearray, from blob lines the controller sent ahead of a request
         self.gone = None  # why the helper stopped serving, when it was not told to (said on stderr)
+        self.partial = 0  # bytes of a line still arriving (a request's blob lines, on a slow link)
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
         self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
@@ -376,6 +377,7 @@ class Session(object):
                 del pending[: end + 1]
                 self.take_line(line)
                 end = pending.find(b"\n")
+            self.partial = len(pending)
 
     def take_line(self, line):
         """One whole line from the controller: a ping, a cancel, a blob piece, or a request."""
@@ -403,6 +405,11 @@ class Session(object):
         if data is None:
             raise AgentError("protocol", "blob %r was named but never sent" % (blob,))
         return data
+
+    def receiving(self, now):
+        """Between requests, a request's bytes are still arriving (no op runs yet to tick)."""
+        return (self.current_id is None and (self.partial or self.blobs)
+                and now - self.last_heard < TICK_SECONDS)
 
     def silent(self):
         """The controller stopped pinging: its link stalled, or it is gone."""
@@ -477,6 +484,11 @@ class Session(object):
             if self.current_id is not None and now - last_tick >= TICK_SECONDS:
                 last_tick = now
                 self.event("tick", t=now)
+            elif self.receiving(now) and now - last_tick >= TICK_SECONDS:
+                # The controller has sent a request's bytes and now waits for an answer, while
+                # they still cross a slow link (its buffers took them long ago): tell it we hear.
+                last_tick = now
+                self.send({"id": None, "event": "tick", "t": now, "receiving": True})
             if self.lock is not None and now - last_beat >= LOCK_HEARTBEAT_SECONDS:
                 last_beat = now
                 renew_heartbeat(self.lock)
