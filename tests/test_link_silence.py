@@ -13,7 +13,9 @@ premise is checked from the sizes, not from a clock.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.shell import agent
-from orchestrator.shell.agent_client import LINK_TIMEOUT, Agent
+from orchestrator.shell.agent_client import (
+    BOOTSTRAP,
+    HELPER_ID,
+    LINK_TIMEOUT,
+    READY_MAGIC,
+    Agent,
+    bootstrap_payload,
+    helper_reason,
+)
 from orchestrator.shell.transport import open_transport
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sshd import SshdServer
@@ -67,3 +77,24 @@ def test_a_file_slower_than_the_silence_limit_crosses_both_ways(slow_agent: Agen
     assert slow_agent.dead is None and slow_agent.calls == 2
     slow_agent.call("remove", paths=[staged["staged"]])
     assert not Path(staged["staged"]).exists()
+
+
+def test_a_helper_whose_controller_fell_silent_leaves_with_one_clean_line(tmp_path: Path) -> None:
+    """The helper leaves when its controller says nothing for ``SILENCE_SECONDS``: a message
+    of its own on stderr, not an interpreter dump ending in ``<no Python frame>`` (which is what
+    a failed big transfer used to show as its reason), and the helper's exit code 0."""
+    proc = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP, "", HELPER_ID], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    assert json.loads(proc.stdout.readline()) == {"send": True}  # no kept copy: it asks for its source
+    proc.stdin.write(bootstrap_payload())
+    proc.stdin.write(b'{"op":"blob","blob":1,"data":"')  # half a line, then nothing: stdin stays open
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["ready"] == READY_MAGIC
+    assert proc.wait(timeout=agent.SILENCE_SECONDS + 60) == 0
+    err = proc.stderr.read().decode()
+    assert err.strip().splitlines() == [
+        f"orch-helper: no word from the controller for {agent.SILENCE_SECONDS:g} s; stopped"], err
+    assert helper_reason(err + "Fatal Python error: x\nCurrent thread 0x1 (most recent call first):\n"
+                         "  <no Python frame>\n") == err.strip()
+    proc.stdin.close()
