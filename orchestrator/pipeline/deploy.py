@@ -66,7 +66,7 @@ from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
-from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
+from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
 
 
@@ -156,8 +156,8 @@ class Deployment:
                                        f"the watchdog restores it at {at(self.deadline)} unless confirmed")
 
     def commit_and_preflight(self) -> None:
-        """Steps 5–7 in one round trip: compare-and-swap the files in, read them back for
-        the ``sed -n`` view, and run the server's own parser on the new command line."""
+        """Steps 5–7 in one round trip: compare-and-swap the files in, read back their sha256
+        for the ``sed -n`` view, and run the server's own parser on the new command line."""
         steps: list[ops.Op] = []
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
                  "after": s.file.new_sha256} for s in self.staged]
@@ -165,7 +165,7 @@ class Deployment:
         if wire:
             steps += [ops.commit(wire, self.release_dir),
                       ops.put_json(self._journal_path(), self._journal("committed")),
-                      ops.read([f.path for f in changed])]
+                      ops.read([f.path for f in changed], with_data=False)]
         change = self.plan.server
         preflight = change.preflight if change is not None and change.restart else None
         if preflight:
@@ -188,11 +188,12 @@ class Deployment:
         if wire:
             self.reporter.step(self.label, f"committed {len(wire)} file(s)")
             for f, info in zip(changed, results[2], strict=True):
-                data = wire_bytes(info.get("data"))
                 if info.get("sha256") != f.new_sha256:
                     raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
                                       f"planned {f.new_sha256}")
-                text = data.decode("utf-8")
+                # The host's file hashes to the planned text, so that text is what it holds:
+                # the view shows it without the file crossing the link a fourth time.
+                text = f.plan.result
                 ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
         if preflight:
