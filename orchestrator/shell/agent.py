@@ -393,7 +393,11 @@ class Session(object):
                 self.cancel_requested = True
                 return
             if kind == "blob":
-                self.blobs.setdefault(message["blob"], bytearray()).extend(b64d(message["data"]))
+                try:
+                    self.blobs.setdefault(message["blob"], bytearray()).extend(b64d(message["data"]))
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    # a malformed piece spoils its blob (the request naming it fails); the reader lives on
+                    self.blobs[message.get("blob")] = None
                 return
             self.requests.append(line)
             self.cond.notify_all()
@@ -403,7 +407,7 @@ class Session(object):
         with self.cond:
             data = self.blobs.pop(blob, None)
         if data is None:
-            raise AgentError("protocol", "blob %r was named but never sent" % (blob,))
+            raise AgentError("protocol", "blob %r was named but not (wholly) sent" % (blob,))
         return data
 
     def receiving(self, now):
