@@ -341,7 +341,8 @@ def test_quiet_verbose_and_protocol_levels(sandbox: Sandbox) -> None:
 
     protocol = run(sandbox, *base, "-vv")
     assert '> {"id":' in protocol.stdout and '< {"id":' in protocol.stdout
-    assert "chars>" in protocol.stdout  # file contents elided, not dumped
+    # file contents go as blob lines: named in the request, sized in the answer, never dumped
+    assert '"data":{"blob":' in protocol.stdout and '"blob":1,"bytes":' in protocol.stdout
     for proc in (quiet, normal, verbose, protocol):
         assert secret not in proc.stdout + proc.stderr
 

@@ -9,7 +9,6 @@ running server's own interpreter and environment.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -214,7 +213,7 @@ def test_read_host_gathers_facts_fills_paths_and_follows_imports(tmp_path: Path)
     assert got["files"][0]["exists"] and got["files"][1]["exists"]
     followed = [Path(info["path"]).relative_to(root).as_posix() for info in got["companions"]["1"]]
     assert followed == ["srt/arg_groups/fields/spec.py"]
-    assert b"class Spec(Struct)" in base64.b64decode(got["companions"]["1"][0]["data"])
+    assert b"class Spec(Struct)" in got["companions"]["1"][0]["data"]  # file contents arrive as bytes
 
 
 def test_check_takes_sglang_root_from_the_running_servers_facts(tmp_path: Path, sshd: SshdServer) -> None:

@@ -22,7 +22,6 @@ and the release's own parser, built from the patched file without torch
 from __future__ import annotations
 
 import ast
-import base64
 import json
 import os
 import shutil
@@ -112,7 +111,7 @@ def root_var(release: Release) -> dict[str, str]:
 def companions(path: Path, names: list[str]) -> dict[str, str]:
     """What the helper on the host sends along: the modules ``path`` imports that mention ``names``."""
     return {
-        info["path"]: base64.b64decode(info["data"]).decode("utf-8")
+        info["path"]: bytes(info["data"].data).decode("utf-8")  # a Blob: sent as blob lines
         for info in agent.follow_imports(str(path), names)
     }
 

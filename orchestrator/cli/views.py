@@ -30,7 +30,7 @@ from rich.text import Text
 from orchestrator.cli.diffs import unified_diff
 from orchestrator.cli.output import Output
 from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
-from orchestrator.core.regions import ViewRange, view_ranges
+from orchestrator.core.regions import ViewRange, count_lines, lines_between, view_ranges
 from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.report import HostReport, RunReport
 
@@ -119,7 +119,7 @@ class ConsoleReporter:
             if self.diff:
                 draw_diff(self.out, f)
             if self.planned_view:
-                ranges = view_ranges(f.plan.changes, len(f.plan.result.splitlines()), context=3)
+                ranges = view_ranges(f.plan.changes, count_lines(f.plan.result), context=3)
                 self.verification(f.path, f.plan.result, ranges, title="planned")
         change = plan.server
         if change is not None and change.restart:
@@ -186,12 +186,11 @@ def draw_diff(out: Output, f: PlannedFile) -> None:
 
 def draw_view(out: Output, path: str, text: str, ranges: Sequence[ViewRange], *, title: str) -> None:
     """``sed -n A,Bp`` of each range: line numbers, changed lines marked, nothing cut."""
-    lines = text.splitlines()
     for r in ranges:
         header = Text.assemble(("sed -n ", "dim"), (r.sed, "bold"), (f" {path}", ""),
                                (f"  ({title})", "dim"))
         out.console.print(header)
-        window = lines[r.start - 1 : r.end]
+        window = lines_between(text, r.start, r.end)  # not the whole file's lines: it may be 50 MB
         if out.terminal:
             from rich.syntax import Syntax
 

@@ -8,7 +8,8 @@ fix with ``sed -n A,Bp`` before restarting. Pure: changes in, line ranges out.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.edit_spec import Change
@@ -26,6 +27,47 @@ class ViewRange:
     def sed(self) -> str:
         """The ``sed -n`` script that prints this range."""
         return f"{self.start},{self.end}p"
+
+
+LINE_BREAK = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Where ``str.splitlines`` breaks a line: the view's line numbers are its line numbers."""
+RARE_BREAK = re.compile("[\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def count_lines(text: str) -> int:
+    """``len(text.splitlines())`` without the list: a 50 MB file is a million and more
+    line objects, which the verification view does not need to draw a few of them."""
+    if not text:
+        return 0
+    if RARE_BREAK.search(text) is None:
+        return text.count("\n") + (not text.endswith("\n"))
+    return sum(1 for _ in _line_spans(text))
+
+
+def lines_between(text: str, start: int, end: int) -> list[str]:
+    """``text.splitlines()[start - 1 : end]``, reading ``text`` only up to line ``end``."""
+    out: list[str] = []
+    for n, (a, b) in enumerate(_line_spans(text), start=1):
+        if n > end:
+            break
+        if n >= start:
+            out.append(text[a:b])
+    return out
+
+
+def _line_spans(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line of ``text`` as ``splitlines`` cuts it, breaks left out."""
+    plain = RARE_BREAK.search(text) is None
+    pos = 0
+    while pos < len(text):
+        if plain:
+            cut = text.find("\n", pos)
+            stop, after = (len(text), len(text)) if cut < 0 else (cut, cut + 1)
+        else:
+            found = LINE_BREAK.search(text, pos)
+            stop, after = (len(text), len(text)) if found is None else found.span()
+        yield pos, stop
+        pos = after
 
 
 def view_ranges(changes: Sequence[Change], total_lines: int, context: int = 3) -> list[ViewRange]:

@@ -16,7 +16,6 @@ host-side function running the release's ``restore.json`` (see
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import secrets
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from orchestrator import __version__
 from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
 from orchestrator.core.outcomes import Step, Verdict, committed_paths, verdict
 from orchestrator.core.preflight import PreflightResult
-from orchestrator.core.regions import view_ranges
+from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import (
     FileState,
     drift_kept,
@@ -147,10 +146,11 @@ class Deployment:
             extra += gate_items(pb.gate, baseline=bool(self.gate.to_probe))
         budget = total(deploy_budget(pb.server, pb.health, extra))
         self.deadline = self.session.host_time() + budget  # until the host says when exactly
+        # bytes go as blob lines; the after copy is the staged file, already on the host
+        staged = {s.file.path: s.staged for s in self.staged}
         files = [
-            {"path": f.path, "n": f.index,
-             "before": base64.b64encode(f.remote.data).decode("ascii"),
-             "after": base64.b64encode(f.new_bytes).decode("ascii")}
+            {"path": f.path, "n": f.index, "before": f.remote.data,
+             "after": {"copy_of": staged[f.path], "sha256": f.new_sha256} if f.path in staged else f.new_bytes}
             for f in self.plan.changed_files
         ]
         spec = restore_spec(self.release_id, "deploy", self._restore_plan(), budget=budget,
@@ -171,8 +171,8 @@ class Deployment:
                                        f"the watchdog restores it at {at(self.deadline)} unless confirmed")
 
     def commit_and_preflight(self) -> None:
-        """Steps 5–7 in one round trip: compare-and-swap the files in, read them back for
-        the ``sed -n`` view, and run the server's own parser on the new command line."""
+        """Steps 5–7 in one round trip: compare-and-swap the files in, read back their sha256
+        for the ``sed -n`` view, and run the server's own parser on the new command line."""
         steps: list[ops.Op] = []
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
                  "after": s.file.new_sha256} for s in self.staged]
@@ -180,7 +180,7 @@ class Deployment:
         if wire:
             steps += [ops.commit(wire, self.release_dir),
                       ops.put_json(self._journal_path(), self._journal("committed")),
-                      ops.read([f.path for f in changed])]
+                      ops.read([f.path for f in changed], with_data=False)]
         change = self.plan.server
         preflight = change.preflight if change is not None and change.restart else None
         if preflight:
@@ -206,12 +206,13 @@ class Deployment:
         if wire:
             self.reporter.step(self.label, f"committed {len(wire)} file(s)")
             for f, info in zip(changed, results[2], strict=True):
-                data = base64.b64decode(info.get("data") or "")
                 if info.get("sha256") != f.new_sha256:
                     raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
                                       f"planned {f.new_sha256}")
-                text = data.decode("utf-8")
-                ranges = view_ranges(f.plan.changes, len(text.splitlines()), context=3)
+                # The host's file hashes to the planned text, so that text is what it holds:
+                # the view shows it without the file crossing the link a fourth time.
+                text = f.plan.result
+                ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
         if preflight:
             result: PreflightResult = results[-1]

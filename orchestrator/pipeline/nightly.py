@@ -37,7 +37,6 @@ is what ``orch history``, ``orch status`` and ``orch rollback`` read.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import re
 import time
@@ -123,7 +122,7 @@ from orchestrator.pipeline.probe import run_probe
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.shell import ops
-from orchestrator.shell.agent_client import RemoteStepError
+from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
 from orchestrator.shell.config_files import (
     LoadedPlaybook,
     display_path,
@@ -849,7 +848,7 @@ class Night:
         with contextlib.suppress(OrchError):
             info = self.session.run(ops.read([self.log_path]))[0]
             if info.get("exists"):
-                return self._redact(base64.b64decode(info.get("data") or "").decode("utf-8", "replace"))
+                return self._redact(wire_bytes(info.get("data")).decode("utf-8", "replace"))
         return ""
 
 

@@ -15,7 +15,6 @@ staged. ``deploy --check`` is exactly these two and nothing else.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import secrets
@@ -63,7 +62,7 @@ from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
-from orchestrator.shell.agent_client import RemoteStepError
+from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
 from orchestrator.shell.config_files import LoadedPlaybook, make_renderer
 
 
@@ -84,7 +83,7 @@ class RemoteFile:
             real=info.get("real"),
             path=info["path"],
             exists=info["exists"],
-            data=base64.b64decode(info["data"]) if info.get("data") else b"",
+            data=wire_bytes(info.get("data")),
             mode=info.get("mode"),
             uid=info.get("uid"),
             gid=info.get("gid"),
@@ -645,9 +644,7 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     if not changed:
         return []
     token = secrets.token_hex(4)
-    files = [
-        {"path": f.path, "data": base64.b64encode(f.new_bytes).decode("ascii")} for f in changed
-    ]
+    files = [{"path": f.path, "data": f.new_bytes} for f in changed]  # bytes go as blob lines
     stage = ops.stage(files, token, clean_stale=keep)
     custom = any(step.builtin != "python-syntax" for f in changed for step in f.rendered.validate)
     staged_info: list[dict[str, Any]] = []

@@ -172,7 +172,7 @@ def undo_releases(
     refuse_pruned_builds(session, target.links)
     newest = releases[target.undo[0]]
     paths = [f.path for f in target.files]
-    live = session.run(ops.read(paths))
+    live = session.run(ops.read(paths, with_data=False))  # the backups are copied on the host
     expected_after: dict[str, str] = {}
     for rid in reversed(target.undo):  # oldest first: the newest's "after" wins
         for entry in releases[rid].get("files", []):
@@ -213,7 +213,10 @@ def undo_releases(
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
         "controller": lock_holder("rollback"), "created": session.host_time(), "outcome": "in_progress",
     })
-    backups = [{"path": i["path"], "n": n, "before": i.get("data") if i["exists"] else None}
+    # Each live file is backed up from itself on the host (not sent there and back), and only if it
+    # still holds what was just read: a file changed since is refused, never backed up stale.
+    backups = [{"path": i["path"], "n": n,
+                "before": {"copy_of": i["real"], "sha256": i["sha256"]} if i["exists"] else None}
                for n, i in enumerate(live)]
     what = ", ".join(target.undo)
     switching = "".join(f", switching {link.path} back to {link.target or '(none)'}" for link in target.links)

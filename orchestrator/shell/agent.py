@@ -23,6 +23,15 @@ every few seconds while an op runs, so the controller can tell a slow step
 from a dead link), then one ``{"id": 1, "done": true, "ok": true,
 "result": ...}`` or ``{"id": 1, "done": true, "ok": false, "error":
 {"type": ..., "message": ...}}``.
+
+File contents never travel as one long line: a line that takes longer to
+send than the link's silence limit would pass for a dead link. Bytes go as
+``blob`` lines of at most ``BLOB_CHUNK`` bytes (base64), ahead of the line
+that uses them, which names them ``{"blob": n}``: the controller sends
+``{"op": "blob", "blob": n, "data": ...}`` before its request, the helper
+``{"id": 1, "blob": n, "data": ...}`` before its answer. Pings and ticks
+go between them, and both ends count any bytes that arrive as a sign of
+life, not only whole lines.
 """
 
 import base64
@@ -53,6 +62,8 @@ def http():
 READY_MAGIC = "ORCH-AGENT-READY"
 TICK_SECONDS = 5.0
 SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence means it is gone
+BLOB_CHUNK = 192 * 1024  # bytes per blob line (256 KiB of base64): about a second at 200 KB/s
+READ_PIECE = 64 * 1024  # stdin is read in pieces this big, so a long line is heard as it arrives
 LOCK_HEARTBEAT_SECONDS = 5.0
 HEARD_SECONDS = 12.0  # two missed pings and a margin: past this the lock's heartbeat stops
 LOG_TAIL_LINES = 40
@@ -98,6 +109,39 @@ def b64e(data):
 
 def b64d(text):
     return base64.b64decode(text.encode("ascii"))
+
+
+class Blob(object):
+    """Bytes in an op's answer: ``Session.send`` sends them ahead as bounded blob lines."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+
+def payload(value):
+    """The bytes a request carries: ``{"blob": n}`` (sent ahead in blob lines), ``{"copy_of":
+    path, "sha256": ...}`` (a file already on this host, orch's staged copy: not sent again),
+    or base64 text (small data from callers that do not use blobs)."""
+    if isinstance(value, dict) and "copy_of" in value:
+        return copy_of(value["copy_of"], value["sha256"])
+    if isinstance(value, dict):
+        return SESSION.take_blob(value["blob"])
+    return b64d(value)
+
+
+def copy_of(path, sha256):
+    """The content of ``path``, which must be exactly the planned content ``sha256``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise AgentError("backup", "cannot read %s: %s" % (path, e.strerror or e), path=path)
+    got = sha256_bytes(data)
+    if got != sha256:
+        raise AgentError("backup", "%s holds sha256 %s, planned %s" % (path, got, sha256), path=path)
+    return data
 
 
 def sha256_bytes(data):
@@ -462,32 +506,78 @@ class Session(object):
         self.cancel_requested = False
         self.eof = False
         self.finishing = False  # a restore runs: the end of the link does not stop it
-        self.last_heard = time.monotonic()  # any line from the controller, pings included
+        self.last_heard = time.monotonic()  # any bytes from the controller, pings included
+        self.blobs = {}  # blob id -> bytearray, from blob lines the controller sent ahead of a request
+        self.gone = None  # why the helper stopped serving, when it was not told to (said on stderr)
+        self.partial = 0  # bytes of a line still arriving (a request's blob lines, on a slow link)
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
         self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
     def reader(self, stdin):
         """Read requests while an op runs, so a ``cancel`` or the end of the
-        connection is seen at once, not after a long wait."""
+        connection is seen at once, not after a long wait.
+
+        Read in pieces, not by lines: every piece counts as word from the
+        controller, so a long line on a slow link is not taken for silence.
+        """
+        read = getattr(stdin, "read1", None) or stdin.readline
+        pending = bytearray()
         while True:
-            line = stdin.readline()
+            piece = read(READ_PIECE)
             with self.cond:
                 self.last_heard = time.monotonic()
-                if not line:
+            if not piece:
+                if pending:
+                    self.take_line(bytes(pending))  # a last line without its newline
+                with self.cond:
                     self.eof = True
                     self.cond.notify_all()
-                    return
+                return
+            start = len(pending)
+            pending += piece
+            end = pending.find(b"\n", start)
+            while end >= 0:
+                line = bytes(pending[: end + 1])
+                del pending[: end + 1]
+                self.take_line(line)
+                end = pending.find(b"\n")
+            self.partial = len(pending)
+
+    def take_line(self, line):
+        """One whole line from the controller: a ping, a cancel, a blob piece, or a request."""
+        try:
+            message = json.loads(line.decode())
+            kind = message.get("op")
+        except (ValueError, AttributeError):
+            message, kind = None, None
+        with self.cond:
+            if kind == "ping":
+                return
+            if kind == "cancel":
+                self.cancel_requested = True
+                return
+            if kind == "blob":
                 try:
-                    kind = json.loads(line.decode()).get("op")
-                except ValueError:
-                    kind = None
-                if kind == "ping":
-                    continue
-                if kind == "cancel":
-                    self.cancel_requested = True
-                    continue
-                self.requests.append(line)
-                self.cond.notify_all()
+                    self.blobs.setdefault(message["blob"], bytearray()).extend(b64d(message["data"]))
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    # a malformed piece spoils its blob (the request naming it fails); the reader lives on
+                    self.blobs[message.get("blob")] = None
+                return
+            self.requests.append(line)
+            self.cond.notify_all()
+
+    def take_blob(self, blob):
+        """The bytes of blob ``blob``: complete, since its lines came before the request."""
+        with self.cond:
+            data = self.blobs.pop(blob, None)
+        if data is None:
+            raise AgentError("protocol", "blob %r was named but not (wholly) sent" % (blob,))
+        return data
+
+    def receiving(self, now):
+        """Between requests, a request's bytes are still arriving (no op runs yet to tick)."""
+        return (self.current_id is None and (self.partial or self.blobs)
+                and now - self.last_heard < TICK_SECONDS)
 
     def silent(self):
         """The controller stopped pinging: its link stalled, or it is gone."""
@@ -505,6 +595,7 @@ class Session(object):
             while not self.requests and not self.eof:
                 if self.silent():
                     self.eof = True  # treat a silent controller as gone: free the host
+                    self.gone = "no word from the controller for %g s" % SILENCE_SECONDS
                     break
                 self.cond.wait(1.0)
             if self.requests:
@@ -523,7 +614,26 @@ class Session(object):
             raise AgentError("cancelled", "the controller went away")
 
     def send(self, message):
-        line = json.dumps(message, separators=(",", ":")) + "\n"
+        """One message; the ``Blob`` values in it go first, as bounded blob lines
+        (ticks may come between them), and the message names them ``{"blob": n}``."""
+        blobs = []
+
+        def blob_ref(value):
+            if isinstance(value, Blob):
+                blobs.append(value.data)
+                return {"blob": len(blobs)}
+            raise TypeError("cannot send %s" % type(value).__name__)
+
+        line = json.dumps(message, separators=(",", ":"), default=blob_ref) + "\n"
+        rid = message.get("id")
+        for n, data in enumerate(blobs, 1):
+            view = memoryview(data)
+            for start in range(0, max(len(data), 1), BLOB_CHUNK):  # a line even for no bytes
+                self.write_line('{"id":%s,"blob":%d,"data":"%s"}\n'
+                                % (json.dumps(rid), n, b64e(view[start:start + BLOB_CHUNK])))
+        self.write_line(line)
+
+    def write_line(self, line):
         with self.out_lock:
             if self.out_broken:
                 return
@@ -549,6 +659,11 @@ class Session(object):
             if self.current_id is not None and now - last_tick >= TICK_SECONDS:
                 last_tick = now
                 self.event("tick", t=time.time())
+            elif self.receiving(now) and now - last_tick >= TICK_SECONDS:
+                # The controller has sent a request's bytes and now waits for an answer, while
+                # they still cross a slow link (its buffers took them long ago): tell it we hear.
+                last_tick = now
+                self.send({"id": None, "event": "tick", "t": time.time(), "receiving": True})
             if self.lock is not None and now - last_beat >= LOCK_HEARTBEAT_SECONDS and self.hears_controller():
                 last_beat = now
                 renew_heartbeat(self.lock)
@@ -591,6 +706,8 @@ def serve(stdin, stdout):
         except Exception as e:  # reported, not fatal: the controller decides
             reply = {"id": rid, "done": True, "ok": False,
                      "error": {"type": "internal", "message": "%s: %s" % (type(e).__name__, e)}}
+        with SESSION.cond:
+            SESSION.blobs.clear()  # what this request sent and no op took: not kept for ever
         SESSION.current_id = None
         SESSION.send(reply)
         if request.get("op") == "bye":
@@ -613,6 +730,24 @@ def serve(stdin, stdout):
             pass
     release_own_lock()
     SESSION.stopping = True
+    leave(SESSION.gone)
+
+
+def leave(reason):
+    """End the helper now, saying why on stderr in one line.
+
+    Not a normal interpreter exit: with the reader thread blocked in stdin,
+    that can die in a "Fatal Python error" dump whose last line, ``<no
+    Python frame>``, is what the controller would show as the reason.
+    """
+    try:
+        if reason:
+            sys.stderr.write("orch-helper: %s; stopped\n" % reason)
+            sys.stderr.flush()
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(0)
 
 
 @op("bye")
@@ -671,7 +806,7 @@ def file_info(path, with_data=True):
     info = {"path": path, "real": real, "exists": True, "mode": st.st_mode & 0o7777, "uid": st.st_uid,
             "gid": st.st_gid, "sha256": sha256_bytes(data), "size": len(data)}
     if with_data:
-        info["data"] = b64e(data)
+        info["data"] = Blob(data)
     return info
 
 
@@ -864,7 +999,7 @@ def stage_one(f, token, clean_stale):
     """One file staged: a hidden sibling of the real file, read back by sha256."""
     path = expand(f["path"])
     real = real_path(path)
-    data = b64d(f["data"])
+    data = payload(f["data"])
     staged = staged_name(path, token)
     if clean_stale:
         remove_leftovers(path)
@@ -906,7 +1041,7 @@ def run_argv(argv, cwd=None, env=None, timeout=600.0, stdin=None, limit=64 * 102
 
 @op("run")
 def op_run(argv, cwd=None, env=None, timeout=600.0, stdin=None):
-    return run_argv(argv, cwd and expand(cwd), env, timeout, b64d(stdin) if stdin else None)
+    return run_argv(argv, cwd and expand(cwd), env, timeout, bytes(payload(stdin)) if stdin else None)
 
 
 def derived_files(staged):
@@ -1399,7 +1534,8 @@ def next_seq(state_root):
 def op_release_create(state_dir, release_id, manifest, files, restore=None):
     """Back up every file into a new release, and check the backups read back.
 
-    ``files``: ``[{"path", "n", "before": b64|None, "after": b64}]``. The
+    ``files``: ``[{"path", "n", "before": data|None, "after": data}]`` (data: see
+    ``payload``; the after copy is usually the staged file, copied here). The
     before copy is what restores the host; it is re-read and its sha256
     compared before the controller is allowed to touch the live file.
     ``restore`` is the release's durable restore plan (``restore.json``,
@@ -1412,7 +1548,7 @@ def op_release_create(state_dir, release_id, manifest, files, restore=None):
         for side in ("before", "after"):
             if f.get(side) is None:
                 continue
-            data = b64d(f[side])
+            data = payload(f[side])
             dest = os.path.join(root, "files", "%d.%s" % (f["n"], side))
             write_atomic(dest, data, 0o600)
             got = sha256_file(dest)

@@ -79,6 +79,9 @@ LINK_TIMEOUT = 30.0
 # hears nothing for LINK_TIMEOUT knows its controller is gone (shell/agent.py).
 PING_SECONDS = 5.0
 START_TIMEOUT = 60.0
+# File contents travel as blob lines of this many bytes (base64 on the wire), each its own
+# write: pings go between them, and no line takes long to cross even a slow link.
+BLOB_CHUNK = 192 * 1024
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -98,6 +101,42 @@ def _trace(label: str, direction: str, line: Any) -> None:
             line = line.decode("utf-8", "replace").rstrip("\n")
         PROTOCOL_LOG.debug("%s %s %s", label, direction, line,
                            extra={"orch_host": label, "orch_dir": direction, "orch_line": line})
+
+
+def _fill_blobs(value: Any, blobs: dict[int, bytearray]) -> Any:
+    """``value`` with each ``{"blob": n}`` replaced by blob n's bytes (each copied once, then dropped)."""
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get("blob"), int):
+            data = blobs.pop(value["blob"], None)
+            return bytes(data) if data is not None else b""
+        return {k: _fill_blobs(v, blobs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill_blobs(v, blobs) for v in value]
+    return value
+
+
+def wire_bytes(value: bytes | bytearray | str | None) -> bytes:
+    """File content from an answer: ``bytes`` (it came as blob lines, see
+    ``shell.agent``), or base64 text where a caller built the answer by hand."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return base64.b64decode(value)
+    return bytes(value)
+
+
+PYTHON_DUMP = ("Fatal Python error", "Python runtime state", "Current thread", "Thread 0x", "<no Python frame>")
+"""Lines of an interpreter's crash dump: they say nothing to whoever reads orch's message."""
+
+
+def helper_reason(stderr: str) -> str:
+    """The helper's last meaningful stderr line (its own ``orch-helper: ...`` first), on one line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    own = [line for line in lines if line.startswith("orch-helper:")]
+    if own:
+        return " ".join(own[-1].split())
+    useful = [line for line in lines if not line.startswith(PYTHON_DUMP) and not line.startswith("File ")]
+    return " ".join(useful[-1].split()) if useful else ""
 
 
 class RemoteStepError(RemoteError):
@@ -125,6 +164,7 @@ class Agent:
     dead: str | None = None  # why the link is gone: later calls fail at once, never wait on it
     _proc: RemoteProcess | None = None
     _next_id: int = 0
+    _next_blob: int = 0
     _write_lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: threading.Event = field(default_factory=threading.Event)
 
@@ -199,17 +239,41 @@ class Agent:
         self._next_id += 1
         rid = self._next_id
         self.calls += 1
-        request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"))
+        blobs: list[tuple[int, bytes]] = []
+
+        def blob_ref(value: Any) -> dict[str, int]:
+            # bytes anywhere in the arguments are sent ahead in blob lines, named here
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                self._next_blob += 1
+                blobs.append((self._next_blob, value))
+                return {"blob": self._next_blob}
+            raise TypeError(f"cannot send {type(value).__name__} to the helper")
+
+        request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"), default=blob_ref)
         _trace(self.transport.target.name, ">", request)
         try:
+            for blob, data in blobs:
+                self._send_blob(blob, data)
             self._write(request.encode("utf-8") + b"\n")
             return self._await(rid, op, on_event)
         except LinkLostError as e:
-            self.dead = str(e)
+            said = self._helper_said() if self._proc is not None else ""
+            self.dead = str(e) if not said or said in str(e) else f"{e}{said}"
+            if self.dead != str(e):
+                raise LinkLostError(self.dead) from None
             raise
         except KeyboardInterrupt:
             self._cancel(rid, op)
             raise
+
+    def _send_blob(self, blob: int, data: bytes | bytearray | memoryview) -> None:
+        """``data`` as blob lines of ``BLOB_CHUNK`` bytes (one line at least, for empty data):
+        one write each, so a ping can go between two of them. Not traced: the request
+        that follows names the blob, and the protocol view has no use for the base64."""
+        view = memoryview(data)
+        head = b'{"op":"blob","blob":%d,"data":"' % blob
+        for start in range(0, max(len(view), 1), BLOB_CHUNK):
+            self._write(head + base64.b64encode(view[start:start + BLOB_CHUNK]) + b'"}\n')
 
     def _write(self, data: bytes) -> None:
         """One line to the helper; requests and pings come from two threads."""
@@ -244,19 +308,30 @@ class Agent:
             pass
 
     def _await(self, rid: int, op: str, on_event: EventHandler | None) -> Any:
+        """Events to ``on_event`` until the answer; the bytes the answer names ``{"blob": n}``
+        come ahead of it in blob lines and are put in its place (as ``bytes``)."""
         assert self._proc is not None
         label = self.transport.target.label
+        blobs: dict[int, bytearray] = {}
         while True:
             line = self._proc.readline(self.link_timeout)
-            _trace(self.transport.target.name, "<", line)
             if not line:
-                err = self._proc.stderr_text().strip().splitlines()
-                raise LinkLostError(
-                    f"{label}: the connection closed during {op}"
-                    + (f" ({err[-1]})" if err else "")
-                )
+                _trace(self.transport.target.name, "<", line)
+                raise LinkLostError(f"{label}: the connection closed during {op}{self._helper_said()}")
             try:
-                msg = Envelope.check(decode(line))
+                raw = decode(line)
+            except Malformed as e:
+                _trace(self.transport.target.name, "<", line)
+                raise self.malformed(op, e) from None
+            if isinstance(raw, dict) and isinstance(raw.get("blob"), int) and not raw.get("done"):
+                _trace(self.transport.target.name, "<", json.dumps(  # the piece's size, not its base64
+                    {"id": raw.get("id"), "blob": raw["blob"], "bytes": len(str(raw.get("data", ""))) * 3 // 4}))
+                if raw.get("id") == rid:
+                    blobs.setdefault(raw["blob"], bytearray()).extend(self._blob_piece(op, raw))
+                continue
+            _trace(self.transport.target.name, "<", line)
+            try:
+                msg = Envelope.check(raw)
             except Malformed as e:
                 raise self.malformed(op, e) from None
             if msg.id != rid:
@@ -266,9 +341,16 @@ class Agent:
                     on_event(msg.raw or {})
                 continue
             if msg.ok:
-                return msg.result
+                return _fill_blobs(msg.result, blobs) if blobs else msg.result
             error: dict[str, Any] = msg.error or {}
             raise RemoteStepError(op, error["type"], error["message"], error.get("details") or {})
+
+    def _blob_piece(self, op: str, raw: dict[str, Any]) -> bytes:
+        """One blob line's bytes; a piece that is not base64 makes the answer malformed."""
+        try:
+            return base64.b64decode(raw["data"], validate=True)
+        except (KeyError, TypeError, ValueError) as e:
+            raise self.malformed(op, Malformed(f"blob {raw['blob']} has a piece that is not base64 ({e})")) from None
 
     def malformed(self, op: str, why: Malformed) -> MalformedReplyError:
         """A bad answer to ``op``: this host's error, and the end of its link (the next
@@ -276,6 +358,12 @@ class Agent:
         message = f"{self.transport.target.label}: orch's helper gave a malformed answer to {op}: {why}"
         self.dead = message
         return MalformedReplyError(message)
+
+    def _helper_said(self) -> str:
+        """`` (why)`` from the helper's last words on stderr, on one line, or ``""``."""
+        assert self._proc is not None
+        reason = helper_reason(self._proc.stderr_text())
+        return f" ({reason})" if reason else ""
 
     def close(self) -> None:
         """Say goodbye and let the channel close; never raises."""

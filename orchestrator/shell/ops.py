@@ -32,7 +32,7 @@ Wire = dict[str, Any]
 
 # What the controller reads of the answers (``shell.replies``): the keys it uses, their types.
 FILE = {"path": str, "real": Opt(str), "exists": bool, "mode": Opt(int), "uid": Opt(int), "gid": Opt(int),
-        "sha256": Opt(str), "size": Opt(int), "data": Opt(str)}
+        "sha256": Opt(str), "size": Opt(int), "data": Opt(bytes)}
 PROCESS = {"pid": Opt(int), "pgid": Opt(int), "argv": Opt(ListOf(str)), "cwd": Opt(str),
            "env": Opt(DictOf(str)), "starttime": Opt(Number), "found_by": Opt(str)}
 LOCK = {"acquired": bool, "holder": Opt(dict), "token": Opt(str)}
@@ -140,7 +140,7 @@ def sha256(paths: Sequence[str]) -> Op:
 
 
 def stage(files: Sequence[Wire], token: str, *, clean_stale: bool = False) -> Op:
-    """``files``: ``{"path", "data" (base64)}``; staged beside the real file."""
+    """``files``: ``{"path", "data" (bytes: sent as blob lines)}``; staged beside the real file."""
     return _op("stage", shape=ListOf({"staged": str}), files=list(files), token=token, clean_stale=clean_stale)
 
 

@@ -187,17 +187,21 @@ class LineBuffer:
     """Bytes from a pump thread, handed out as lines with a strict timeout.
 
     A reader thread owns the blocking reads, so a caller's timeout is exact
-    whatever the stream does, and the producer never stalls on us.
+    whatever the stream does, and the producer never stalls on us. The
+    timeout is on silence, not on the line: a long line whose bytes keep
+    coming over a slow link is a live link.
     """
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._eof = False
         self._cond = threading.Condition()
+        self._fed_at = time.monotonic()  # when bytes last arrived
 
     def feed(self, data: bytes) -> None:
         with self._cond:
             self._buf += data
+            self._fed_at = time.monotonic()
             self._cond.notify_all()
 
     def finish(self) -> None:
@@ -206,19 +210,23 @@ class LineBuffer:
             self._cond.notify_all()
 
     def readline(self, timeout: float | None) -> bytes | None:
-        """A line (or the last partial line, then ``b""``) at EOF; ``None`` on timeout."""
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        """A line (or the last partial line, then ``b""``) at EOF; ``None`` when no
+        byte at all arrived for ``timeout`` seconds."""
+        started = time.monotonic()
+        searched = 0  # the buffer before this has no newline: each byte is searched once
         with self._cond:
             while True:
-                end = self._buf.find(b"\n")
+                end = self._buf.find(b"\n", searched)
                 if end >= 0:
                     line = bytes(self._buf[: end + 1])
                     del self._buf[: end + 1]
                     return line
+                searched = len(self._buf)
                 if self._eof:
                     line = bytes(self._buf)
                     self._buf.clear()
                     return line
+                deadline = None if timeout is None else max(started, self._fed_at) + max(timeout, 0.0)
                 if not self._wait(deadline):
                     return None
 
