@@ -344,8 +344,8 @@ def host_release(target: HostTarget, options: ConnectOptions, ref: str) -> Relea
 
 
 def _text_of(info: Any) -> str | None:
-    import base64
+    from orchestrator.shell.agent_client import wire_bytes
 
     if not isinstance(info, dict) or not info.get("exists"):
         return None
-    return base64.b64decode(info.get("data") or "").decode("utf-8", "replace")
+    return wire_bytes(info.get("data")).decode("utf-8", "replace")
