@@ -26,67 +26,56 @@ def history(out: OutputFlags, where: HostFlags, release: str | None) -> int:
         from orchestrator.cli.hostlist import list_hosts
 
         return list_hosts(out, where)
-    from orchestrator.cli.fleet import read_hosts
-    from orchestrator.cli.tables import draw_history, history_line
-    from orchestrator.cli.views import summary_line
-    from orchestrator.pipeline.inspect import host_history
-    from orchestrator.pipeline.report import HostReport
+    from orchestrator.cli.tables import draw_history, draw_release, history_line
+    from orchestrator.pipeline.inspect import NoRelease, host_history, host_release
 
-    if release is not None:
-        return _one_release(out, where, release)
-    targets = where.targets()
     output = out.output()
     options = where.connect(output)
-    found = read_hosts(output, targets, lambda target: host_history(target, options), where.fleet(),
-                       title="orch history")
-    hosts: dict[str, Any] = {}
-    failed: dict[str, Any] = {}
-    code = 0
-    for name, got in found.items():
-        if isinstance(got, HostReport):
-            summary_line(output, name, got)
-            failed[name] = got.to_json()
-            code = max(code, got.exit_code)
-            continue
-        hosts[name] = [r.to_json() for r in got.rows]
-        if output.quiet:
-            output.line(history_line(name, got))
-        else:
-            draw_history(output, got)
-    if out.as_json:
-        output.emit_json({"exit_code": code, "error": None, "hosts": hosts, "failed": failed})
-    return code
+    if release is None:
+        def show(name: str, got: Any) -> Any:
+            if output.quiet:
+                output.line(history_line(name, got))
+            else:
+                draw_history(output, got)
+            return [r.to_json() for r in got.rows]
 
-
-def _one_release(out: OutputFlags, where: HostFlags, ref: str) -> int:
-    """``--release ID``: each host that has it prints it in full; the others say they have not."""
-    from orchestrator.cli.fleet import read_hosts
-    from orchestrator.cli.tables import draw_release
-    from orchestrator.cli.views import summary_line
-    from orchestrator.pipeline.inspect import NoRelease, host_release
-    from orchestrator.pipeline.report import HostReport
-
-    targets = where.targets()
-    output = out.output()
-    options = where.connect(output)
-    found = read_hosts(output, targets, lambda target: host_release(target, options, ref), where.fleet(),
-                       title="orch history")
-    hosts: dict[str, Any] = {}
-    failed: dict[str, Any] = {}
-    code = 0
-    for name, got in found.items():
-        if isinstance(got, HostReport):
-            summary_line(output, name, got)
-            failed[name] = got.to_json()
-            code = max(code, got.exit_code)
-        elif isinstance(got, NoRelease):
-            output.line(f"{name}: no release {ref}")
-            hosts[name] = None
-        else:
+        hosts, failed, code = _read_each(where, output, lambda t: host_history(t, options), show)
+    else:
+        def show(name: str, got: Any) -> Any:
+            if isinstance(got, NoRelease):
+                output.line(f"{name}: no release {release}")
+                return None
             draw_release(output, got)
-            hosts[name] = got.to_json()
-    if all(v is None for v in hosts.values()) and not failed:
-        code = 2  # no host has it: a typo, most likely
+            return got.to_json()
+
+        hosts, failed, code = _read_each(where, output, lambda t: host_release(t, options, release), show)
+        if all(v is None for v in hosts.values()) and not failed:
+            code = 2  # no host has it: a typo, most likely
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts, "failed": failed})
     return code
+
+
+def _read_each(where: HostFlags, output: Any, read: Any,
+               show: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Each host read ``--forks`` at a time; ``show`` prints a host's answer and gives its JSON.
+
+    A host that could not be read says so in its summary line and goes under
+    ``failed``; the code is the worst of those (the others read fine: 0).
+    """
+    from orchestrator.cli.fleet import read_hosts
+    from orchestrator.cli.views import summary_line
+    from orchestrator.pipeline.report import HostReport
+
+    found = read_hosts(output, where.targets(), read, where.fleet(), title="orch history")
+    hosts: dict[str, Any] = {}
+    failed: dict[str, Any] = {}
+    code = 0
+    for name, got in found.items():
+        if isinstance(got, HostReport):
+            summary_line(output, name, got)
+            failed[name] = got.to_json()
+            code = max(code, got.exit_code)
+        else:
+            hosts[name] = show(name, got)
+    return hosts, failed, code
