@@ -69,16 +69,11 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
 )
 from orchestrator.pipeline.report import HostReport
-from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
-
-
-def at(when: float) -> str:
-    """A moment on the host's clock (``HostSession.host_time``), said so."""
-    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC (host clock)")
 
 
 @dataclass

@@ -120,7 +120,7 @@ from orchestrator.pipeline.plan import (
 )
 from orchestrator.pipeline.probe import run_probe
 from orchestrator.pipeline.report import HostReport
-from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
 from orchestrator.shell.config_files import (
@@ -181,11 +181,6 @@ def night_name(loaded: LoadedNightly, now: datetime) -> str:
     source = loaded.model.source
     short = source.git.commit[:7] if source.git else (loaded.requirements.sha256[:7] if loaded.requirements else "pip")
     return new_release_id(now, short)
-
-
-def at(when: float) -> str:
-    """A moment on the host's clock (``HostSession.host_time``), said so."""
-    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC (host clock)")
 
 
 def health_wire(health: RenderedHealth, *, for_restore: bool) -> dict[str, Any]:

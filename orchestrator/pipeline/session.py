@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,9 @@ class HostSession:
     @property
     def execs(self) -> int:
         return self.transport.exec_count if self.transport else 0
+
+
+def at(when: float) -> str:
+    """A moment on the host's clock (``HostSession.host_time``), said so."""
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC (host clock)")
+
