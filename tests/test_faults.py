@@ -288,7 +288,8 @@ def test_ctrl_c_between_the_backup_and_the_commit_closes_the_release_at_once(san
         wait_until(lambda: box.journal().get("step") == "backed_up", "the backup on the host")
         proxy.stall()  # the backup's answer (or the commit) is held on the link
         release = release_dirs(box)[-1]
-        assert watchdog_alive(release)
+        # the journal says backed_up a moment before the same batch arms the watchdog
+        wait_until(lambda: watchdog_alive(release), "the watchdog armed", 60)
         staged = list(box.server_args.parent.glob(".server_args.orch-staged-*.py"))
         assert staged
         proc.send_signal(signal.SIGINT)

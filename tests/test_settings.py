@@ -204,8 +204,8 @@ def test_a_var_file_is_read_under_the_yaml_budgets_and_must_be_a_mapping(home: P
 
 
 def test_to_takes_a_full_id_a_unique_prefix_or_the_printed_suffix() -> None:
-    releases: dict[str, dict[str, Any]] = {
-        "20261201T101010123-ba72": {}, "20261201T111111456-c0de": {}, "20261202T090909789-ba7f": {}}
+    ids = ["20261201T101010123-ba72", "20261201T111111456-c0de", "20261202T090909789-ba7f"]
+    releases: dict[str, dict[str, Any]] = {rid: {"id": rid, "seq": n} for n, rid in enumerate(ids, 1)}
     assert resolve_release("20261201T101010123-ba72", [], releases) == "20261201T101010123-ba72"
     assert resolve_release("20261202", [], releases) == "20261202T090909789-ba7f"
     assert resolve_release("ba72", [], releases) == "20261201T101010123-ba72"
