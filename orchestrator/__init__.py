@@ -19,12 +19,15 @@ def interrupted(args: "list[str]") -> None:
     _sys.stderr.write("orch: error: interrupted\n")
     _sys.stderr.flush()
     if "--json" in (args[: args.index("--")] if "--" in args else args):
-        import json
-
-        report = {"exit_code": 1, "error": "interrupted", "hosts": {}}
-        _sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        # written out, not through the json module: the Ctrl-C may have come in the middle of
+        # importing what json imports (re), and importing it now would fail half-way
+        _sys.stdout.write(INTERRUPTED_JSON)
         _sys.stdout.flush()
     _sys.exit(1)  # SystemExit leaves even an import half-way quietly
+
+
+INTERRUPTED_JSON = '{\n  "error": "interrupted",\n  "exit_code": 1,\n  "hosts": {}\n}\n'
+"""``json.dumps({"exit_code": 1, "error": "interrupted", "hosts": {}}, indent=2, sort_keys=True)``."""
 
 
 def _ctrl_c_while_starting(_signum: int, _frame: object) -> None:

@@ -351,7 +351,15 @@ def test_quiet_verbose_and_protocol_levels(sandbox: Sandbox) -> None:
 
 
 def run_in_pty(box: Sandbox, *args: str, columns: int = 80) -> tuple[int, str]:
-    """``orch ARGS`` with a pseudo-terminal of ``columns`` as its stdin, stdout and stderr."""
+    """``orch ARGS`` with a pseudo-terminal of ``columns`` as its stdin, stdout and stderr;
+    the screen's text, colours and cursor moves taken out."""
+    code, raw = run_in_pty_raw(box, *args, columns=columns)
+    text = raw.decode("utf-8", "replace").replace("\r", "")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+
+
+def run_in_pty_raw(box: Sandbox, *args: str, columns: int = 80) -> tuple[int, bytes]:
+    """``orch ARGS`` under a pseudo-terminal of ``columns``: its exit code and the raw bytes it wrote."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
@@ -370,9 +378,7 @@ def run_in_pty(box: Sandbox, *args: str, columns: int = 80) -> tuple[int, str]:
             break
         chunks.append(data)
     os.close(master)
-    code = proc.wait(120)
-    text = b"".join(chunks).decode("utf-8", "replace").replace("\r", "")
-    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+    return proc.wait(120), b"".join(chunks)
 
 
 def test_history_under_a_terminal_at_80_columns_breaks_no_word(sandbox: Sandbox) -> None:

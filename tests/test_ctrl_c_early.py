@@ -96,3 +96,11 @@ def test_ctrl_c_at_any_moment_is_one_line_and_a_report(sandbox: Sandbox, command
             box_state = sandbox.orch("status", "--host", "gpu")
             if "unfinished" in box_state.stdout:
                 sandbox.orch("rollback", "--host", "gpu", check_codes=(0,))
+
+
+def test_the_early_report_is_what_the_json_module_would_write() -> None:
+    """Written out by hand (the json module may be half-imported when Ctrl-C comes): the same text."""
+    import orchestrator
+
+    report = {"exit_code": 1, "error": "interrupted", "hosts": {}}
+    assert orchestrator.INTERRUPTED_JSON == json.dumps(report, indent=2, sort_keys=True) + "\n"

@@ -393,10 +393,9 @@ def test_a_trickling_health_answer_is_bounded_by_the_health_timeout(link: Link) 
     assert read(release / "manifest.json")["restored_by"] == "controller"
 
 
-def test_the_previous_server_killed_during_the_restore_is_exit_3_then_orch_rollback_finishes(link: Link) -> None:
-    box = link.box
-    gate = hold_ready(box)
-    original = sha256(box.server_args)
+def kill_the_restored_server(box: Sandbox) -> tuple[int, dict[str, Any], str]:
+    """A deploy whose new server crashes at start; the previous server, restarted by the
+    restore, killed before it is healthy (its ready file held): the run's (code, report, text)."""
     hand_pid = box.hand.pid if box.hand else 0
     proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
     pidfile = box.state_dir / "server.pid"
@@ -409,7 +408,14 @@ def test_the_previous_server_killed_during_the_restore_is_exit_3_then_orch_rollb
             return None
 
     os.kill(wait_until(restored_server, "the restore to start the previous server"), signal.SIGKILL)
-    code, rep, text = finish(proc)
+    return finish(proc)
+
+
+def test_the_previous_server_killed_during_the_restore_is_exit_3_then_orch_rollback_finishes(link: Link) -> None:
+    box = link.box
+    gate = hold_ready(box)
+    original = sha256(box.server_args)
+    code, rep, text = kill_the_restored_server(box)
     assert code == 3, text
     assert rep["outcome"] == "rollback_failed"
     assert "files restored" in rep["error"] and "ROLLBACK FAILED" in rep["error"]

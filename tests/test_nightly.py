@@ -451,7 +451,10 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
         wait_until(lambda: box.journal().get("step") == "armed", "the night armed on the host", 240)
         proxy.stall()
         night = box.journal()["release"]
-        watchdog = int((box.state_dir / "releases" / night / "watchdog.pid").read_text())
+        pid_file = box.state_dir / "releases" / night / "watchdog.pid"
+        # the journal says armed a moment before the same batch starts the watchdog
+        wait_until(lambda: pid_file.read_text().strip() if pid_file.exists() else None, "the watchdog", 60)
+        watchdog = int(pid_file.read_text())
         sent = proxy.client_bytes()
         proc.send_signal(signal.SIGINT)
         wait_until(lambda: proxy.client_bytes() > sent, "orch's cancel, written into the held link")

@@ -13,11 +13,17 @@ Through the real CLI over real sshd behind the latency proxy (test_faults'
 from __future__ import annotations
 
 import json
-import os
-import signal
 
-from tests.fixtures.sandbox import cmdline, sha256, wait_until
-from tests.test_faults import Link, finish, hold_ready, link, release_dirs, story
+from tests.fixtures.sandbox import sha256, wait_until
+from tests.test_faults import (
+    Link,
+    finish,
+    hold_ready,
+    kill_the_restored_server,
+    link,
+    release_dirs,
+    story,
+)
 
 __all__ = ["link"]  # the fixture, used by name
 
@@ -26,19 +32,7 @@ def test_a_restore_whose_server_died_says_nothing_listens_and_the_rerun_says_res
     box = link.box
     gate = hold_ready(box)
     original = sha256(box.server_args)
-    hand_pid = box.hand.pid if box.hand else 0
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
-    pidfile = box.state_dir / "server.pid"
-
-    def restored_server() -> int | None:
-        try:
-            pid = int(pidfile.read_text())
-            return pid if pid != hand_pid and cmdline(pid) == box.hand_argv else None
-        except (OSError, ValueError):
-            return None
-
-    os.kill(wait_until(restored_server, "the restore to start the previous server"), signal.SIGKILL)
-    code, rep, text = finish(proc)
+    code, rep, text = kill_the_restored_server(box)
     assert code == 3, text
     assert rep["outcome"] == "rollback_failed"
     assert f"files restored: {box.server_args}" in rep["error"]

@@ -226,34 +226,11 @@ def test_a_hostile_log_tail_reaches_no_terminal_or_log_raw(sandbox: Sandbox, ver
 
 
 def run_in_terminal(box: Sandbox, *args: str, columns: int) -> tuple[int, bytes]:
-    """``orch ARGS`` on a pseudo-terminal ``columns`` wide: Rich's terminal layout (colours,
-    ``Syntax``, panels, folding); the raw bytes it wrote."""
-    import fcntl
-    import os
-    import pty
-    import struct
-    import sys
-    import termios
+    """``orch ARGS`` under a pseudo-terminal (Rich's terminal path: ``Syntax``, panels,
+    folding); the raw bytes it wrote."""
+    from tests.test_cli import run_in_pty_raw
 
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
-    env["TERM"] = "xterm-256color"
-    cmd = [sys.executable, "-m", "orchestrator", *args, "--ssh-config", str(box.sshd.ssh_config)]
-    proc = subprocess.Popen(cmd, cwd=box.root, env=env, stdin=slave, stdout=slave, stderr=slave,
-                            start_new_session=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child side closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    return proc.wait(120), b"".join(chunks)
+    return run_in_pty_raw(box, *args, columns=columns)
 
 
 def test_on_a_terminal_folded_views_and_panels_hold_no_secret_and_no_host_escape(sandbox: Sandbox) -> None:
