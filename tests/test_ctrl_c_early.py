@@ -86,9 +86,8 @@ def test_ctrl_c_at_any_moment_is_one_line_and_a_report(sandbox: Sandbox, command
             # read-only: exit 1 (or 0/3 had it finished first); deploy: the signal table's codes
             allowed = {0, 1, 3} if command == "status" else {0, 1}
             assert got.returncode in allowed, (delay, json_flag, said)
-            if got.returncode == 1:
-                assert [line for line in got.stderr.splitlines() if "interrupted" in line or
-                        "Ctrl-C" in line], said
+            if got.returncode == 1:  # said once: the error line, or the host's outcome line
+                assert "interrupted" in said, said
             if json_flag:
                 report = json.loads(got.stdout)
                 assert report["exit_code"] == got.returncode, said

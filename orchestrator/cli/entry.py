@@ -25,3 +25,7 @@ def main() -> None:
         run_cli(args)
     except KeyboardInterrupt:
         interrupted(args)
+    finally:
+        # The run is over (its report printed, its code chosen): a Ctrl-C now changes nothing,
+        # and must not kill the interpreter while it exits (it restores the default action).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
