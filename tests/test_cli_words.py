@@ -77,3 +77,14 @@ def test_an_unhealthy_server_is_called_not_healthy_once(sandbox: Sandbox) -> Non
     assert got.returncode == 3
     health = [line for line in got.stdout.splitlines() if "health:" in line]
     assert health and all(line.lower().count("not healthy") == 1 for line in health), got.stdout
+
+
+def test_a_restore_with_no_file_says_files_to_restore_none(sandbox: Sandbox) -> None:
+    from tests.test_cli import BAD_FLAG
+
+    sandbox.start_by_hand()
+    (sandbox.root / "bad-flag.yaml").write_text(BAD_FLAG)
+    got = sandbox.orch("deploy", "--host", "gpu", "bad-flag.yaml")
+    assert got.returncode == 1, got.stdout + got.stderr
+    said = got.stdout + got.stderr
+    assert "files to restore: none" in said and "files: none" not in said, said

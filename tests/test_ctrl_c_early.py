@@ -102,4 +102,4 @@ def test_the_early_report_is_what_the_json_module_would_write() -> None:
     import orchestrator
 
     report = {"exit_code": 1, "error": "interrupted", "hosts": {}}
-    assert orchestrator.INTERRUPTED_JSON == json.dumps(report, indent=2, sort_keys=True) + "\n"
+    assert json.dumps(report, indent=2, sort_keys=True) + "\n" == orchestrator.INTERRUPTED_JSON

@@ -2520,7 +2520,9 @@ def describe_restored(record):
     counts = {}
     for f in record["files"]:
         counts[f["action"]] = counts.get(f["action"], 0) + 1
-    return "files: " + (", ".join("%d %s" % (v, k) for k, v in sorted(counts.items())) or "none")
+    if not counts:
+        return "files to restore: none"
+    return "files: " + ", ".join("%d %s" % (v, k) for k, v in sorted(counts.items()))
 
 
 JOURNAL_STEP_BY = {"controller": "rolled_back", "watchdog": "restored_by_watchdog", "rollback": "rolled_back"}
