@@ -98,3 +98,21 @@ def test_a_helper_whose_controller_fell_silent_leaves_with_one_clean_line(tmp_pa
     assert helper_reason(err + "Fatal Python error: x\nCurrent thread 0x1 (most recent call first):\n"
                          "  <no Python frame>\n") == err.strip()
     proc.stdin.close()
+
+
+def test_blobs_whose_request_never_came_do_not_keep_the_helper_ticking(tmp_path: Path) -> None:
+    """A controller interrupted between a request's blob lines and the request itself: the
+    helper holds blobs that no request will name. Its pings must not make it say "still
+    receiving" for ever (the controller would wait on those ticks for an answer that
+    cannot come); only the request's own bytes do."""
+    import io
+    import time
+
+    session = agent.Session(io.BytesIO())
+    session.take_line(b'{"op":"blob","blob":1,"data":"aGVsbG8="}\n')
+    now = time.monotonic()
+    assert session.receiving(now)  # its bytes just arrived: the request may follow
+    session.last_data = now - 60  # a minute since; pings went on arriving all along
+    session.last_heard = now
+    session.take_line(b'{"op":"ping"}\n')
+    assert not session.receiving(time.monotonic())

@@ -510,6 +510,7 @@ class Session(object):
         self.blobs = {}  # blob id -> bytearray, from blob lines the controller sent ahead of a request
         self.gone = None  # why the helper stopped serving, when it was not told to (said on stderr)
         self.partial = 0  # bytes of a line still arriving (a request's blob lines, on a slow link)
+        self.last_data = time.monotonic()  # the last blob piece or part of a line (pings not counted)
         self.last_started = {}  # the server this session started last: health_wait(pid="started")
         self.staged = set()  # staged copies not committed yet: removed if the controller goes away
 
@@ -542,6 +543,8 @@ class Session(object):
                 self.take_line(line)
                 end = pending.find(b"\n")
             self.partial = len(pending)
+            if pending:
+                self.last_data = time.monotonic()  # part of a line arrived (not a whole ping)
 
     def take_line(self, line):
         """One whole line from the controller: a ping, a cancel, a blob piece, or a request."""
@@ -557,6 +560,7 @@ class Session(object):
                 self.cancel_requested = True
                 return
             if kind == "blob":
+                self.last_data = time.monotonic()
                 try:
                     self.blobs.setdefault(message["blob"], bytearray()).extend(b64d(message["data"]))
                 except (KeyError, TypeError, ValueError, AttributeError):
@@ -575,9 +579,14 @@ class Session(object):
         return data
 
     def receiving(self, now):
-        """Between requests, a request's bytes are still arriving (no op runs yet to tick)."""
+        """Between requests, a request's bytes are still arriving (no op runs yet to tick).
+
+        Judged by the request's own bytes (blob pieces, part of a line), not by
+        pings: blobs whose request never came (its controller was interrupted
+        while sending) must not make the helper tick for ever, which would keep
+        that controller waiting for an answer that cannot come."""
         return (self.current_id is None and (self.partial or self.blobs)
-                and now - self.last_heard < TICK_SECONDS)
+                and now - self.last_data < TICK_SECONDS)
 
     def silent(self):
         """The controller stopped pinging: its link stalled, or it is gone."""

@@ -251,10 +251,12 @@ class Agent:
 
         request = json.dumps({"id": rid, "op": op, "args": args}, separators=(",", ":"), default=blob_ref)
         _trace(self.transport.target.name, ">", request)
+        sent = False
         try:
             for blob, data in blobs:
                 self._send_blob(blob, data)
             self._write(request.encode("utf-8") + b"\n")
+            sent = True
             return self._await(rid, op, on_event)
         except LinkLostError as e:
             said = self._helper_said() if self._proc is not None else ""
@@ -263,7 +265,13 @@ class Agent:
                 raise LinkLostError(self.dead) from None
             raise
         except KeyboardInterrupt:
-            self._cancel(rid, op)
+            if sent:
+                self._cancel(rid, op)
+            else:
+                # Interrupted while the request was being written: the helper never got it
+                # (there is no answer to wait for), and a line may be cut short. Nothing more
+                # is sent on this link; the helper cleans up when the channel closes.
+                self.dead = f"{self.transport.target.label}: interrupted while sending {op}"
             raise
 
     def _send_blob(self, blob: int, data: bytes | bytearray | memoryview) -> None:
