@@ -199,7 +199,7 @@ class ProtocolEcho(logging.Handler):
         except ValueError:
             return [] if verbose_only else [f"{kind} {payload[:LONG]}"]
         if not verbose_only:
-            return [f"{kind} {json.dumps(elided(masked(msg, self.out.masker)), separators=(',', ':'))}"]
+            return [f"{kind} {json.dumps(within_line_limit(masked(msg, self.out.masker)), separators=(',', ':'))}"]
         if kind == ">":
             return describe_request(msg, self.out.masker)
         if (isinstance(msg, dict) and not msg.get("done") and not msg.get("msg")
@@ -252,14 +252,14 @@ def _is_words(value: Any) -> bool:
 def masked(value: Any, masker: Masker) -> Any:
     """A protocol message fit to show: secrets masked (``Masker.record``: env, argv and
     headers by name, known values anywhere), then long strings elided."""
-    return _elided(masker.record(value))
+    return _short_strings(masker.record(value))
 
 
-def _elided(value: Any) -> Any:
+def _short_strings(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _elided(v) for k, v in value.items()}
+        return {k: _short_strings(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_elided(v) for v in value]
+        return [_short_strings(v) for v in value]
     if isinstance(value, str) and len(value) > LONG:
         return f"<{len(value)} chars>"
     return value
@@ -269,7 +269,7 @@ LINE_LIMIT = 4000
 """The longest a ``-vv`` protocol line may grow before its biggest parts are elided."""
 
 
-def elided(value: Any, limit: int = LINE_LIMIT) -> Any:
+def within_line_limit(value: Any, limit: int = LINE_LIMIT) -> Any:
     """``value`` with its biggest lists and mappings shown as ``<N chars>`` until it fits ``limit``.
 
     ``-vv`` shows each protocol line; a state read of many releases would be
