@@ -41,7 +41,15 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.sandbox import cmdline, get_json, health_status, listening_pid, wait_healthy
+from tests.fixtures.sandbox import (
+    SHIPPED_SPEC,
+    cmdline,
+    get_json,
+    health_status,
+    listening_pid,
+    quick_stability,
+    wait_healthy,
+)
 from tests.fixtures.sshd import SshdServer, free_port
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "state_0_3_0.tar.gz"
@@ -411,3 +419,34 @@ def test_a_hand_edit_made_after_a_0_3_0_release_is_kept_as_drift_when_it_is_undo
     assert health_status(host.port) == 200
     rows = {r["id"]: r for r in history(host)}
     assert rows[out["release"]]["drift_kept"] == [str(host.launch_server)]
+
+
+def test_a_deploy_by_this_checkout_continues_a_0_3_0_host_and_is_undone_back_to_it(old_host: OldHost) -> None:
+    """The upgrade's first deploy: 0.3.0's journal, lock-free state and release
+    sequence are taken as they are, the new release comes after the old ones in
+    the host's order, and undoing it gives back the server 0.3.0's last release ran."""
+    host = old_host
+    host.start_as_left(host.second)
+    playbooks = host.root.parent / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC))
+    files_before = (host.server_args.read_bytes(), host.launch_server.read_bytes())
+
+    rep = host.orch_json("deploy", "--host", "gpu", "--var", "threshold=8", "speculative-disable", code=0)
+    out = rep["hosts"]["gpu"]
+    assert out["outcome"] == "changed" and out["files"] == []  # the flag only: 0.3.0's edit is already there
+    assert cmdline(host.server_pid()) == host.second.argv_after[:-4] + [
+        "--speculative-disable-batch-threshold", "8", "--log-level", "debug"]
+    assert get_json(host.port, "/get_server_info")["speculative_disable_batch_threshold"] == 8
+    rows = history(host)
+    assert [r["id"] for r in rows][:3] == [host.first.id, host.second.id, host.refused.id]
+    assert len(rows) == 4 and rows[3]["current"] is True and rows[3]["kind"] == "deploy"
+    assert [r["outcome"] for r in rows] == ["deployed", "deployed", "rolled back", "current"]
+    assert [flag_change(c) for c in rows[3]["flag_changes"]] == [("--speculative-disable-batch-threshold", "32", "8")]
+
+    back = host.orch_json("rollback", "--host", "gpu", code=0)["hosts"]["gpu"]
+    assert back["undid"] == [rows[3]["id"]] and back["current"] == host.second.id
+    assert cmdline(host.server_pid()) == host.second.argv_after
+    assert (host.server_args.read_bytes(), host.launch_server.read_bytes()) == files_before
+    assert health_status(host.port) == 200
+    assert_status(host, code=0, current=host.second.id, healthy=True, argv=host.second.argv_after)
