@@ -6,7 +6,7 @@ rewrite, and the box must stay manageable across the upgrade: this checkout's
 ``history`` and ``status`` read them, and ``rollback`` undoes the releases
 they describe, file by file and flag by flag.
 
-``tests/fixtures/state_0_3_0.tar.gz`` was made by ``tests/fixtures/make_state_0_3_0.py``
+``tests/fixtures/state_0_3_0/host.tar.gz`` was made by ``tests/fixtures/make_state_0_3_0.py``
 (see its docstring: commit 0d66b46's ``orch deploy`` run three times against the
 stand-in over sshd: ``speculative-disable``, then ``local-debug``, then a
 misspelt flag the pre-flight refused). It holds the target tree (``box/``) and
@@ -52,7 +52,7 @@ from tests.fixtures.sandbox import (
 )
 from tests.fixtures.sshd import SshdServer, free_port
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "state_0_3_0.tar.gz"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "state_0_3_0" / "host.tar.gz"
 TEXT_LOGS = (".log", ".log.1")  # rewritten as text; JSON files by a JSON-aware walk
 
 
@@ -174,7 +174,7 @@ def unpack(dest: Path, port: int) -> None:
             data = tar.extractfile(member).read()  # type: ignore[union-attr]
             if member.name.endswith(".json"):
                 doc = rewrite_json(json.loads(data), words, port)
-                data = json.dumps(doc, indent=1).encode()
+                data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()  # as 0.3.0 wrote it
             elif member.name.endswith(TEXT_LOGS):
                 data = rewrite_text(data.decode(), words).encode()
             assert b"@ROOT@" not in data and b"@PORT" not in data and b"@PYTHON@" not in data, member.name
