@@ -129,8 +129,11 @@ class OldHost:
         port (a fresh port, so whatever listens there is ours)."""
         pids = {p for p in (self.server_pid(), self.server.pid if self.server else None) if p}
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # not a group leader: the process alone
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.server:
             self.server.wait(30)
         for pidfile in self.state_dir.glob("releases/*/watchdog.pid"):
