@@ -651,14 +651,17 @@ def warm_up(args: argparse.Namespace, fleet: Fleet, patched: dict[str, Any], exp
     print(f"warm-up, untimed, on all {len(hosts)} hosts: {', '.join(args.tools)}", flush=True)
     for tool in args.tools:
         row = Row(tool, len(hosts))
-        run_tool(tool, invs[tool], row, fleet, hosts, expected, threshold, work, 120 + 20 * len(hosts), args)
+        run_tool(tool, invs[tool], row, fleet, hosts, expected, threshold, work, 120 + 20 * len(hosts), args,
+                 noop=False)
         if row.failures:
             notes.append(f"warm-up of {tool} failed: {row.failures[0]}")
 
 
 def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence[FleetHost],
              expected: dict[str, bytes], threshold: int, work: Path, timeout: float,
-             args: argparse.Namespace) -> None:
+             args: argparse.Namespace, noop: bool = True) -> None:
+    """Reset the hosts, run ``tool``'s deploy and check it; then (``noop`` and a tool that has
+    one) the same run again on the changed hosts. Samples or failures go into ``row``."""
     fleet.reset(hosts, RESET_WORKERS)
     marks = [h.log_mark() for h in hosts]
     tree_before = hosts_tree_cpu(hosts)
@@ -675,7 +678,7 @@ def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence
     line = (f"  {tool}: {s.wall:.2f} s, CPU {s.cpu:.2f} s, host CPU {s.host_cpu:.2f} s "
             f"(below sshd {1000 * s.tree_cpu / len(hosts):.0f} ms/host{busy_note(s)}), {s.peak_pss_mb:.0f} MB, "
             f"{s.channels_per_host:g} ch/host, {s.connections_per_host:g} conn/host")
-    if tool in NOOP_TOOLS or tool.startswith("orch@"):
+    if noop and (tool in NOOP_TOOLS or tool.startswith("orch@")):
         pids = [listening_pid(h.port) for h in hosts]
         marks = [h.log_mark() for h in hosts]
         tree_before = hosts_tree_cpu(hosts)
