@@ -3,6 +3,7 @@
     bash bench/setup.sh                                  # once: pyinfra + ansible-core, own venv
     python bench/bench_fleet.py --write bench/RESULTS.md # N = 1, 10, 25, 50; 3 rounds
     python bench/bench_fleet.py --quick --tools orch,fabric-minimal   # N = 1, 2; 1 round (the test's)
+    python bench/bench_fleet.py --baseline main   # orch at main against this checkout, N = 1, 10, 25
 
 N hosts, each a real sshd on its own loopback address with its own copy of the
 stand-in tree and its own stand-in server (``fleet.py``). Per N, in rounds whose
@@ -20,6 +21,12 @@ run the bench checks every host itself — file bytes equal to the patched file,
 the server reports the flag, and for a no-op the server pid unchanged — so a
 tool that did less work cannot look faster. Prints tables (medians); with
 ``--write`` also writes them, with the machine, to a Markdown file.
+
+With ``--baseline REV`` the tools are orch at REV and orch of this checkout
+only, alternately, each with its own state dir on the hosts; the table gives
+each one's wall and its hosts' CPU per deploy (everything below each host's
+sshd: ``hostcpu.py``) with the ratios, and ``--write`` appends it
+(``versus.py``).
 """
 
 from __future__ import annotations
@@ -269,10 +276,9 @@ def make_invocations(tools: Sequence[str], hosts: Sequence[FleetHost], fleet: Fl
     odir.mkdir(parents=True, exist_ok=True)
     orch_inventory(odir / "inventory.yaml", hosts, fleet)
     book = story_playbook(odir / "story.yaml", args.poll)
-    orch_base = [sys.executable, "-m", "orchestrator", "deploy", "--host", "fleet", "--json",
-                 "--ssh-config", str(fleet.ssh_config)]
-    if orch_forks:
-        orch_base += ["--forks", str(forks)]
+    orch_deploy = [sys.executable, "-m", "orchestrator", "deploy", "--host", "fleet", "--json",
+                   "--ssh-config", str(fleet.ssh_config)]
+    orch_base = [*orch_deploy, "--forks", str(forks)] if orch_forks else orch_deploy
     invs["orch"] = Invocation([*orch_base, str(book)], odir)
     invs["orch-defaults"] = Invocation([*orch_base, str(SHIPPED)], odir)
     if args.baseline_root is not None:
@@ -280,9 +286,7 @@ def make_invocations(tools: Sequence[str], hosts: Sequence[FleetHost], fleet: Fl
         bdir = work / "orch-baseline"
         bdir.mkdir(exist_ok=True)
         orch_inventory(bdir / "inventory.yaml", hosts, fleet, baseline=True)
-        base_argv = [a for a in orch_base if a not in ("--forks", str(forks))]
-        if args.baseline_forks:
-            base_argv += ["--forks", str(forks)]
+        base_argv = [*orch_deploy, "--forks", str(forks)] if args.baseline_forks else orch_deploy
         invs[args.baseline_tool] = Invocation([*base_argv, str(book)], bdir, orch_env(args.baseline_root))
     fleet_job = work / "fleet-job.json"
     fleet_job.write_text(json.dumps({"forks": forks, "hosts": jobs}, indent=1))

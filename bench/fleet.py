@@ -16,6 +16,9 @@ host's own log, the same way for every tool. Sessions get ``HOME`` = a bench
 home whose ``.bashrc`` sleeps ``--bashrc-delay`` once per exec (0 by default),
 so this machine's own ``~/.bashrc`` (``pyenv init``, 0.1-0.7 s) is not paid.
 
+Each sshd runs under ``subreaper.py`` (in place of the fixture's ``SSHD`` while
+the fleet starts), so that what a host spends can be counted (``hostcpu.py``).
+
 Everything is started in parallel (a thread pool) and every start is
 registered before it can fail, so ``Fleet.stop`` tears down all of it, on
 Ctrl-C too.
