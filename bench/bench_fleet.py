@@ -563,6 +563,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         except ValueError as e:
             p.error(str(e))
         args.baseline_tool = f"orch@{args.baseline_rev}"
+        args.this_rev = this_revision()  # now: a commit made while the bench runs is not what ran
         args.tools = [args.baseline_tool, "orch"]
     else:
         args.tools = [t.strip() for t in (args.tools or ",".join(TOOLS)).split(",") if t.strip()]
@@ -761,7 +762,7 @@ def this_revision() -> str:
 
 def report_versus(args: argparse.Namespace, rows: list[Row], notes: list[str], header: str) -> None:
     """``--baseline``'s output: the comparison table, and with ``--write`` a section appended to PATH."""
-    this = this_revision()
+    this = args.this_rev
     table = render(versus.comparison_rows(rows, args.baseline_tool, "orch"))
     print(f"this checkout ({this}) against {args.baseline_tool}, alternately in one run, medians:")
     print(table)
