@@ -60,7 +60,7 @@ import yaml  # noqa: E402
 from bench_deploy import FLAG, SHIPPED, patched_files  # noqa: E402
 from box import Counts  # noqa: E402
 from fleet import REPO, Fleet, FleetHost, end_leftovers, in_parallel, start_fleet  # noqa: E402
-from hostcpu import snapshot, tree_cpu, wait_settled  # noqa: E402
+from hostcpu import listening_pids, snapshot, tree_cpu, wait_settled  # noqa: E402
 from revisions import export, short_rev  # noqa: E402
 
 from orchestrator.shell.config_files import load_playbook  # noqa: E402
@@ -248,8 +248,8 @@ def sample_of(figures: dict[str, Any], counts: list[Counts], tree: tuple[float, 
 def hosts_tree_cpu(hosts: Sequence[FleetHost]) -> tuple[float, int]:
     """(CPU seconds spent so far below the hosts' sshd, processes still busy), read once every
     host has settled; each host's running server is left out (hostcpu.py says why)."""
-    servers = {h.name: listening_pid(h.port) for h in hosts}
-    keep = {h.name: {servers[h.name]} - {None} for h in hosts}
+    servers = listening_pids([h.port for h in hosts])
+    keep = {h.name: {servers[h.port]} if h.port in servers else set() for h in hosts}
     busy = wait_settled([(h.reaper_pid, h.sshd_pid, keep[h.name]) for h in hosts])
     table = snapshot()
     return sum(tree_cpu(table, h.reaper_pid, keep[h.name]) for h in hosts), len(busy)
