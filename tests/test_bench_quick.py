@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.fixtures.sandbox import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -139,3 +141,51 @@ def test_helper_start_bench_measures_both_sides() -> None:
         assert wall > 0
     ratio = re.search(r"this/baseline \(medians\): (\d+\.\d+)", out)
     assert ratio and float(ratio.group(1)) > 0, out
+
+
+BURN = ("import resource, sys\n"
+        "n = 0\n"
+        "while resource.getrusage(resource.RUSAGE_SELF).ru_utime < float(sys.argv[2]):\n"
+        "    n += 1\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "open(sys.argv[1], 'w').write(str(u.ru_utime + u.ru_stime))\n")
+
+
+def test_hosts_cpu_counts_what_leaves_the_ssh_session(tmp_path: Path) -> None:
+    """The fleet's hosts' CPU (bench/hostcpu.py) counts a process that the SSH session
+    started and that left it (``setsid``, as orch's watchdog does): the subreaper its
+    sshd runs under reaps it, so it does not escape to PID 1. Each burner reports its
+    own CPU; the host's count over the run is at least their sum."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import hostcpu
+    from fleet import start_fleet
+
+    registry: list = []
+    try:
+        fleet = start_fleet(tmp_path / "fleet", 1, startup_delay=0, bashrc_delay=0, file_lines=0,
+                            registry=registry)
+        host = fleet.hosts[0]
+        burn = tmp_path / "burn.py"
+        burn.write_text(BURN)
+        fg, bg = tmp_path / "fg", tmp_path / "bg"
+        py = sys.executable
+        remote = (f"{py} {burn} {fg} 0.1; "
+                  f"(setsid {py} {burn} {bg} 0.3 </dev/null >/dev/null 2>&1 &)")
+        watch = [(host.reaper_pid, host.sshd_pid, ())]
+        assert hostcpu.wait_settled(watch) == []
+        before = hostcpu.tree_cpu(hostcpu.snapshot(), host.reaper_pid)
+        done = subprocess.run(
+            ["ssh", "-F", str(fleet.ssh_config), "-i", str(fleet.client_key), "-o", "BatchMode=yes",
+             "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-p", str(host.sshd.port),
+             f"{host.sshd.user}@{host.address}", remote],
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda: bg.exists() and bg.read_text(), "the orphan's report")
+        assert hostcpu.wait_settled(watch, timeout=120) == []  # the orphan too has ended, reaped
+        spent = hostcpu.tree_cpu(hostcpu.snapshot(), host.reaper_pid) - before
+        burners = float(fg.read_text()) + float(bg.read_text())
+        assert burners >= 0.4
+        assert spent >= burners - 0.02, (spent, burners)  # 0.02: the clock tick of /proc's figures
+    finally:
+        for h in registry:
+            h.stop()
