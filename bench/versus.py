@@ -16,6 +16,8 @@ LIMIT = 1.05
 
 
 class RowLike(Protocol):
+    """What this module reads of ``bench_fleet.Row`` (no import back: bench_fleet imports this)."""
+
     tool: str
     n: int
     deploys: Sequence[Any]
