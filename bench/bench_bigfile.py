@@ -49,6 +49,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # sibling modules, whatever the working directory
+
+from revisions import baseline_ref, export  # noqa: E402
+
 STANDIN = REPO / "orchestrator" / "standin" / "tree" / "python" / "sglang" / "srt" / "server_args.py"
 FILLER = (
     "\n\ndef helper_{i}(parser, group):\n"
@@ -103,20 +107,6 @@ def build_target(folder: Path, size_mb: float) -> Path:
             out.write("".join(FILLER.format(i=i) for i in range(start, min(count, start + 10000))))
         out.write(tail)
     return path
-
-
-def baseline_ref() -> str:
-    done = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit("no merge-base with main: pass --baseline REF")
-    return done.stdout.strip()
-
-
-def export(ref: str, folder: Path) -> Path:
-    """``orchestrator/`` of ``ref`` under ``folder`` (what the child imports for the old engine)."""
-    archive = subprocess.run(["git", "archive", ref, "orchestrator"], cwd=REPO, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    return folder
 
 
 def run(engine_root: Path, target: Path) -> dict[str, float]:

@@ -3,6 +3,7 @@
     bash bench/setup.sh                                  # once: pyinfra + ansible-core, own venv
     python bench/bench_fleet.py --write bench/RESULTS.md # N = 1, 10, 25, 50; 3 rounds
     python bench/bench_fleet.py --quick --tools orch,fabric-minimal   # N = 1, 2; 1 round (the test's)
+    python bench/bench_fleet.py --baseline main   # orch at main against this checkout, N = 1, 10, 25
 
 N hosts, each a real sshd on its own loopback address with its own copy of the
 stand-in tree and its own stand-in server (``fleet.py``). Per N, in rounds whose
@@ -20,6 +21,12 @@ run the bench checks every host itself — file bytes equal to the patched file,
 the server reports the flag, and for a no-op the server pid unchanged — so a
 tool that did less work cannot look faster. Prints tables (medians); with
 ``--write`` also writes them, with the machine, to a Markdown file.
+
+With ``--baseline REV`` the tools are orch at REV and orch of this checkout
+only, alternately, each with its own state dir on the hosts; the table gives
+each one's wall and its hosts' CPU per deploy (everything below each host's
+sshd: ``hostcpu.py``) with the ratios, and ``--write`` appends it
+(``versus.py``).
 """
 
 from __future__ import annotations
@@ -48,10 +55,13 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # sibling modules, run as a script
 
 import ansible_fleet  # noqa: E402
+import versus  # noqa: E402
 import yaml  # noqa: E402
 from bench_deploy import FLAG, SHIPPED, patched_files  # noqa: E402
 from box import Counts  # noqa: E402
 from fleet import REPO, Fleet, FleetHost, end_leftovers, in_parallel, start_fleet  # noqa: E402
+from hostcpu import listening_pids, snapshot, tree_cpu, wait_settled  # noqa: E402
+from revisions import export, short_rev  # noqa: E402
 
 from orchestrator.shell.config_files import load_playbook  # noqa: E402
 from tests.fixtures.sandbox import get_json, listening_pid  # noqa: E402
@@ -85,6 +95,8 @@ class Sample:
     peak_pss_mb: float
     channels_per_host: float
     connections_per_host: float
+    tree_cpu: float = 0.0  # user + sys below every host's sshd during the run (hostcpu.py), servers left out
+    busy: int = 0  # host-side processes still running when tree_cpu was read (0 unless one hung)
 
 
 @dataclass
@@ -131,12 +143,13 @@ def host_job(host: FleetHost, patched: dict[str, Any], fleet: Fleet, poll: float
     }
 
 
-def orch_inventory(dest: Path, hosts: Sequence[FleetHost], fleet: Fleet) -> Path:
+def orch_inventory(dest: Path, hosts: Sequence[FleetHost], fleet: Fleet, baseline: bool = False) -> Path:
+    """orch's inventory of ``hosts``; ``baseline``: with each host's baseline state dir."""
     entries = {
         h.name: {
             "address": h.address, "port": h.sshd.port, "user": h.sshd.user,
             "identity_file": str(fleet.client_key), "known_hosts": str(fleet.known_hosts),
-            "state_dir": str(h.box.state_dir), "python": sys.executable,
+            "state_dir": str(h.baseline_state_dir if baseline else h.box.state_dir), "python": sys.executable,
             "vars": {"sglang_root": str(h.box.sglang_root), "model": "/models/standin", "port": h.port},
         }
         for h in hosts
@@ -145,10 +158,17 @@ def orch_inventory(dest: Path, hosts: Sequence[FleetHost], fleet: Fleet) -> Path
     return dest
 
 
-def orch_has_forks() -> bool:
+def orch_has_forks(env: dict[str, str] | None = None) -> bool:
+    """Whether the orch that ``env`` imports (default: the one this bench's environment
+    imports) has ``deploy --forks``: older ones deploy the hosts one after another."""
     out = subprocess.run([sys.executable, "-m", "orchestrator", "deploy", "--help"],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+                         capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
     return "--forks" in out.stdout
+
+
+def orch_env(root: Path) -> dict[str, str]:
+    """The environment that runs the ``orchestrator`` package found in ``root``."""
+    return dict(os.environ, PYTHONPATH=str(root))
 
 
 # -- running and checking ---------------------------------------------------------------
@@ -213,15 +233,30 @@ def check_deployed(hosts: Sequence[FleetHost], expected: dict[str, bytes], thres
     return None
 
 
-def sample_of(figures: dict[str, Any], counts: list[Counts]) -> Sample:
+def sample_of(figures: dict[str, Any], counts: list[Counts], tree: tuple[float, int] = (0.0, 0)) -> Sample:
     n = len(counts)
     return Sample(
+        tree_cpu=tree[0], busy=tree[1],
         wall=figures["wall"], cpu=figures["cpu_user"] + figures["cpu_sys"],
         host_cpu=max(0.0, figures["machine_busy"] - figures["cpu_user"] - figures["cpu_sys"]),
         peak_pss_mb=figures["peak_pss_kb"] / 1024,
         channels_per_host=sum(c.channels for c in counts) / n,
         connections_per_host=sum(c.connections for c in counts) / n,
     )
+
+
+def hosts_tree_cpu(hosts: Sequence[FleetHost]) -> tuple[float, int]:
+    """(CPU seconds spent so far below the hosts' sshd, processes still busy), read once every
+    host has settled; each host's running server is left out (hostcpu.py says why)."""
+    servers = listening_pids([h.port for h in hosts])
+    keep = {h.name: {servers[h.port]} if h.port in servers else set() for h in hosts}
+    busy = wait_settled([(h.reaper_pid, h.sshd_pid, keep[h.name]) for h in hosts])
+    table = snapshot()
+    return sum(tree_cpu(table, h.reaper_pid, keep[h.name]) for h in hosts), len(busy)
+
+
+def tree_delta(before: tuple[float, int], after: tuple[float, int]) -> tuple[float, int]:
+    return after[0] - before[0], after[1]
 
 
 def counts_since(hosts: Sequence[FleetHost], marks: list[int]) -> list[Counts]:
@@ -241,12 +276,18 @@ def make_invocations(tools: Sequence[str], hosts: Sequence[FleetHost], fleet: Fl
     odir.mkdir(parents=True, exist_ok=True)
     orch_inventory(odir / "inventory.yaml", hosts, fleet)
     book = story_playbook(odir / "story.yaml", args.poll)
-    orch_base = [sys.executable, "-m", "orchestrator", "deploy", "--host", "fleet", "--json",
-                 "--ssh-config", str(fleet.ssh_config)]
-    if orch_forks:
-        orch_base += ["--forks", str(forks)]
+    orch_deploy = [sys.executable, "-m", "orchestrator", "deploy", "--host", "fleet", "--json",
+                   "--ssh-config", str(fleet.ssh_config)]
+    orch_base = [*orch_deploy, "--forks", str(forks)] if orch_forks else orch_deploy
     invs["orch"] = Invocation([*orch_base, str(book)], odir)
     invs["orch-defaults"] = Invocation([*orch_base, str(SHIPPED)], odir)
+    if args.baseline_root is not None:
+        invs["orch"].env = orch_env(REPO)  # certainly this checkout, whatever PYTHONPATH said
+        bdir = work / "orch-baseline"
+        bdir.mkdir(exist_ok=True)
+        orch_inventory(bdir / "inventory.yaml", hosts, fleet, baseline=True)
+        base_argv = [*orch_deploy, "--forks", str(forks)] if args.baseline_forks else orch_deploy
+        invs[args.baseline_tool] = Invocation([*base_argv, str(book)], bdir, orch_env(args.baseline_root))
     fleet_job = work / "fleet-job.json"
     fleet_job.write_text(json.dumps({"forks": forks, "hosts": jobs}, indent=1))
     invs["fabric-minimal"] = Invocation([sys.executable, str(BENCH / "fabric_minimal.py"), str(fleet_job)], work)
@@ -489,9 +530,14 @@ def targets_table(rows: Sequence[Row], ns: Sequence[int]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ns", default="1,10,25,50", help="fleet sizes, comma separated (default 1,10,25,50)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per N; tool order alternates (default 3)")
-    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma separated, from {', '.join(TOOLS)}")
+    p.add_argument("--ns", default=None,
+                   help="fleet sizes, comma separated (default 1,10,25,50; with --baseline 1,10,25)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds per N; tool order alternates (default 3; with --baseline 5 at N=1, 3 above)")
+    p.add_argument("--tools", default=None, help=f"comma separated, from {', '.join(TOOLS)} (default: all)")
+    p.add_argument("--baseline", metavar="REV", default=None,
+                   help="compare orch of this checkout with orch at git revision REV, alternately, "
+                        "and nothing else; --write then appends to PATH")
     p.add_argument("--quick", action="store_true", help="N = 1 and 2, one round: a smoke run")
     p.add_argument("--max-forks", type=int, default=25, help="forks = min(N, this) for every tool")
     p.add_argument("--poll", type=float, default=0.2, help="health poll interval, every tool (seconds)")
@@ -507,14 +553,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.command = shlex.join(["python", "bench/bench_fleet.py", *(sys.argv[1:] if argv is None else argv)])
     if args.quick:
         args.ns, args.rounds = "1,2", 1
-    args.ns = sorted({int(n) for n in args.ns.split(",")})
-    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    unknown = [t for t in args.tools if t not in TOOLS]
-    if unknown:
-        p.error(f"unknown tool(s): {', '.join(unknown)}")
-    if args.rounds < 1 or not args.ns or args.ns[0] < 1 or args.ns[-1] > 254:
+    args.ns = sorted({int(n) for n in (args.ns or ("1,10,25" if args.baseline else "1,10,25,50")).split(",")})
+    args.baseline_root = None  # set by run_bench once the revision is exported
+    if args.baseline:
+        if args.tools is not None:
+            p.error("--baseline compares orch with orch: leave --tools out")
+        try:
+            args.baseline_rev = short_rev(args.baseline)
+        except ValueError as e:
+            p.error(str(e))
+        args.baseline_tool = f"orch@{args.baseline_rev}"
+        args.this_rev = this_revision()  # now: a commit made while the bench runs is not what ran
+        args.tools = [args.baseline_tool, "orch"]
+    else:
+        args.tools = [t.strip() for t in (args.tools or ",".join(TOOLS)).split(",") if t.strip()]
+        unknown = [t for t in args.tools if t not in TOOLS]
+        if unknown:
+            p.error(f"unknown tool(s): {', '.join(unknown)}")
+        if args.rounds is None:
+            args.rounds = 3
+    if (args.rounds is not None and args.rounds < 1) or not args.ns or args.ns[0] < 1 or args.ns[-1] > 254:
         p.error("--rounds ≥ 1 and 1 ≤ N ≤ 254")
     return args
+
+
+def rounds_at(args: argparse.Namespace, n: int) -> int:
+    """Rounds at fleet size ``n``: ``--rounds``, or with ``--baseline`` 5 at N=1 (a short run
+    is noisier) and 3 above."""
+    if args.rounds is not None:
+        return int(args.rounds)
+    return 5 if n == 1 else 3
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -528,6 +596,12 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
     orch_forks = orch_has_forks()
     if not orch_forks:
         notes.append("orch has no --forks yet: it deploys the hosts one after another")
+    if args.baseline:
+        args.baseline_root = export(args.baseline, (work / "baseline-src").resolve())
+        args.baseline_forks = orch_has_forks(orch_env(args.baseline_root))
+        info["baseline"] = f"orch at {args.baseline_rev} (`{args.baseline}`), exported with git archive"
+        if not args.baseline_forks:
+            notes.append(f"{args.baseline_tool} has no --forks: it deploys the hosts one after another")
     started = time.perf_counter()
     fleet = start_fleet(work / "fleet", args.ns[-1], startup_delay=args.startup_delay,
                         bashrc_delay=args.bashrc_delay, file_lines=args.file_lines, registry=registry)
@@ -541,6 +615,8 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
     expected = {name: Path(p["patched"]).read_bytes() for name, p in patched.items()}
     rows: list[Row] = []
     loads: dict[int, str] = {}
+    if args.baseline:
+        warm_up(args, fleet, patched, expected, threshold, work, orch_forks, notes)
     for n in args.ns:
         hosts = fleet.first(n)
         forks = min(n, args.max_forks)
@@ -549,16 +625,17 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
         timeout = 120 + 20 * n
         by_tool = {t: Row(t, n) for t in args.tools}
         load_before, n_started = os.getloadavg()[0], time.perf_counter()
-        for rnd in range(args.rounds):
+        rounds = rounds_at(args, n)
+        for rnd in range(rounds):
             order = list(args.tools) if rnd % 2 == 0 else list(reversed(args.tools))
-            print(f"N={n} (forks {forks}) round {rnd + 1}/{args.rounds}: {', '.join(order)}", flush=True)
+            print(f"N={n} (forks {forks}) round {rnd + 1}/{rounds}: {', '.join(order)}", flush=True)
             for tool in order:
                 run_tool(tool, invs[tool], by_tool[tool], fleet, hosts, expected, threshold, work, timeout, args)
         rows.extend(by_tool.values())
         loads[n] = (f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; "
                     f"{time.perf_counter() - n_started:.0f} s")
         print()
-        print(f"N={n}, forks {forks}, {args.rounds} round(s), medians ({loads[n]}):")
+        print(f"N={n}, forks {forks}, {rounds} round(s), medians ({loads[n]}):")
         print(detail_table([by_tool[t] for t in args.tools]), flush=True)
         print()
     info["bench wall time"] = f"{time.perf_counter() - started:.0f} s"
@@ -568,27 +645,51 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
     return rows, list(dict.fromkeys(notes)), header
 
 
+def warm_up(args: argparse.Namespace, fleet: Fleet, patched: dict[str, Any], expected: dict[str, bytes],
+            threshold: int, work: Path, orch_forks: bool, notes: list[str]) -> None:
+    """One untimed deploy by each orch on every host: each then has its helper kept in its
+    state dir, as on a host orch has deployed to before (a first run also sends and
+    compiles it), and neither side pays that in a measured round."""
+    hosts, forks = fleet.hosts, min(len(fleet.hosts), args.max_forks)
+    jobs = [host_job(h, patched[h.name], fleet, args.poll, threshold, args.startup_delay) for h in hosts]
+    invs = make_invocations(args.tools, hosts, fleet, work / "warm-up", args, jobs, forks, orch_forks, notes)
+    print(f"warm-up, untimed, on all {len(hosts)} hosts: {', '.join(args.tools)}", flush=True)
+    for tool in args.tools:
+        row = Row(tool, len(hosts))
+        run_tool(tool, invs[tool], row, fleet, hosts, expected, threshold, work, 120 + 20 * len(hosts), args,
+                 noop=False)
+        if row.failures:
+            notes.append(f"warm-up of {tool} failed: {row.failures[0]}")
+
+
 def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence[FleetHost],
              expected: dict[str, bytes], threshold: int, work: Path, timeout: float,
-             args: argparse.Namespace) -> None:
+             args: argparse.Namespace, noop: bool = True) -> None:
+    """Reset the hosts, run ``tool``'s deploy and check it; then (``noop`` and a tool that has
+    one) the same run again on the changed hosts. Samples or failures go into ``row``."""
     fleet.reset(hosts, RESET_WORKERS)
     marks = [h.log_mark() for h in hosts]
+    tree_before = hosts_tree_cpu(hosts)
     figures, failure = measured(inv, work, timeout, args.sample)
     counts = counts_since(hosts, marks)
+    tree = tree_delta(tree_before, hosts_tree_cpu(hosts))
     failure = failure or check_deployed(hosts, expected, threshold)
     if failure:
         row.failures.append(failure)
         print(f"  {tool}: FAILED ({failure})", flush=True)
         return
-    s = sample_of(figures, counts)
+    s = sample_of(figures, counts, tree)
     row.deploys.append(s)
-    line = (f"  {tool}: {s.wall:.2f} s, CPU {s.cpu:.2f} s, host CPU {s.host_cpu:.2f} s, {s.peak_pss_mb:.0f} MB, "
+    line = (f"  {tool}: {s.wall:.2f} s, CPU {s.cpu:.2f} s, host CPU {s.host_cpu:.2f} s "
+            f"(below sshd {1000 * s.tree_cpu / len(hosts):.0f} ms/host{busy_note(s)}), {s.peak_pss_mb:.0f} MB, "
             f"{s.channels_per_host:g} ch/host, {s.connections_per_host:g} conn/host")
-    if tool in NOOP_TOOLS:
+    if noop and (tool in NOOP_TOOLS or tool.startswith("orch@")):
         pids = [listening_pid(h.port) for h in hosts]
         marks = [h.log_mark() for h in hosts]
+        tree_before = hosts_tree_cpu(hosts)
         figures, failure = measured(inv, work, timeout, args.sample)
         counts = counts_since(hosts, marks)
+        tree = tree_delta(tree_before, hosts_tree_cpu(hosts))
         failure = failure or check_deployed(hosts, expected, threshold)
         if not failure and [listening_pid(h.port) for h in hosts] != pids:
             failure = "the no-op re-run restarted a server"
@@ -596,10 +697,17 @@ def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence
             row.failures.append(f"no-op: {failure}")
             line += f"; no-op FAILED ({failure})"
         else:
-            ns = sample_of(figures, counts)
+            ns = sample_of(figures, counts, tree)
             row.noops.append(ns)
-            line += f"; no-op {ns.wall:.2f} s, host CPU {ns.host_cpu:.2f} s, {ns.channels_per_host:g} ch/host"
+            line += (f"; no-op {ns.wall:.2f} s, host CPU {ns.host_cpu:.2f} s "
+                     f"(below sshd {1000 * ns.tree_cpu / len(hosts):.0f} ms/host{busy_note(ns)}), "
+                     f"{ns.channels_per_host:g} ch/host")
     print(line, flush=True)
+
+
+def busy_note(s: Sample) -> str:
+    """Said when a host was still busy at the reading (the figure then misses what came after)."""
+    return f", {s.busy} still running" if s.busy else ""
 
 
 def results_markdown(args: argparse.Namespace, rows: list[Row], notes: list[str], header: str) -> str:
@@ -643,6 +751,36 @@ def results_markdown(args: argparse.Namespace, rows: list[Row], notes: list[str]
     return "\n".join(parts)
 
 
+def this_revision() -> str:
+    """HEAD's short hash, and whether ``orchestrator/`` differs from it in the work tree."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=REPO).stdout.strip() or "?"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "orchestrator"], capture_output=True,
+                           text=True, cwd=REPO).stdout.strip()
+    return f"{rev} with uncommitted changes in orchestrator/" if dirty else rev
+
+
+def report_versus(args: argparse.Namespace, rows: list[Row], notes: list[str], header: str) -> None:
+    """``--baseline``'s output: the comparison table, and with ``--write`` a section appended to PATH."""
+    this = args.this_rev
+    table = render(versus.comparison_rows(rows, args.baseline_tool, "orch"))
+    print(f"this checkout ({this}) against {args.baseline_tool}, alternately in one run, medians:")
+    print(table)
+    failures = [f"{r.tool} N={r.n} failed: {f}" for r in rows for f in dict.fromkeys(r.failures)]
+    for line in [*failures, *notes]:
+        print(f"note: {line}")
+    if args.write:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        facts = dict(line[2:].split(": ", 1) for line in header.splitlines() if ": " in line)
+        keep = ("cores (nproc)", "cpu", "python", "openssh", "load average at start", "bench wall time")
+        facts = {k: v for k, v in facts.items() if k in keep or k.startswith("N=")}
+        section = versus.markdown_section(f"{stamp}: orch {this} against orch {args.baseline_rev}",
+                                          args.command, facts, table, [*failures, *notes])
+        with open(args.write, "a", encoding="utf-8") as out:
+            out.write(("\n" if args.write.exists() and args.write.stat().st_size else "") + section)
+        print(f"appended to: {args.write}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -651,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
     registry: list[FleetHost] = []
     try:
         rows, notes, header = run_bench(args, work, registry)
+        if args.baseline:
+            report_versus(args, rows, notes, header)
+            return 0
         print("summary (wall seconds, medians):")
         print(summary_table(rows, args.ns, args.tools))
         print()

@@ -16,6 +16,9 @@ host's own log, the same way for every tool. Sessions get ``HOME`` = a bench
 home whose ``.bashrc`` sleeps ``--bashrc-delay`` once per exec (0 by default),
 so this machine's own ``~/.bashrc`` (``pyenv init``, 0.1-0.7 s) is not paid.
 
+Each sshd runs under ``subreaper.py`` (in place of the fixture's ``SSHD`` while
+the fleet starts), so that what a host spends can be counted (``hostcpu.py``).
+
 Everything is started in parallel (a thread pool) and every start is
 registered before it can fail, so ``Fleet.stop`` tears down all of it, on
 Ctrl-C too.
@@ -41,8 +44,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from box import CHANNEL_LINE, CONNECTION_LINE, REPO, Counts, slow_bashrc_text
+from hostcpu import launcher_script, sshd_pid_below
 
 from orchestrator.standin import launch_argv, launch_env, make_tree
+from tests.fixtures import sshd as sshd_fixture
 from tests.fixtures.sandbox import Sandbox, health_status, listening_pid
 from tests.fixtures.sshd import SshdServer, keygen, start_sshd
 
@@ -89,6 +94,7 @@ class FleetHost:
     sshd: SshdServer
     box: Sandbox
     pristine: bytes = b""
+    sshd_pid: int = 0  # sshd itself; ``sshd.process`` is the subreaper it runs under (hostcpu.py)
     _reapers: list[threading.Thread] = field(default_factory=list, repr=False)
 
     @property
@@ -111,6 +117,21 @@ class FleetHost:
     @property
     def tree(self) -> Path:
         return self.box.sglang_root.parent.parent
+
+    @property
+    def reaper_pid(self) -> int:
+        assert self.sshd.process is not None
+        return self.sshd.process.pid
+
+    @property
+    def baseline_state_dir(self) -> Path:
+        """The state dir of the other orch of ``bench_fleet.py --baseline``: each orch keeps
+        its own copy of its helper, and a helper removes another version's copy."""
+        return self.box.root / "state-baseline"
+
+    @property
+    def state_dirs(self) -> list[Path]:
+        return [self.box.state_dir, self.baseline_state_dir]
 
     # -- counting -----------------------------------------------------------------
 
@@ -164,7 +185,7 @@ class FleetHost:
 
     def stop_server(self) -> None:
         """Stop whatever listens on the port (whoever started it) and any orch watchdog."""
-        for wd in self.box.state_dir.glob("releases/*/watchdog.pid"):
+        for wd in (w for d in self.state_dirs for w in d.glob("releases/*/watchdog.pid")):
             with contextlib.suppress(ProcessLookupError, ValueError, OSError):
                 os.kill(int(wd.read_text().strip()), signal.SIGKILL)
         deadline = time.monotonic() + 15
@@ -205,15 +226,16 @@ class FleetHost:
         """orch's releases, journal, lock and pidfile go; its copy of the helper
         (``state/helper``) stays, as on any host orch has deployed to before: only
         a host's first run pays the helper's transfer and compile."""
-        if not self.box.state_dir.is_dir():
-            return
-        for entry in self.box.state_dir.iterdir():
-            if entry.name == "helper":
+        for state_dir in self.state_dirs:
+            if not state_dir.is_dir():
                 continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+            for entry in state_dir.iterdir():
+                if entry.name == "helper":
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
 
     def file_sha(self) -> str:
         return hashlib.sha256(self.target_file.read_bytes()).hexdigest()
@@ -378,6 +400,8 @@ def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay
     keygen(client_key, "orch-bench-client")
     lock = threading.Lock()
     ports = port_plan(count)
+    # Each sshd runs under a subreaper, so that all a host spends can be counted (hostcpu.py).
+    launcher = launcher_script(workdir, sshd_fixture.SSHD)
 
     def start_one(index: int) -> FleetHost:
         hdir = workdir / host_name(index)
@@ -393,12 +417,17 @@ def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay
         host = FleetHost(index, sshd, box)
         with lock:
             registry.append(host)
+        host.sshd_pid = sshd_pid_below(host.reaper_pid)
         host.target_file.write_text(padded(host.target_file.read_text(), file_lines))
         host.pristine = host.target_file.read_bytes()
         host.start_server(startup_delay)
         return host
 
-    hosts = in_parallel(start_one, range(1, count + 1))
+    real_sshd, sshd_fixture.SSHD = sshd_fixture.SSHD, str(launcher)  # what start_sshd runs
+    try:
+        hosts = in_parallel(start_one, range(1, count + 1))
+    finally:
+        sshd_fixture.SSHD = real_sshd
     known_hosts = workdir / "known_hosts"
     known_hosts.write_text("".join(h.sshd.known_hosts_line(h.address) for h in hosts))
     ssh_config = workdir / "ssh_config"

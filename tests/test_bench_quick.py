@@ -9,6 +9,12 @@ failure otherwise), both tools keep to one SSH channel per host, the
 Markdown results file is written with the machine, and nothing the bench
 started is left running. pyinfra and Ansible are not installed in CI, so
 they are left out here.
+
+The comparison with another revision (``--baseline``, issue 18) runs too, as
+small as it gets (N = 1, one round; HEAD against this checkout): both orchs
+deploy, the table has a wall time and a hosts' CPU for each, and ``--write``
+appends a section naming both revisions without touching what the file held.
+``bench_helper_start.py`` likewise, with two starts a side.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.fixtures.sandbox import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,3 +80,112 @@ def test_quick_bench_produces_the_tables(tmp_path: Path) -> None:
 
     assert running_under(tmp) == []  # every sshd, server and tool run was stopped
     assert list(tmp.iterdir()) == []  # and the work directory removed
+
+
+def number_cells(line: str) -> list[float]:
+    return [float(c) for c in line.split() if re.fullmatch(r"\d+(\.\d+)?", c)]
+
+
+def test_baseline_comparison_runs_both_orchs_and_appends(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Fleet bench results\n\nearlier figures\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_fleet.py", "--baseline", "HEAD", "--ns", "1", "--rounds", "1",
+         "--write", str(results)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "failed" not in out.lower(), out  # both orchs deployed, checked on the host by the bench
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    table = out.split("alternately in one run, medians:", 1)[1]
+    assert f"orch@{head} wall s" in table
+    for run in ("deploy", "no-op"):
+        line = re.search(rf"^1 +{run} .*$", table, re.MULTILINE)
+        assert line, table
+        # N, rounds, wall base, wall this, ratio, host ms base, host ms this, ratio
+        n, rounds, wall_b, wall_t, wall_r, cpu_b, cpu_t, cpu_r = number_cells(line.group(0))
+        assert (n, rounds) == (1, 1)
+        assert min(wall_b, wall_t, cpu_b, cpu_t) > 0, line.group(0)  # the hosts' CPU was counted
+        assert abs(wall_r - wall_t / wall_b) < 0.01 and wall_r > 0
+        assert cpu_r > 0
+        assert line.group(0).split()[-1] in ("yes", "no")
+
+    text = results.read_text()
+    assert text.startswith("# Fleet bench results\n\nearlier figures\n")  # appended, not replaced
+    assert re.search(rf"^## \d{{4}}-\d\d-\d\d \d\d:\d\d UTC: orch {head}.* against orch {head}$",
+                     text, re.MULTILINE), text
+    assert "--baseline HEAD" in text and "1  deploy" in text
+
+    assert running_under(tmp) == []
+    assert list(tmp.iterdir()) == []
+
+
+def test_helper_start_bench_measures_both_sides() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_helper_start.py", "--baseline", "HEAD", "--starts", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "kept nothing" not in out  # every measured start ran the kept copy
+    rows = [line for line in out.splitlines() if line.startswith("orch")]
+    assert len(rows) == 2, out
+    for row in rows:
+        starts, median, low, high, wall = number_cells(row)[-5:]
+        assert starts == 2 and 0 < low <= median <= high, row
+        assert wall > 0
+    ratio = re.search(r"this/baseline \(medians\): (\d+\.\d+)", out)
+    assert ratio and float(ratio.group(1)) > 0, out
+
+
+BURN = ("import resource, sys\n"
+        "n = 0\n"
+        "while resource.getrusage(resource.RUSAGE_SELF).ru_utime < float(sys.argv[2]):\n"
+        "    n += 1\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "open(sys.argv[1], 'w').write(str(u.ru_utime + u.ru_stime))\n")
+
+
+def test_hosts_cpu_counts_what_leaves_the_ssh_session(tmp_path: Path) -> None:
+    """The fleet's hosts' CPU (bench/hostcpu.py) counts a process that the SSH session
+    started and that left it (``setsid``, as orch's watchdog does): the subreaper its
+    sshd runs under reaps it, so it does not escape to PID 1. Each burner reports its
+    own CPU; the host's count over the run is at least their sum."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import hostcpu
+    from fleet import start_fleet
+
+    registry: list = []
+    try:
+        fleet = start_fleet(tmp_path / "fleet", 1, startup_delay=0, bashrc_delay=0, file_lines=0,
+                            registry=registry)
+        host = fleet.hosts[0]
+        burn = tmp_path / "burn.py"
+        burn.write_text(BURN)
+        fg, bg = tmp_path / "fg", tmp_path / "bg"
+        py = sys.executable
+        remote = (f"{py} {burn} {fg} 0.1; "
+                  f"(setsid {py} {burn} {bg} 0.3 </dev/null >/dev/null 2>&1 &)")
+        watch = [(host.reaper_pid, host.sshd_pid, ())]
+        assert hostcpu.wait_settled(watch) == []
+        before = hostcpu.tree_cpu(hostcpu.snapshot(), host.reaper_pid)
+        done = subprocess.run(
+            ["ssh", "-F", str(fleet.ssh_config), "-i", str(fleet.client_key), "-o", "BatchMode=yes",
+             "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-p", str(host.sshd.port),
+             f"{host.sshd.user}@{host.address}", remote],
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda: bg.exists() and bg.read_text(), "the orphan's report")
+        assert hostcpu.wait_settled(watch, timeout=120) == []  # the orphan too has ended, reaped
+        spent = hostcpu.tree_cpu(hostcpu.snapshot(), host.reaper_pid) - before
+        burners = float(fg.read_text()) + float(bg.read_text())
+        assert burners >= 0.4
+        assert spent >= burners - 0.02, (spent, burners)  # 0.02: the clock tick of /proc's figures
+    finally:
+        for h in registry:
+            h.stop()
