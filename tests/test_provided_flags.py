@@ -15,6 +15,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, get_json, quick_stability, sha256
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,3 +143,79 @@ def test_a_different_declaration_or_a_plain_insert_of_the_flag_is_refused_naming
     assert declared in out
     assert sha256(box.server_args) == patched and box.server_pid() == pid
     assert applied(box) == [provider]
+
+
+# --------------------------------------------------------------------------- each layout, pure
+
+
+def _declare(tree: Path, marker: str, known: tuple = (), **changes: object) -> tuple[dict, list]:
+    """``add_flag`` of the story's flag (with ``changes``) planned on ``tree``, as ``plan`` does."""
+    from orchestrator.core.edits import plan_file
+    from orchestrator.core.flags import FlagRequest, expand_edits
+    from orchestrator.core.templating import Renderer
+    from orchestrator.shell import agent
+    from orchestrator.shell.config_files import packaged_dir, template_lookup
+
+    target = tree / "python" / "sglang" / "srt" / "server_args.py"
+    near = "speculative_accept_threshold_acc"
+    related = {i["path"]: Path(i["path"]).read_text() for i in agent.follow_imports(str(target), [near])}
+    fields = {"name": FIELD, "type": "int", "default": None, "help": HELP, "near": (near,), "marker_id": marker}
+    request = FlagRequest(**{**fields, **changes})  # type: ignore[arg-type]
+    renderer = Renderer(template_lookup((packaged_dir("templates"),)))
+    edits, plans = expand_edits(str(target), [request], target.read_text(), related, renderer, {}, known)
+    for path, specs in edits.items():
+        if specs:
+            Path(path).write_text(plan_file(path, Path(path).read_text(), specs).result)
+    return edits, plans
+
+
+@pytest.mark.parametrize("layout", ["classic", "annotated", "spec"])
+def test_each_layout_tells_the_same_declaration_from_a_different_one(tmp_path: Path, layout: str) -> None:
+    from orchestrator.core.declarations import ReleaseRecord, declared_blocks
+    from orchestrator.errors import EditError
+    from orchestrator.standin import make_tree
+
+    tree = tmp_path / "tree"
+    make_tree(tree, layout=layout)
+    edits, _ = _declare(tree, "provider:0.0")
+    blocks = [(d["path"], d["marker"]) for path, specs in edits.items()
+              for d in declared_blocks(path, Path(path).read_text(), specs)]
+    assert blocks, "the provider's blocks declare nothing"
+    known = (ReleaseRecord("R1", "provider", tuple({p for p, _ in blocks}), tuple(blocks)),)
+    files = {p: Path(p).read_bytes() for p, _ in blocks}
+
+    edits, plans = _declare(tree, "story:0.0", known, help="  Disable speculation when decode batch size\n"
+                                                             "exceeds this threshold. ")
+    assert not any(edits.values()), "a second declaration was planned"
+    assert plans[0].provided is not None and plans[0].provided.words() == \
+        "declaration provided by release R1 (playbook provider)"
+    assert {p: Path(p).read_bytes() for p in files} == files
+
+    for changes, differs in (({"type": "str"}, "type: 'int' there, 'str' here"),
+                             ({"default": 4}, "default: None there, 4 here"),
+                             ({"help": "Other."}, f"help: {HELP!r} there, 'Other.' here")):
+        with pytest.raises(EditError) as refused:
+            _declare(tree, "story:0.0", known, **changes)
+        message = str(refused.value)
+        assert f"{FLAG} is already declared by release R1 (playbook provider) in " in message
+        assert message.endswith(f"differently: {differs}; nothing changed"), message
+    # no release in effect records the block: refused, naming the block
+    with pytest.raises(EditError, match=r"orch's block provider:0\.0\.\w+ \(playbook provider; no release in effect"):
+        _declare(tree, "story:0.0", ())
+
+
+def test_a_store_true_flag_is_the_same_bool_declaration(tmp_path: Path) -> None:
+    """``type: bool`` is written as ``action="store_true"`` and a ``False`` field: read back as bool, False."""
+    from orchestrator.core.declarations import ReleaseRecord, declared_blocks
+    from orchestrator.standin import make_tree
+
+    tree = tmp_path / "tree"
+    make_tree(tree)
+    edits, _ = _declare(tree, "provider:0.0", type="bool")
+    blocks = tuple((d["path"], d["marker"]) for path, specs in edits.items()
+                   for d in declared_blocks(path, Path(path).read_text(), specs))
+    known = (ReleaseRecord("R1", "provider", (), blocks),)
+    edits, plans = _declare(tree, "story:0.0", known, type="bool", default=False)
+    assert not any(edits.values()) and plans[0].provided is not None
+    with pytest.raises(Exception, match=r"differently: type: 'bool' there, 'int' here; default: False there, None here; "):
+        _declare(tree, "story:0.0", known)

@@ -220,9 +220,9 @@ def differences(found: Sequence[Declaration], wanted: Mapping[str, Any]) -> list
     out = []
     for part in PARTS:
         values = [dict(d.parts)[part] for d in found if part in dict(d.parts)]
-        other = next((v for v in values if not _same(part, v, wanted[part])), MISSING if not values else None)
-        if other is not None:
-            out.append(f"{part}: {other!r} there, {wanted[part]!r} here")
+        unlike = [v for v in values if not _same(part, v, wanted[part])] if values else [MISSING]
+        if unlike:
+            out.append(f"{part}: {unlike[0]!r} there, {wanted[part]!r} here")
     return out
 
 
