@@ -374,6 +374,8 @@ def _refuse_changing_relied_on(planned: list[PlannedFile], known: tuple[ReleaseR
                                loaded: LoadedPlaybook) -> None:
     """A deploy may not change or remove a block whose declaration a release in effect relies
     on (it was satisfied by it, ``provided_by``): refused before anything is staged."""
+    if not any(r.provided_by for r in known):
+        return  # nothing relies on another release's block: no file to decode again
     files = [(p.path, _text_of(p.remote), p.plan.result) for p in planned if p.changed]
     refusal = relied_on_change(files, known)
     if refusal is not None:
