@@ -219,3 +219,26 @@ def test_a_store_true_flag_is_the_same_bool_declaration(tmp_path: Path) -> None:
     assert not any(edits.values()) and plans[0].provided is not None
     with pytest.raises(Exception, match=r"differently: type: 'bool' there, 'int' here; default: False there, None here; "):
         _declare(tree, "story:0.0", known)
+
+
+def test_the_release_of_a_block_comes_from_declares_or_an_older_manifests_playbook_and_files() -> None:
+    """Newest release in effect first; a manifest without ``declares`` (before this change) is
+    matched by the playbook its marker names and the files it changed; an undone one never."""
+    from orchestrator.core.declarations import OrchBlock, release_of, releases_in_effect
+
+    path = "/srv/sglang/srt/server_args.py"
+    manifests = [
+        {"id": "R1", "playbook": {"name": "gated"}, "files": [{"path": path}]},  # older: no declares
+        {"id": "R2", "playbook": {"name": "story"}, "files": [], "declares": [],
+         "provided_by": [{"flag": FLAG, "release": "R1", "playbook": "gated", "blocks": []}]},
+        {"id": "R3", "playbook": {"name": "other"}, "files": [{"path": path}],
+         "declares": [{"flag": "--x", "path": path, "marker": "other:0.0.field"}]},
+        {"id": "R4", "playbook": {"name": "gated"}, "files": [{"path": path}], "declares": []},  # undone
+    ]
+    known = releases_in_effect(manifests, ["R1", "R2", "R3"])
+    assert [r.id for r in known] == ["R3", "R2", "R1"]
+    assert known[1].provided_by[0]["release"] == "R1"
+    assert release_of(OrchBlock(path, "gated:0.0.argument", 350, 358), known).id == "R1"
+    assert release_of(OrchBlock(path, "other:0.0.field", 82, 84), known).id == "R3"
+    assert release_of(OrchBlock(path, "other:0.1", 90, 92), known) is None  # R3 lists its blocks
+    assert release_of(OrchBlock("/elsewhere.py", "gated:0.0.field", 1, 3), known) is None
