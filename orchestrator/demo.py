@@ -214,6 +214,20 @@ def heading(out: Output, title: str) -> None:
         out.line(f"== {title} ==", "bold")
 
 
+WAIT_HEALTHY = """\
+import sys, time, urllib.request
+for _ in range(600):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=2)
+        print("healthy on port {port}")
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.2)
+sys.exit("not healthy after 2 minutes: see server-by-hand.log")
+"""
+"""What ``start-server.sh`` runs after the start: the README's next step needs a healthy server."""
+
+
 def write_kept_sandbox(tmp: Path, port: int) -> None:
     """Scripts and a note that let a person go on using the sandbox after the demo."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch_env(tmp / "sglang").items())
@@ -226,6 +240,8 @@ def write_kept_sandbox(tmp: Path, port: int) -> None:
         f"{env} STANDIN_STARTUP_DELAY=1 setsid {argv} > server-by-hand.log 2>&1 < /dev/null &\n"
         "echo $! > server-by-hand.pid\n"
         f'echo "stand-in server started by hand: pid $!, port {port}, log server-by-hand.log"\n'
+        "# Wait until it answers, so the next command (orch status) finds it healthy.\n"
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(WAIT_HEALTHY.format(port=port))} || exit 1\n"
     )
     stop = tmp / "stop-server.sh"
     stop.write_text(
@@ -245,19 +261,21 @@ def write_kept_sandbox(tmp: Path, port: int) -> None:
 KEPT_README = """\
 The sandbox of `orch demo --keep`: host `sandbox` (connection: local) in
 inventory.yaml, a miniature SGLang-like tree in sglang/, orch's state in
-state/ (the demo's history). From this directory:
+state/ (the demo's history). From this directory, in this order (each
+comment says the exit code and what you should see):
 
-  ./start-server.sh                                  # the stand-in, started by hand, port {port}
-  orch status   --host sandbox                       # exit 0: healthy
-  orch deploy   --host sandbox --check --diff speculative-disable
-  orch deploy   --host sandbox gated.yaml            # threshold 8, gated: the before/after table
-  orch status   --host sandbox --probe               # probe now, against the release's record
-  orch deploy   --host sandbox --var slowdown=2 --var threshold=16 gated.yaml   # rolled back by the gate
-  orch deploy   --host sandbox speculative-disable   # threshold 32, no gate
-  orch deploy   --host sandbox bad-flag.yaml         # refused by the pre-flight: server untouched
-  orch deploy   --host sandbox bad-patch.yaml        # crashes at start: rolled back by itself
-  orch rollback --host sandbox                       # back to threshold 8, then again: none
-  orch history  --host sandbox
+  ./start-server.sh                                  # the stand-in, started by hand, port {port}; waits until it answers
+  orch status   --host sandbox                       # exit 0: healthy, no release in effect
+  orch deploy   --host sandbox --check --diff speculative-disable   # exit 0: the plan and its diff; nothing changed
+  orch deploy   --host sandbox gated.yaml            # exit 0: threshold 8, gated: the before/after table
+  orch status   --host sandbox --probe               # exit 0: probe now, against the release's record (exit 1 if it got slower since: a busy machine)
+  orch deploy   --host sandbox --var slowdown=2 --var threshold=16 gated.yaml   # exit 1: rolled back by the gate
+  orch deploy   --host sandbox speculative-disable   # exit 0: threshold 32, no gate; the flag's declaration is provided by gated.yaml's release
+  orch deploy   --host sandbox bad-flag.yaml         # exit 1: the pre-flight refuses the flag; the running server is untouched
+  orch deploy   --host sandbox bad-patch.yaml        # exit 1: crashes at start, rolled back by itself
+  orch rollback --host sandbox                       # exit 0: back to threshold 8 (gated.yaml's release)
+  orch rollback --host sandbox                       # exit 0: again: no flag, the original files
+  orch history  --host sandbox                       # exit 0: every release above and the demo's
   ./stop-server.sh
 
 Remove the directory when done: rm -rf {dir}

@@ -124,3 +124,109 @@ def servers_of(sandbox: Path) -> set[int]:
         except OSError:
             continue
     return found
+
+
+README_STEP = re.compile(r"^  (?P<command>\./\S+|orch .*?)(?:\s+#\s*(?P<comment>.*))?$")
+
+
+def readme_steps(readme: str) -> list[tuple[list[str], str]]:
+    """The kept sandbox's README.txt commands, in order, with their comments."""
+    import shlex
+
+    return [(shlex.split(m["command"]), m["comment"] or "")
+            for m in map(README_STEP.match, readme.splitlines()) if m]
+
+
+def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
+    """Every command of the kept sandbox's README.txt, run as the text says, in its order;
+    each exits as its comment says, and the outcomes the issue pins hold (issue 20)."""
+    import json
+    import shutil
+    import urllib.request
+
+    env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "--keep"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kept = Path(re.search(r"sandbox kept in (\S+) ", proc.stdout + proc.stderr).group(1))
+    port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))
+    server_args = kept / "sglang" / "python" / "sglang" / "srt" / "server_args.py"
+    original = server_args.read_bytes()
+
+    def info() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
+            return dict(json.load(r))
+
+    def applied() -> list[str]:
+        return list(json.loads((kept / "state" / "state.json").read_text())["applied"])
+
+    def listening() -> int | None:
+        from orchestrator.demo import listening_pid
+
+        return listening_pid(port)
+
+    steps = readme_steps((kept / "README.txt").read_text())
+    assert [" ".join(dict.fromkeys(argv[:2] + argv[-1:])) for argv, _ in steps] == [
+        "./start-server.sh", "orch status sandbox", "orch deploy speculative-disable", "orch deploy gated.yaml",
+        "orch status --probe", "orch deploy gated.yaml", "orch deploy speculative-disable",
+        "orch deploy bad-flag.yaml", "orch deploy bad-patch.yaml", "orch rollback sandbox",
+        "orch rollback sandbox", "orch history sandbox", "./stop-server.sh",
+    ]
+    promised: list[int] = []  # each orch step's exit code as its comment says first
+    rollbacks = 0
+    try:
+        for argv, comment in steps:
+            command = [sys.executable, "-m", "orchestrator", *argv[1:]] if argv[0] == "orch" else argv
+            before = {"pid": listening(), "applied": applied()}
+            run = subprocess.run(command, cwd=kept, capture_output=True, text=True, timeout=300, env=env)
+            out = run.stdout + run.stderr
+            said = [int(code) for code in re.findall(r"exit (\d)", comment)]  # the first, or another it names
+            if argv[0] == "orch":
+                assert said, f"the README's comment on `{' '.join(argv)}` says no exit code"
+            if said:
+                assert run.returncode in said, f"{' '.join(argv)}: {comment}\n{out}"
+                promised.append(said[0])
+            elif argv[0] != "./stop-server.sh":
+                assert run.returncode == 0, out
+            if argv[-1] == "gated.yaml" and "--var" not in argv:
+                assert info()["speculative_disable_batch_threshold"] == 8
+                gated = applied()[-1]
+            if "slowdown=2" in argv:
+                assert "performance gate failed" in out and applied() == before["applied"]
+                assert info()["speculative_disable_batch_threshold"] == 8
+            if argv[-1] == "speculative-disable" and "--check" not in argv:
+                assert (f"declaration provided by release {gated} (playbook speculative-disable-gated)"
+                        in out), out
+                assert info()["speculative_disable_batch_threshold"] == 32
+                assert server_args.read_text().count("speculative_disable_batch_threshold: ") == 1
+            if argv[-1] == "bad-flag.yaml":
+                assert "unrecognized arguments: --speculative-disable-batch-treshold" in out, out
+                assert listening() == before["pid"] and before["pid"] is not None
+            if argv[-1] == "bad-patch.yaml":
+                assert "this patch breaks the server at start" in out
+                assert info()["speculative_disable_batch_threshold"] == 32
+            if argv[1:2] == ["rollback"]:
+                rollbacks += 1
+                if rollbacks == 1:
+                    assert applied() == [gated]
+                    assert info()["speculative_disable_batch_threshold"] == 8
+                else:
+                    assert applied() == []
+                    assert info().get("speculative_disable_batch_threshold") is None
+                    assert "--speculative-disable-batch-threshold" not in " ".join(cmdline_of(listening()))
+                    assert server_args.read_bytes() == original
+        # the comments themselves, pinned: what the issue asks each step to do
+        assert promised == [0, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0], promised
+    finally:
+        subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while servers_of(kept) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(kept, ignore_errors=True)
+    assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
+
+
+def cmdline_of(pid: int | None) -> list[str]:
+    if pid is None:
+        return []
+    return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]

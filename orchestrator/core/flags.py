@@ -10,7 +10,9 @@ check then treat them like any other insert.
 
 A flag the file (or the module that holds the fields) already declares
 outside orch's own blocks is refused: adding it twice would only move the
-error to the server's start.
+error to the server's start. One declared inside the block of another
+playbook's release is that release's (``core.declarations``): the same
+declaration is satisfied by it, a different one is refused naming what differs.
 """
 
 from __future__ import annotations
@@ -20,10 +22,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.anchors import field_statements
+from orchestrator.core.declarations import (
+    Declaration,
+    OrchBlock,
+    Provided,
+    ReleaseRecord,
+    already_declared,
+    declared_names,
+    differences,
+    flag_declarations,
+    release_of,
+)
 from orchestrator.core.edit_spec import Anchor, EditSpec
 from orchestrator.core.layouts import SPEC, Layout, LayoutError, NoNeighbour, find_layout, flag_name
-from orchestrator.core.pyindex import PySource
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import EditError
 
@@ -97,7 +108,8 @@ class FlagPlan:
 
     request: FlagRequest
     layout: Layout
-    edits: tuple[tuple[str, EditSpec], ...]  # (file path, insert)
+    edits: tuple[tuple[str, EditSpec], ...]  # (file path, insert); none when ``provided``
+    provided: Provided | None = None  # satisfied by another release's identical declaration
 
 
 # --------------------------------------------------------------------------- Python literals
@@ -161,14 +173,52 @@ def template_context(request: FlagRequest, layout: Layout) -> dict[str, Any]:
 # --------------------------------------------------------------------------- planning
 
 
-def _declared_outside_blocks(path: str, text: str, name: str, marker_prefix: str) -> int | None:
-    """Line of a field ``name`` in ``text`` that is not inside one of orch's blocks for this flag."""
-    src = PySource(path, text)
-    for info in field_statements(src, name):
-        above = src.line(info.start - 1).strip()
-        if not above.startswith("#") or f"orch {marker_prefix}" not in above:
-            return info.start
-    return None
+def wanted_parts(request: FlagRequest) -> dict[str, Any]:
+    """The parts of the declaration ``request`` would write, as a declaration in a file says them."""
+    default = False if request.type == "bool" and request.default is None else request.default
+    return {"type": request.type, "default": default, "help": request.help}
+
+
+def provided_by_release(
+    request: FlagRequest, layout: Layout, others: list[Declaration], known: Sequence[ReleaseRecord]
+) -> FlagPlan:
+    """``request`` is declared in another playbook's orch block: satisfied when the release in
+    effect that wrote it declares the same flag; refused (nothing changed) otherwise."""
+    first = others[0]
+    assert first.block is not None
+    release = release_of(first.block, known)
+    message = already_declared(request.flag, first, release)
+    if release is None:
+        raise request.error(f"{message}; there is nothing to add")
+    diffs = differences(others, wanted_parts(request))
+    if diffs:
+        raise request.error(f"{message}, differently: {'; '.join(diffs)}; nothing changed")
+    blocks = tuple(dict.fromkeys((d.block.path, d.block.marker) for d in others if d.block is not None))
+    return FlagPlan(request, layout, (), Provided(request.flag, release.id, release.playbook, blocks))
+
+
+def of_same_playbook(block: OrchBlock, marker_id: str) -> bool:
+    """``block`` was written by the playbook whose edit has ``marker_id`` (its other edits
+    may declare the same flag: a field and its parser call are two inserts)."""
+    if ":" not in marker_id:
+        return block.marker == marker_id
+    return block.playbook == marker_id.rpartition(":")[0]
+
+
+def refuse_redeclaring(
+    path: str, text: str, companions: Mapping[str, str], spec: EditSpec, known: Sequence[ReleaseRecord]
+) -> None:
+    """An ``insert:`` in a Python file whose statement declares a flag an orch release (of
+    another block) already declared: refused, as ``add_flag`` is, before anything is staged."""
+    if spec.kind != "insert" or not path.endswith(".py") or not spec.text:
+        return
+    for name in declared_names(spec.text):
+        for where, body in {path: text, **companions}.items():
+            for found in flag_declarations(where, body, name):
+                if found.block is not None and not of_same_playbook(found.block, spec.marker_id):
+                    message = already_declared(flag_name(name), found, release_of(found.block, known))
+                    raise EditError(f"{message}; this insert would declare it a second time",
+                                    file=spec.file, line=spec.line, key=spec.key)
 
 
 def plan_flag(
@@ -178,9 +228,11 @@ def plan_flag(
     companions: Mapping[str, str],
     renderer: Renderer,
     variables: Mapping[str, Any],
+    known: Sequence[ReleaseRecord] = (),
 ) -> FlagPlan:
     """The inserts that declare ``request`` in the layout of ``path`` (or of the module holding
-    its fields, one of ``companions``). Raises ``EditError`` at the playbook key."""
+    its fields, one of ``companions``). Raises ``EditError`` at the playbook key. ``known``:
+    the releases in effect on the host, newest first (who wrote an orch block found there)."""
     try:
         layout = find_layout(path, text, request.near, companions)
     except NoNeighbour as exc:
@@ -188,13 +240,16 @@ def plan_flag(
     except LayoutError as exc:
         raise request.error(str(exc)) from None
     texts = {path: text, **companions}
-    for target in layout.paths:
-        line = _declared_outside_blocks(target, texts[target], request.name, request.marker_id)
-        if line is not None:
+    found = [d for target in layout.paths for d in flag_declarations(target, texts[target], request.name)]
+    for d in found:
+        if d.block is None:
             raise request.error(
-                f"{target} already declares {request.name} (line {line}); "
+                f"{d.path} already declares {request.name} (line {d.line}); "
                 f"{request.flag} exists there, there is nothing to add"
             )
+    others = [d for d in found if d.block is not None and not d.block.marker.startswith(f"{request.marker_id}.")]
+    if others:
+        return provided_by_release(request, layout, others, known)
     context = {**variables, "flag": template_context(request, layout)}
     edits: list[tuple[str, EditSpec]] = []
     for declaration in layout.declarations:
@@ -225,16 +280,19 @@ def expand_edits(
     companions: Mapping[str, str],
     renderer: Renderer,
     variables: Mapping[str, Any],
+    known: Sequence[ReleaseRecord] = (),
 ) -> tuple[dict[str, list[EditSpec]], list[FlagPlan]]:
     """A file entry's edits as plain inserts per file, in playbook order: each ``add_flag``
-    becomes the inserts of its layout (in ``path`` or in one of ``companions``)."""
+    becomes the inserts of its layout (in ``path`` or in one of ``companions``), none when
+    another release's identical declaration provides it. ``known``: see ``plan_flag``."""
     out: dict[str, list[EditSpec]] = {path: []}
     plans: list[FlagPlan] = []
     for edit in edits:
         if isinstance(edit, EditSpec):
+            refuse_redeclaring(path, text, companions, edit, known)
             out[path].append(edit)
             continue
-        flag = plan_flag(edit, path, text, companions, renderer, variables)
+        flag = plan_flag(edit, path, text, companions, renderer, variables, known)
         plans.append(flag)
         for target, spec in flag.edits:
             out.setdefault(target, []).append(spec)

@@ -609,6 +609,10 @@ class Deployment:
             ),
             "restarted": bool(change and change.restart),
             "flag_changes": [self._redact(c) for c in (change.flag_changes if change else [])],
+            # flags declared in orch's blocks this release leaves, and those another release in
+            # effect declares for it (core.declarations; an older manifest has neither)
+            "declares": self.plan.declares,
+            "provided_by": self.plan.provided_by,
             "watchdog_deadline": self.deadline,
             "orch_version": __version__,
             "controller": lock_holder("deploy"),
@@ -728,7 +732,7 @@ def _deploy_in_session(
         if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
             reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
         with clock.step("plan"):
-            plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state))
+            plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state), state=state)
         plan.teach(options.masker)
         for note in plan.notes:
             reporter.note(label, note)
@@ -759,7 +763,8 @@ def _check(
     state = session.run(ops.state_read(session.target.state_dir))  # reads, creates nothing
     refuse_busy(label, state)  # --check exits 2 where a deploy would refuse
     with clock.step("plan"):
-        plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state))
+        plan = make_plan(session, loaded, cli_vars, check=True, current_release_dir=current_release_dir(state),
+                         state=state)
     plan.teach(session.options.masker)
     reporter.plan(label, plan)
     for note in plan.notes:  # the same level as the deploy's: a layout found is news, not a warning

@@ -26,6 +26,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from orchestrator.core.cmdline import apply_flags, flag_changes, render_words
+from orchestrator.core.declarations import (
+    ReleaseRecord,
+    declared_blocks,
+    releases_in_effect,
+    relied_on_change,
+)
 from orchestrator.core.edit_spec import EditSpec, FilePlan
 from orchestrator.core.edits import MOVED_NOTE, plan_file
 from orchestrator.core.facts import (
@@ -168,6 +174,10 @@ class HostPlan:
     notes: list[str] = field(default_factory=list)
     refusal: str | None = None  # --check only: why a deploy would refuse (exit 2)
     facts: Facts = field(default_factory=Facts)
+    # for the release's manifest: the blocks it leaves that declare flags, and the declarations
+    # another release in effect provides instead (``core.declarations``)
+    declares: list[dict[str, Any]] = field(default_factory=list)
+    provided_by: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def changed_files(self) -> list[PlannedFile]:
@@ -268,12 +278,15 @@ def make_plan(
     *,
     check: bool = False,
     current_release_dir: str | None = None,
+    state: dict[str, Any] | None = None,
 ) -> HostPlan:
     """Read the host, render the playbook for it, and edit in memory.
 
     With ``check``, a server that cannot be planned (none running and no
     ``command``) is a note, not an error: ``--check`` is also how one looks
-    at a patch on a box whose server is down.
+    at a patch on a box whose server is down. ``state``: the host's records
+    (``state_read``), to tell which release in effect wrote an orch block
+    that declares a flag, and which blocks a release in effect relies on.
     """
     target = session.target
     pb = loaded.model
@@ -318,10 +331,13 @@ def make_plan(
     if rendered.server is not None and rendered.server.manager == "commands":
         running = find_commands_server(session, rendered.server)
     read = dict(zip(host["paths"], host["files"], strict=False))
+    known = _releases_in_effect(state)
     try:
-        planned, notes = _plan_files(target, loaded, rendered, read, host["companions"], paths, renderer, variables)
+        planned, notes, provided = _plan_files(target, loaded, rendered, read, host["companions"], paths,
+                                               renderer, variables, known)
     except NeighbourNotFound as e:
         raise _with_closest_names(session, e) from None
+    _refuse_changing_relied_on(planned, known, loaded)
     files_changed = any(p.changed for p in planned)
     refusal: str | None = None
     try:
@@ -343,7 +359,31 @@ def make_plan(
     if server is not None:
         render_server_commands(server, loaded, renderer, variables)
         refuse_unusable(_change_values(server), loaded.locations.where)
-    return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal, facts)
+    declares = [d for p in planned for d in declared_blocks(p.path, p.plan.result, p.rendered.edits)]
+    return HostPlan(target, rendered, loaded, planned, server, variables, notes, refusal, facts,
+                    declares, provided)
+
+
+def _releases_in_effect(state: dict[str, Any] | None) -> tuple[ReleaseRecord, ...]:
+    if not state:
+        return ()
+    return releases_in_effect(state.get("releases") or [], (state.get("state") or {}).get("applied") or [])
+
+
+def _refuse_changing_relied_on(planned: list[PlannedFile], known: tuple[ReleaseRecord, ...],
+                               loaded: LoadedPlaybook) -> None:
+    """A deploy may not change or remove a block whose declaration a release in effect relies
+    on (it was satisfied by it, ``provided_by``): refused before anything is staged."""
+    if not any(r.provided_by for r in known):
+        return  # nothing relies on another release's block: no file to decode again
+    files = [(p.path, _text_of(p.remote), p.plan.result) for p in planned if p.changed]
+    refusal = relied_on_change(files, known)
+    if refusal is not None:
+        raise ConfigError(refusal, file=loaded.display)
+
+
+def _text_of(remote: RemoteFile) -> str:
+    return remote.data.decode("utf-8", errors="replace")
 
 
 def _validate_values(rendered: RenderedPlaybook, variables: dict[str, Any], renderer: Renderer) -> list[HostValue]:
@@ -419,13 +459,16 @@ def _plan_files(
     paths: list[str],
     renderer: Renderer,
     variables: dict[str, Any],
-) -> tuple[list[PlannedFile], list[str]]:
-    """Every file to change, planned and structurally checked; the notes worth telling."""
+    known: tuple[ReleaseRecord, ...] = (),
+) -> tuple[list[PlannedFile], list[str], list[dict[str, Any]]]:
+    """Every file to change, planned and structurally checked; the notes worth telling; the
+    ``add_flag`` declarations another release in effect provides (``provided_by`` records)."""
     notes: list[str] = []
     order: list[str] = []  # paths in playbook order
     sources: dict[str, tuple[RenderedFile, RemoteFile, int]] = {}
     edits: dict[str, list[EditSpec]] = {}
     hints: dict[str, Any] = {}
+    provided: list[dict[str, Any]] = []
     extra = len(loaded.model.files)
     for rfile in rendered.files:
         info = read.get(rfile.path) or read.get(paths[rfile.index])
@@ -443,8 +486,12 @@ def _plan_files(
         if remote.path not in sources:
             order.append(remote.path)
             sources[remote.path] = (rfile, remote, rfile.index)
-        expanded, flags = expand_edits(remote.path, rfile.edits, text, related_text, renderer, variables)
+        expanded, flags = expand_edits(remote.path, rfile.edits, text, related_text, renderer, variables, known)
         notes.extend(_flag_note(f.request, f.layout.description, remote.path, f.layout.paths) for f in flags)
+        for f in flags:
+            if f.provided is not None:
+                notes.append(f"add_flag {f.request.flag}: {f.provided.words()}; nothing to add")
+                provided.append(f.provided.record())
         for path, specs in expanded.items():
             if path not in sources:
                 order.append(path)
@@ -464,7 +511,7 @@ def _plan_files(
         fplan = planned_file(path, text, specs, rfile.comment, hints.get(path))
         planned.append(PlannedFile(replace(rfile, edits=tuple(specs)), remote, fplan, index, source))
         notes.extend(f"{path}: {note.partition(': ')[2]}" for note in fplan.notes if MOVED_NOTE in note)
-    return planned, notes
+    return planned, notes, provided
 
 
 PLAN_MEMO_SIZE = 16
