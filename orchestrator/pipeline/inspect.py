@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
+from orchestrator.core.outcomes import status_exit_code
 from orchestrator.core.progress import HostView, view_of_state
 from orchestrator.core.releases import describe_release, release_order
 from orchestrator.core.secrets import redact_argv
@@ -145,7 +146,7 @@ class HostStatus:
 
     @property
     def exit_code(self) -> int:
-        return 3 if self.problems else (1 if self.regressed else 0)
+        return status_exit_code(self.problems, self.regressed)
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)

@@ -63,7 +63,7 @@ from orchestrator.core.nightly import (
     relative_to_build,
     source_changes,
 )
-from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.outcomes import CHANGED, UNSAFE, Outcome, Step, verdict
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.releases import (
     LinkState,
@@ -529,7 +529,7 @@ class Night:
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.nightly_remove_build(self.builds_dir, self.name),
-                ops.release_update(self.state_dir, self.name, {"outcome": "failed", "error": reason,
+                ops.release_update(self.state_dir, self.name, {"outcome": Outcome.FAILED, "error": reason,
                                                                 "finished": self.session.host_time()}),
                 self.journal("failed", finished=True),
                 self.log_op(f"failed before the switch: {reason}"),
@@ -681,7 +681,7 @@ class Night:
         if not answer.confirmed:
             why = "the watchdog's deadline passed before the night could confirm"
             if answer.restored is None:
-                return self.result("rollback_failed", 3, (
+                return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                     f"{self.label}: {why}; the watchdog is switching night {self.name} back but left no record; "
                     f"run `orch status --host {self.label}`"))
             return self.restored(RemoteError(why), why, answer.restored)
@@ -691,7 +691,7 @@ class Night:
         for rid, paths in pruning.held.items():
             self.reporter.note(self.label, held_note(rid, paths))
         self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
-        result = self.result("changed", 0)
+        result = self.result(CHANGED.outcome, CHANGED.exit_code)
         result.build_log = self.read_log()
         return result
 
@@ -728,12 +728,12 @@ class Night:
                 f"dropped: the host finishes it by itself, and the watchdog backs it up at {at(until)}; run "
                 f"`orch status --host {self.label}` to see"))
         except KeyboardInterrupt:
-            return self.result("rollback_failed", 3, (
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: interrupted again during the switch back of night {self.name}: orch stopped "
                 f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
                 f"{at(until)}; or run `orch rollback --host {self.label}` now"))
         except OrchError as e:
-            return self.result("rollback_failed", 3, (
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {e}. "
                 f"The watchdog switches back at {at(until)}; run `orch status --host {self.label}`"))
         return self.restored(cause, reason, record)
@@ -746,8 +746,8 @@ class Night:
             self.reporter.server_log(self.label, "server log, switch back (last 40 lines)", record.log_tail)
         for problem in record.record_errors:
             self.reporter.warn(self.label, f"the host could not record the switch back: {problem}")
-        never_switched = v.outcome == "failed"
-        if record.ok and v.outcome == "rolled_back":
+        never_switched = v.outcome == Outcome.FAILED
+        if record.ok and v.outcome == Outcome.ROLLED_BACK:
             who = "" if record.by == "controller" else f" (by the {record.by})"
             self.reporter.step(self.label, f"switched back{who}: {done}")
         elif record.ok:
@@ -759,7 +759,7 @@ class Night:
         finished = self.session.host_time()
         steps = [ops.release_update(self.state_dir, self.name, {
                      "finished": finished, "duration": round(finished - self.started, 3),
-                     **({"outcome": "failed"} if never_switched else {})}),
+                     **({"outcome": Outcome.FAILED} if never_switched else {})}),
                  self.log_op(f"switch back: {done}")]
         if never_switched:
             steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))

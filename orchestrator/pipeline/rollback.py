@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.outcomes import UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
     FileState,
     LinkState,
@@ -58,7 +58,7 @@ def rollback_host(
                     return finish_unfinished(session, state_dir, journal, reporter)
                 if rid is not None and rid == applied[-1]:
                     reporter.step(label, f"release {rid} is already current: nothing to do")
-                    return HostReport(label, "unchanged", 0, release=rid)
+                    return HostReport.ended(label, UNCHANGED, release=rid)
                 return undo_releases(session, state_dir, state, to, reporter)
             finally:
                 release_lock(session, state_dir)
@@ -84,12 +84,13 @@ def report_restore(
     if record.log_tail:
         reporter.server_log(label, "server log (last 40 lines)", record.log_tail)
     info = {"restore": done, "drift": [f.path for f in record.drift], **(extra or {})}
+    v = rollback_verdict(record)
     if not record.ok:
-        return HostReport(label, "rollback_failed", 3, release=release_id, files=planned, extra=info, error=(
+        return HostReport.ended(label, v, release=release_id, files=planned, extra=info, error=(
             f"{label}: {what} FAILED: {done}. The host is not known to be healthy; fix the cause and run "
             f"`orch rollback --host {label}` again"))
     reporter.step(label, f"{what}: {done}")
-    return HostReport(label, "rolled_back", 0, release=release_id, files=planned, extra=info)
+    return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
 
 
 def finish_unfinished(
@@ -108,7 +109,7 @@ def finish_unfinished(
         remove_half_built(session, journal, reporter)
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="abandoned", finished=True)))
         reporter.step(label, f"{kind} {rid} had not changed anything; journal closed")
-        return HostReport(label, "unchanged", 0, release=rid)
+        return HostReport.ended(label, UNCHANGED, release=rid)
     try:
         record = session.run(ops.restore_release(release_dir, "rollback", reason="unfinished; restored by orch rollback"),
                              on_event=_events(reporter, label))
@@ -117,7 +118,7 @@ def finish_unfinished(
             raise
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="confirmed", finished=True)))
         reporter.warn(label, f"{rid} had been confirmed before its run ended; journal closed")
-        return HostReport(label, "unchanged", 0, release=rid)
+        return HostReport.ended(label, UNCHANGED, release=rid)
     if record.ok and journal.get("step") == "armed":
         remove_half_built(session, journal, reporter)  # armed, never switched: its build never ran
     planned = [f["path"] for f in spec["plan"].get("files", [])]
@@ -167,7 +168,7 @@ def undo_releases(
     releases_dir = f"{state_dir}/releases"
     if not applied:
         reporter.step(label, "nothing to roll back: no release is current (there is nothing before)")
-        return HostReport(label, "unchanged", 0, notes=["nothing before"])
+        return HostReport.ended(label, UNCHANGED, notes=["nothing before"])
     target = rollback_target(applied, releases, releases_dir, to)
     refuse_pruned_builds(session, target.links)
     newest = releases[target.undo[0]]
