@@ -73,6 +73,7 @@ from orchestrator.pipeline.locking import (
 )
 from orchestrator.pipeline.plan import (
     HostPlan,
+    ServerChange,
     Staged,
     make_plan,
     server_log,
@@ -329,7 +330,7 @@ class Deployment:
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.release_update(self.state_dir, self.release_id, {
                 "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
-                "timings": self.timings, **self._gate_fields()}),
+                "timings": self.timings, "steps": self._steps(), **self._gate_fields()}),
             *gate_records,
             ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
             ops.put_json(self._journal_path(), self._journal("confirmed", finished=True)),
@@ -350,8 +351,7 @@ class Deployment:
         return HostReport.ended(
             self.label, CHANGED, release=self.release_id,
             files=[f.path for f in self.plan.changed_files],
-            extra={"flag_changes": self.plan.server.flag_changes if self.plan.server else [],
-                   "timings": self.timings, **self._gate_report()},
+            extra={**flag_change_report(self.plan.server), "timings": self.timings, **self._gate_report()},
         )
 
     # ---------------------------------------------------------------- failure
@@ -475,7 +475,7 @@ class Deployment:
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.release_update(self.state_dir, self.release_id, {
-                    "finished": finished, "timings": self.timings,
+                    "finished": finished, "timings": self.timings, "steps": self._steps(),
                     "duration": round(finished - self.started_at, 3), **self._gate_fields(),
                     **({"outcome": Outcome.FAILED} if outcome == Outcome.FAILED else {})}),
                 self._log_op(f"restore: {record.describe()}"),
@@ -644,6 +644,11 @@ class Deployment:
         server = self.plan.loaded.model.server
         return server.preflight_timeout if server is not None else 120.0
 
+    def _steps(self) -> list[dict[str, Any]]:
+        """The steps so far as fields, on the host's clock (``StepClock.steps``)."""
+        assert self.clock is not None
+        return self.clock.steps(self.session.host_time)
+
     @property
     def _phases_started(self) -> set[str]:
         assert self.clock is not None
@@ -667,6 +672,13 @@ class Deployment:
 
     def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
         return self.masker.argv(argv) if argv is not None else None
+
+
+def flag_change_report(change: ServerChange | None) -> dict[str, Any]:
+    """``--json``'s flag changes: ``flag_changes`` as fields (``{"flag", "from", "to"}``, a flag
+    absent on one side is null) and ``flag_changes_text``, the lines people read (secrets masked)."""
+    return {"flag_changes": list(change.flag_fields) if change else [],
+            "flag_changes_text": list(change.flag_changes) if change else []}
 
 
 def _health_began(event: dict[str, Any]) -> bool:
@@ -705,6 +717,7 @@ def deploy_host(
             result.extra["round_trips"] = session.round_trips
             result.extra["execs"] = session.execs
             result.extra["timings"] = clock.timings
+            result.extra["steps"] = clock.steps(session.host_time)
             return result
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
@@ -716,7 +729,7 @@ def deploy_host(
         else:
             error = str(cause)
         return HostReport(label, v.outcome, v.exit_code, error=error,  # type: ignore[arg-type]
-                          extra={"timings": clock.timings})
+                          extra={"timings": clock.timings, "steps": clock.steps(session.host_time)})
 
 
 def _deploy_in_session(
@@ -789,6 +802,5 @@ def _check(
         label, PLANNED,
         files=[f.path for f in plan.changed_files],
         notes=list(plan.notes),
-        extra={"restart": bool(change and change.restart),
-               "flag_changes": change.flag_changes if change else []},
+        extra={"restart": bool(change and change.restart), **flag_change_report(change)},
     )

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core.cmdline import flag_change_fields, flag_changes
 from orchestrator.core.outcomes import UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
     FileState,
@@ -35,6 +36,7 @@ from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 
@@ -42,29 +44,49 @@ from orchestrator.shell.agent_client import RemoteStepError
 def rollback_host(
     target: HostTarget, to: str | None, options: ConnectOptions, reporter: Reporter
 ) -> HostReport:
+    """The rollback on one host; every error becomes this host's report, which carries
+    ``steps`` (``StepClock.steps``) as far as the host got."""
     label = target.name
     reached = Step.CONNECTING
+    clock = StepClock(label, reporter)
+    session = HostSession(target, options)
     try:
-        with HostSession(target, options) as session:
+        clock.start("connect")
+        with session:
+            clock.stop("connect")
             reached = Step.PLANNING
-            state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
-            options.masker.declare_recorded(state["releases"])
-            try:
-                applied = list(state["state"].get("applied", []))
-                # an unknown or undone --to is refused (exit 2) whatever the host's state
-                rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
-                journal = state["journal"]
-                if journal and not journal.get("finished"):
-                    return finish_unfinished(session, state_dir, journal, reporter)
-                if rid is not None and rid == applied[-1]:
-                    reporter.step(label, f"release {rid} is already current: nothing to do")
-                    return HostReport.ended(label, UNCHANGED, release=rid)
-                return undo_releases(session, state_dir, state, to, reporter)
-            finally:
-                release_lock(session, state_dir)
+            report = _rollback_in_session(session, to, options, reporter, clock)
+            report.extra["steps"] = clock.steps(session.host_time)
+            return report
     except (OrchError, KeyboardInterrupt) as cause:
+        clock.stop("connect")
         v = verdict(cause, reached)
-        return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)")  # type: ignore[arg-type]
+        return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)",  # type: ignore[arg-type]
+                          extra={"steps": clock.steps(session.host_time)})
+
+
+def _rollback_in_session(
+    session: HostSession, to: str | None, options: ConnectOptions, reporter: Reporter, clock: StepClock
+) -> HostReport:
+    label = session.target.name
+    with clock.step("lock"):
+        state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
+    options.masker.declare_recorded(state["releases"])
+    try:
+        applied = list(state["state"].get("applied", []))
+        # an unknown or undone --to is refused (exit 2) whatever the host's state
+        rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
+        journal = state["journal"]
+        if journal and not journal.get("finished"):
+            with clock.step("rollback"):
+                return finish_unfinished(session, state_dir, journal, reporter)
+        if rid is not None and rid == applied[-1]:
+            reporter.step(label, f"release {rid} is already current: nothing to do")
+            return HostReport.ended(label, UNCHANGED, release=rid)
+        with clock.step("rollback"):
+            return undo_releases(session, state_dir, state, to, reporter)
+    finally:
+        release_lock(session, state_dir)
 
 
 def _events(reporter: Reporter, label: str) -> Any:
@@ -237,6 +259,11 @@ def undo_releases(
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))
     now_current = target.new_applied[-1] if target.new_applied else "none (the state before any release)"
+    # the command line goes back from the newest undone release's to the one before the oldest's
+    # (both as recorded: masked); no restart, no flag changed
+    argvs = ((newest.get("server_after") or {}).get("argv") or [], (target.server_before or {}).get("argv") or [])
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
                           extra={"undid": list(target.undo),
-                                 "current": target.new_applied[-1] if target.new_applied else None})
+                                 "current": target.new_applied[-1] if target.new_applied else None,
+                                 "flag_changes": flag_change_fields(*argvs) if target.restart else [],
+                                 "flag_changes_text": flag_changes(*argvs) if target.restart else []})
