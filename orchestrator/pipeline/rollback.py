@@ -259,9 +259,12 @@ def undo_releases(
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))
     now_current = target.new_applied[-1] if target.new_applied else "none (the state before any release)"
-    # the command line goes back from the newest undone release's to the one before the oldest's
-    # (both as recorded: masked); no restart, no flag changed
-    argvs = ((newest.get("server_after") or {}).get("argv") or [], (target.server_before or {}).get("argv") or [])
+    # the command line goes back from the newest undone release's to the one the release current
+    # now started (or, where it started none, the one that ran before the oldest undone): both as
+    # asked and recorded (masked), not the process's argv, where a shim shows its real path
+    now_started = (releases.get(target.new_applied[-1]) or {}).get("server_after") if target.new_applied else None
+    argvs = ((newest.get("server_after") or {}).get("argv") or [],
+             (now_started or target.server_before or {}).get("argv") or [])
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
                           extra={"undid": list(target.undo),
                                  "current": target.new_applied[-1] if target.new_applied else None,
