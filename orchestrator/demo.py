@@ -34,6 +34,7 @@ from orchestrator.cli.tables import draw_history
 from orchestrator.cli.views import ConsoleReporter, print_summary
 from orchestrator.core.inventory import resolve_hosts
 from orchestrator.core.models import parse_inventory
+from orchestrator.core.outcomes import ExitCode, Outcome, demo_exit_code
 from orchestrator.pipeline.deploy import deploy_host
 from orchestrator.pipeline.inspect import host_history
 from orchestrator.pipeline.report import RunReport
@@ -324,7 +325,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
         heading(out, "1. deploy the speculation patch, with a performance gate")
         gated = load_playbook(tmp / "gated.yaml")
         first = report.hosts["deploy"] = deploy_host(target, gated, {}, options, reporter)
-        ok &= first.outcome == "changed"
+        ok &= first.outcome == Outcome.CHANGED
         import json
         import urllib.request
 
@@ -341,7 +342,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
         heading(out, "2. deploy a change that halves the throughput: the gate rolls it back")
         slow = report.hosts["regression"] = deploy_host(
             target, gated, {"slowdown": 2, "threshold": 16}, options, reporter)
-        ok &= slow.outcome == "rolled_back" and "tokens_per_s" in (slow.error or "")
+        ok &= slow.outcome == Outcome.ROLLED_BACK and "tokens_per_s" in (slow.error or "")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
             info = json.load(r)
         out.line(f"the gate compared with release {first.release}'s record; the server runs again with "
@@ -351,14 +352,14 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
         serving = listening_pid(port)
         bad = load_playbook(tmp / "bad-flag.yaml")
         second = report.hosts["misspelt flag"] = deploy_host(target, bad, {"port": port}, options, reporter)
-        ok &= second.outcome == "rolled_back" and listening_pid(port) == serving
+        ok &= second.outcome == Outcome.ROLLED_BACK and listening_pid(port) == serving
         out.line(f"the running server was never stopped: pid {listening_pid(port)} "
                  f"(was {serving})", "bold")
 
         heading(out, "4. deploy a patch that breaks the server at start: rolled back by itself")
         crash = load_playbook(tmp / "bad-patch.yaml")
         third = report.hosts["bad patch"] = deploy_host(target, crash, {"port": port}, options, reporter)
-        ok &= third.outcome == "rolled_back"
+        ok &= third.outcome == Outcome.ROLLED_BACK
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
             info = json.load(r)
         out.line(f"after the automatic rollback the server runs again with threshold "
@@ -366,7 +367,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
 
         heading(out, "5. orch rollback")
         fourth = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
-        ok &= fourth.exit_code == 0 and sha256(target_file) == original_sha
+        ok &= fourth.exit_code == ExitCode.OK and sha256(target_file) == original_sha
         out.line(f"server_args.py sha256 equals the original: {sha256(target_file) == original_sha}")
 
         heading(out, "6. orch history")
@@ -374,7 +375,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
         print_summary(out, report)
         out.line("demo finished as expected" if ok else "demo went wrong",
                  "bold green" if ok else "bold red")
-        return 0 if ok else 1
+        return demo_exit_code(ok)
     except KeyboardInterrupt:
         out.line("interrupted; stopping everything the demo started", "yellow")
         return 1
@@ -393,6 +394,6 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
 
             shutil.rmtree(tmp, ignore_errors=True)
         if out.json:
-            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {},
+            out.emit_json({"exit_code": demo_exit_code(ok), "error": None, "hosts": {},
                            "steps": {k: r.to_json() for k, r in report.hosts.items()},
                            "sandbox": str(tmp) if keep else None})

@@ -41,6 +41,7 @@ from orchestrator.cli.views import ConsoleReporter, print_summary
 from orchestrator.core.inventory import resolve_hosts
 from orchestrator.core.models import parse_inventory
 from orchestrator.core.nightly import manifest_changes
+from orchestrator.core.outcomes import ExitCode, demo_exit_code
 from orchestrator.demo import free_port, heading, kill_port_owner
 from orchestrator.pipeline.inspect import host_history
 from orchestrator.pipeline.nightly import NightOptions, NightResult, nightly_host
@@ -134,7 +135,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
                  f"(pinned to {_git(upstream, 'rev-parse', 'HEAD')})")
         first = night("night 1", "1. the first night: build, patch, switch, probe")
         second = night("night 2", "2. the same spec again")
-        ok &= first.exit_code == 0 and second.exit_code == 0
+        ok &= first.exit_code == ExitCode.OK and second.exit_code == ExitCode.OK
         if first.manifest and second.manifest:
             same = first.manifest.comparable() == second.manifest.comparable()
             ok &= same
@@ -145,7 +146,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
         _git(upstream, "commit", "-qam", "upstream moves on")
         pin(_git(upstream, "rev-parse", "HEAD"))
         third = night("night 3", "3. upstream moved on; the spec pins the new commit")
-        ok &= third.exit_code == 0
+        ok &= third.exit_code == ExitCode.OK
         if third.manifest and third.last_good:
             for change in manifest_changes(third.last_good, third.manifest):
                 out.line(f"  changed since the last good night: {change.text}")
@@ -154,12 +155,12 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
         spec_path.write_text(spec_path.read_text().replace('PYTHONDONTWRITEBYTECODE: "1"}', crashing))
         fourth = night("night 4", "4. a night whose new server crashes at start (a stand-in switch)")
         pin(_git(upstream, "rev-parse", "HEAD"))  # the crash switch out again: the kept spec runs as given
-        ok &= fourth.exit_code == 1 and os.readlink(builds / "current") == third.name
+        ok &= fourth.exit_code == ExitCode.FAILED and os.readlink(builds / "current") == third.name
         out.line(f"current -> {os.readlink(builds / 'current')} (night 3) again, its server healthy", "bold")
 
         heading(out, "5. orch rollback: back to the second night's build")
         back = report.hosts["rollback"] = rollback_host(target, None, options, reporter)
-        ok &= back.exit_code == 0 and os.readlink(builds / "current") == second.name
+        ok &= back.exit_code == ExitCode.OK and os.readlink(builds / "current") == second.name
         out.line(f"current -> {os.readlink(builds / 'current')} (night 2)", "bold")
         page = refresh_report(reports, target, options)  # as `orch rollback` rewrites the page
         if page is not None:
@@ -174,7 +175,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
                 out.line(f"chart: {reports / target.name / 'trend.svg'}")
         print_summary(out, report)
         out.line("demo finished as expected" if ok else "demo went wrong", "bold green" if ok else "bold red")
-        return 0 if ok else 1
+        return demo_exit_code(ok)
     except KeyboardInterrupt:
         out.line("interrupted; stopping everything the demo started", "yellow")
         ok = False
@@ -192,7 +193,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
             steps = {k: r.to_json() for k, r in report.hosts.items()}
             if not keep:  # the same words as the lines: no path into the deleted sandbox
                 steps = json.loads(json.dumps(steps, default=str).replace(str(tmp), "<sandbox>"))
-            out.emit_json({"exit_code": 0 if ok else 1, "error": None, "hosts": {}, "steps": steps,
+            out.emit_json({"exit_code": demo_exit_code(ok), "error": None, "hosts": {}, "steps": steps,
                            "sandbox": str(tmp) if keep else None})
 
 

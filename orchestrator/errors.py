@@ -1,19 +1,14 @@
-"""Every error orch reports on purpose: the causes, and the exit code each
-means when nothing else decides.
+"""Every error orch reports on purpose: the causes.
 
-Two things are kept apart. The classes here say *what happened* (a cause):
-bad input, an unreachable host, a lost link, a host step that failed, a
-server that failed. *What that means for the run* — the outcome and the
-exit code — depends also on how far the run got, and is decided in one
-place for a host run (``core.outcomes.verdict``). ``exit_code`` on a class
-is what the CLI uses when an error ends a command outside a host run
-(Click's ``ClickException.exit_code`` pattern):
-
-- 2 ``RefusedError``: refused before anything on a host changed.
-- 1 ``DeployFailedError``: the deploy failed; the host is back in its
-  previous healthy state.
-- 3 ``HostUnsafeError``: the host is not known to be healthy; a person or
-  ``orch rollback`` must act.
+The classes here say *what happened* (a cause): bad input, an unreachable
+host, a lost link, a host step that failed, a server that failed. *What
+that means for the run* — the outcome and the exit code — depends also on
+how far the run got, and is decided in one place, ``core.outcomes``:
+``verdict`` for a host run, ``error_exit_code`` for an error that ends a
+command outside a host run (by class, as Click's ``ClickException.exit_code``):
+a ``RefusedError`` is refused before anything on a host changed, a
+``ServerFailedError`` failed and was restored, a ``HostUnsafeError`` leaves
+the host not known to be healthy.
 
 A message is one line meant for a person. Nothing here does I/O.
 """
@@ -24,13 +19,9 @@ from __future__ import annotations
 class OrchError(Exception):
     """Base of all errors orch raises on purpose."""
 
-    exit_code: int = 2
-
 
 class RefusedError(OrchError):
     """Refused before anything on a host changed (exit 2)."""
-
-    exit_code = 2
 
 
 class ConfigError(RefusedError):
@@ -125,8 +116,6 @@ class RemoteError(OrchError):
 class ServerFailedError(OrchError):
     """The new server did not start, did not become healthy, or did not stay healthy."""
 
-    exit_code = 1
-
 
 class PreflightRefusedError(ServerFailedError):
     """The server's own parser refused the new command line; the running server was not touched."""
@@ -136,20 +125,8 @@ class GateFailedError(ServerFailedError):
     """The new server is healthy but fails a rule of the playbook's performance gate."""
 
 
-class NotImplementedYetError(RefusedError):
-    """A command of the contract whose issue has not landed yet."""
-
-
-class DeployFailedError(OrchError):
-    """The deploy failed and the host is back in its previous healthy state (exit 1)."""
-
-    exit_code = 1
-
-
 class HostUnsafeError(OrchError):
     """The host is not known to be healthy; the message says what to run (exit 3)."""
-
-    exit_code = 3
 
 
 class LinkLostError(OrchError):
@@ -158,8 +135,6 @@ class LinkLostError(OrchError):
     Before anything changed that is an unreachable host (exit 2); after the
     commit the host is in an unknown state (exit 3): the policy decides.
     """
-
-    exit_code = 2
 
 
 class MalformedReplyError(LinkLostError):

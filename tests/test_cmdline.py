@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from orchestrator.core.cmdline import (
     apply_flags,
+    flag_change_fields,
+    flag_change_from_line,
     flag_changes,
     is_option,
     parse_flags,
@@ -195,6 +197,29 @@ def test_flag_changes_summary() -> None:
     ]
     assert flag_changes(BASE, BASE) == []
     assert flag_changes(["a", "serve"], ["b", "serve"]) == ["command: a serve -> b serve"]
+
+
+def test_flag_change_fields_are_the_summary_as_fields() -> None:
+    """``--json``'s ``flag_changes``: one object per line of the summary, a value or null."""
+    before = [*BASE, "--old", "x"]
+    after = apply_flags(
+        before,
+        {"--speculative-disable-batch-threshold": 32, "--tp": 4, "--old": None, "--on": True},
+    )
+    assert flag_change_fields(before, after) == [
+        {"flag": "--tp", "from": "8", "to": "4"},
+        {"flag": "--speculative-disable-batch-threshold", "from": None, "to": "32"},
+        {"flag": "--on", "from": None, "to": True},
+        {"flag": "--old", "from": "x", "to": None},
+    ]
+    assert len(flag_change_fields(before, after)) == len(flag_changes(before, after))
+    assert flag_change_fields(BASE, BASE) == []
+    assert flag_change_fields([], after) == []  # nothing ran: nothing to compare with
+    assert flag_change_fields(["a", "serve"], ["b", "serve"]) == [
+        {"flag": "command", "from": "a serve", "to": "b serve"}]
+    # a host's records keep the lines: read back, they are the same fields
+    assert [flag_change_from_line(line) for line in flag_changes(before, after)] == \
+        flag_change_fields(before, after)
 
 
 # ------------------------------------------------------------ properties

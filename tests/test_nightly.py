@@ -326,10 +326,19 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
     nightbox.write_spec(keep_builds=3)
     builds: list[str] = []
     argvs: list[list[str]] = []
+    flag = "--speculative-disable-batch-threshold"
     for threshold in (16, 24, 32, 40):  # each night its own flag: which one serves is plain to see
         proc, data = nightbox.night("--var", f"threshold={threshold}")
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        builds.append(data["hosts"]["gpu"]["build"])
+        night = data["hosts"]["gpu"]
+        # --json's fields: the flag against the last good night's, and each step the night took
+        assert night["flag_changes"] == ([{"flag": flag, "from": str(threshold - 8), "to": str(threshold)}]
+                                         if builds else [])
+        steps = [s["step"] for s in night["steps"]]
+        assert steps == ["connect", "lock", "plan", "build", "patch", "backup", "restart", "probe", "confirm"]
+        began = [(s["at"], s["seconds"]) for s in night["steps"]]
+        assert all(at + took <= after + 0.01 for (at, took), (after, _) in zip(began, began[1:], strict=False))
+        builds.append(night["build"])
         argvs.append(cmdline(box.server_pid()))
     assert not (nightbox.builds / builds[0]).exists()  # keep_builds: 3
 
@@ -338,6 +347,7 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
         assert proc.returncode == 0, proc.stdout + proc.stderr
         host = json.loads(proc.stdout)["hosts"]["gpu"]
         assert host["outcome"] == "rolled_back" and host["current"] == builds[back]
+        assert host["flag_changes"] == [{"flag": flag, "from": str(threshold + 8), "to": str(threshold)}]
         assert nightbox.current() == builds[back]
         wait_healthy(box.port, 60)
         argv, cwd = server_build(box, nightbox.builds)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.outcomes import error_exit_code
 from orchestrator.core.releases import describe_release, rollback_target, rollback_to
 from orchestrator.errors import ConfigError, RefusedError
 
@@ -29,7 +30,7 @@ def test_unknown_to_is_a_config_error_whatever_is_current(applied: list[str]) ->
         releases[applied[0]] = release(applied[0])
     with pytest.raises(ConfigError) as info:
         rollback_to("nope", applied, releases)
-    assert info.value.exit_code == 2
+    assert error_exit_code(info.value) == 2
     assert str(info.value).startswith("--to: no release 'nope' on this host (the latest: ")
 
 

@@ -7,7 +7,7 @@ commands, so ``orch --help``, ``orch --version`` and shell completion
 start fast.
 
 ``main`` is the one place where errors become output and exit codes: an
-``OrchError`` carries its own ``exit_code``; a usage mistake is exit 2;
+``OrchError``'s code is ``core.outcomes.error_exit_code``'s; a usage mistake is exit 2;
 Ctrl-C is exit 1. Every error is printed as exactly one line on stderr,
 ``orch: error: …``, never a traceback — and when ``--json`` was asked for,
 the JSON report ``{"exit_code": …, "error": "…", "hosts": {}}`` is printed
@@ -32,6 +32,7 @@ from orchestrator.cli.commands.lint import lint
 from orchestrator.cli.commands.nightly import nightly
 from orchestrator.cli.commands.rollback import rollback
 from orchestrator.cli.commands.status import status
+from orchestrator.core.outcomes import ExitCode, error_exit_code
 from orchestrator.errors import OrchError
 
 
@@ -58,21 +59,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = cli.main(args=args, prog_name="orch", standalone_mode=False)
     except OrchError as e:
-        fail(str(e), e.exit_code, as_json)
+        fail(str(e), error_exit_code(e), as_json)
     except click.UsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:  # plain `orch`
             click.echo(e.ctx.get_help())
-            sys.exit(0)
+            sys.exit(ExitCode.OK)
         where = e.ctx.command_path if e.ctx else "orch"
-        fail(f"{where}: {e.format_message()} (see '{where} --help')", 2, as_json)
+        fail(f"{where}: {e.format_message()} (see '{where} --help')", ExitCode.REFUSED, as_json)
     except click.ClickException as e:
-        fail(e.format_message(), 2, as_json)
+        fail(e.format_message(), ExitCode.REFUSED, as_json)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        fail("interrupted", 1, as_json)
+        fail("interrupted", ExitCode.FAILED, as_json)
     except BrokenPipeError:  # `orch history | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+        sys.exit(ExitCode.FAILED)
+    sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 
 def fail(message: str, exit_code: int, as_json: bool) -> None:
@@ -89,5 +90,5 @@ def fail(message: str, exit_code: int, as_json: bool) -> None:
 
         from orchestrator.pipeline.report import error_report
 
-        click.echo(json.dumps(error_report(line, exit_code), indent=2, sort_keys=True))
-    sys.exit(exit_code)
+        click.echo(json.dumps(error_report(line, int(exit_code)), indent=2, sort_keys=True))
+    sys.exit(int(exit_code))

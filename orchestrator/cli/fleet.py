@@ -23,12 +23,14 @@ from typing import TypeVar
 from orchestrator.cli.live import FleetReporter, HostBoard, start_board
 from orchestrator.cli.output import Output
 from orchestrator.cli.views import ConsoleReporter
+from orchestrator.core.outcomes import INTERRUPTED as INTERRUPTED_VERDICT
+from orchestrator.core.outcomes import Outcome, read_verdict
 from orchestrator.core.selection import hosts_to_retry, retry_file_text
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import OrchError
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.fleet import INTERRUPTED, FleetHooks, FleetPlan, run_fleet, undo_changed
-from orchestrator.pipeline.report import HostReport, RunReport, error_outcome, not_started
+from orchestrator.pipeline.report import HostReport, RunReport, not_started
 
 RETRY_FILE = "orch.retry"
 """Where a run writes the hosts to rerun (``--limit @orch.retry``), in the working directory."""
@@ -70,7 +72,7 @@ def run_reports(
 
     hooks: FleetHooks[HostReport] = FleetHooks(
         outcome=lambda r: r.outcome,
-        interrupted=lambda t: HostReport(t.name, "failed", 1, error=INTERRUPTED),
+        interrupted=lambda t: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=INTERRUPTED),
         started=(lambda t: fleet_reporter.started(t.name)) if fleet_reporter else (lambda _t: None),
         finished=(lambda t, r: fleet_reporter.finished(t.name, r)) if fleet_reporter else (lambda _t, _r: None),
         interrupting=lambda: out.line("interrupted (Ctrl-C): stopping the hosts at work (a release not yet "
@@ -117,8 +119,7 @@ def read_hosts(
         try:
             return read(target)
         except OrchError as e:
-            outcome, code = error_outcome(e)
-            return HostReport(target.name, outcome, code, error=str(e))
+            return HostReport.ended(target.name, read_verdict(e), error=str(e))
 
     def finished(target: HostTarget, found: T | HostReport) -> None:
         if board is not None:
@@ -129,8 +130,8 @@ def read_hosts(
                 board.finished(target.name, "read" if code == 0 else f"read (exit {code})", code)
 
     hooks: FleetHooks[T | HostReport] = FleetHooks(
-        outcome=lambda f: f.outcome if isinstance(f, HostReport) else "unchanged",
-        interrupted=lambda t: HostReport(t.name, "failed", 1, error=INTERRUPTED),
+        outcome=lambda f: f.outcome if isinstance(f, HostReport) else Outcome.UNCHANGED,
+        interrupted=lambda t: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=INTERRUPTED),
         started=(lambda t: board.started(t.name)) if board else (lambda _t: None),
         finished=finished,
     )

@@ -229,6 +229,47 @@ def flag_changes(before: Sequence[str], after: Sequence[str]) -> list[str]:
     return lines
 
 
+def _value(values: list[str] | None) -> str | bool | None:
+    """A flag's value as a field: None absent, True a switch given without a value, else its words."""
+    if values is None:
+        return None
+    if not values:
+        return True
+    return " ".join(values)
+
+
+def flag_change_fields(before: Sequence[str], after: Sequence[str]) -> list[dict[str, str | bool | None]]:
+    """``flag_changes`` as fields, for ``--json``: ``{"flag", "from", "to"}`` per change, in the
+    order of ``flag_changes``' lines.
+
+    ``from``/``to``: None where the flag is absent on that side, True for a switch given
+    without a value, else the value's words joined by a space. A change of the program or
+    positional words is ``{"flag": "command", …}`` with the whole words. Nothing to compare
+    without a ``before`` (no server ran), as for ``flag_changes``.
+    """
+    if not before:
+        return []
+    old, new = parse_flags(before), parse_flags(after)
+    fields: list[dict[str, str | bool | None]] = []
+    old_head = list(before[:1]) + [w for w in _positionals(before)]
+    new_head = list(after[:1]) + [w for w in _positionals(after)]
+    if old_head != new_head:
+        fields.append({"flag": "command", "from": quote_argv(old_head), "to": quote_argv(new_head)})
+    for name in [*new, *(n for n in old if n not in new)]:
+        if old.get(name) != new.get(name):
+            fields.append({"flag": name, "from": _value(old.get(name)), "to": _value(new.get(name))})
+    return fields
+
+
+def flag_change_from_line(line: str) -> dict[str, str | bool | None]:
+    """One recorded ``flag_changes`` line (``--tp: 8 -> 4``) read back as ``flag_change_fields``'
+    object: the releases on a host keep the lines, written by this and earlier versions."""
+    name, _, change = line.partition(": ")
+    old, _, new = change.partition(" -> ")
+    words: dict[str, str | bool | None] = {"(absent)": None, "(on)": True}
+    return {"flag": name, "from": words.get(old, old), "to": words.get(new, new)}
+
+
 def _positionals(argv: Sequence[str]) -> list[str]:
     """Words of ``argv[1:]`` before the first option (e.g. a subcommand)."""
     words: list[str] = []

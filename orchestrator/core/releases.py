@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from orchestrator.core.outcomes import Outcome
 from orchestrator.errors import ConfigError, RefusedError
 
 
@@ -165,7 +166,7 @@ def describe_release(manifest: dict[str, Any], applied: list[str]) -> str:
         if manifest["id"] not in applied:
             return "not in effect"
         return "deployed"
-    if outcome == "rolled_back":
+    if outcome == Outcome.ROLLED_BACK:
         return "rolled back (watchdog)" if manifest.get("restored_by") == "watchdog" else "rolled back"
     return outcome.replace("_", " ")
 
@@ -180,10 +181,10 @@ def _describe_night(manifest: dict[str, Any], applied: list[str]) -> str:
         if manifest.get("undone_by"):
             return f"undone by {manifest['undone_by']}"
         return "good" if manifest["id"] in applied else "not in effect"
-    if outcome == "rolled_back":
+    if outcome == Outcome.ROLLED_BACK:
         by = manifest.get("restored_by")
         return "switched back" + (f" ({by})" if by in ("watchdog", "rollback") else "")
-    if outcome == "rollback_failed":
+    if outcome == Outcome.ROLLBACK_FAILED:
         return "switch back failed"
     return outcome.replace("_", " ")
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TypeVar
 
+from orchestrator.core.outcomes import FAILED_OUTCOMES, RETRY_OUTCOMES
 from orchestrator.errors import ConfigError
 
 T = TypeVar("T")
@@ -288,13 +289,6 @@ def _item_matches(item: LimitItem, known: Sequence[str], groups: Mapping[str, Se
 
 
 # ----------------------------------------------------------------- 3. retry files
-
-RETRY_OUTCOMES = frozenset({"failed", "rolled_back", "rollback_failed", "unreachable", "not_started"})
-"""Outcomes whose hosts go into the retry file: everything but done (changed, unchanged, planned)."""
-
-FAILED_OUTCOMES = frozenset({"failed", "rolled_back", "rollback_failed", "unreachable"})
-"""Outcomes that count as a failure of a batch (``not_started`` is never in a batch)."""
-
 
 def parse_retry_file(text: str, path: str = "retry file") -> list[tuple[int, str]]:
     """``(line number, host name)`` for each host line; ``#`` comments and blank lines skipped."""

@@ -24,7 +24,18 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
-from orchestrator.core.outcomes import Step, Verdict, committed_paths, verdict
+from orchestrator.core.outcomes import (
+    CHANGED,
+    CHECK_REFUSED,
+    PLANNED,
+    UNCHANGED,
+    UNSAFE,
+    Outcome,
+    Step,
+    Verdict,
+    committed_paths,
+    verdict,
+)
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import (
@@ -62,6 +73,7 @@ from orchestrator.pipeline.locking import (
 )
 from orchestrator.pipeline.plan import (
     HostPlan,
+    ServerChange,
     Staged,
     make_plan,
     server_log,
@@ -318,7 +330,7 @@ class Deployment:
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.release_update(self.state_dir, self.release_id, {
                 "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
-                "timings": self.timings, **self._gate_fields()}),
+                "timings": self.timings, "steps": self._steps(), **self._gate_fields()}),
             *gate_records,
             ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
             ops.put_json(self._journal_path(), self._journal("confirmed", finished=True)),
@@ -336,11 +348,10 @@ class Deployment:
         if in_effect > keep:
             self.reporter.note(self.label, f"{in_effect} releases are in effect, more than keep_releases {keep}: "
                                            "none of them is pruned, each is a step of `orch rollback`")
-        return HostReport(
-            self.label, "changed", 0, release=self.release_id,
+        return HostReport.ended(
+            self.label, CHANGED, release=self.release_id,
             files=[f.path for f in self.plan.changed_files],
-            extra={"flag_changes": self.plan.server.flag_changes if self.plan.server else [],
-                   "timings": self.timings, **self._gate_report()},
+            extra={**flag_change_report(self.plan.server), "timings": self.timings, **self._gate_report()},
         )
 
     # ---------------------------------------------------------------- failure
@@ -419,7 +430,7 @@ class Deployment:
             done = record.describe([f.path for f in self.plan.changed_files])
             if self.commit_written:
                 done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
-            if record.ok and v.outcome == "rolled_back":
+            if record.ok and v.outcome == Outcome.ROLLED_BACK:
                 who = "" if record.by == "controller" else f" (by the {record.by})"
                 self.reporter.step(label, f"rolled back{who}: {done}")
             elif record.ok:
@@ -454,7 +465,7 @@ class Deployment:
                           extra={"timings": self.timings})
 
     def _unsafe(self, message: str, reason: str) -> HostReport:
-        return HostReport(self.label, "rollback_failed", 3, release=self.release_id,
+        return HostReport.ended(self.label, UNSAFE, release=self.release_id,
                           files=[f.path for f in self.plan.changed_files], error=message,
                           extra={"timings": self.timings})
 
@@ -464,9 +475,9 @@ class Deployment:
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.release_update(self.state_dir, self.release_id, {
-                    "finished": finished, "timings": self.timings,
+                    "finished": finished, "timings": self.timings, "steps": self._steps(),
                     "duration": round(finished - self.started_at, 3), **self._gate_fields(),
-                    **({"outcome": "failed"} if outcome == "failed" else {})}),
+                    **({"outcome": Outcome.FAILED} if outcome == Outcome.FAILED else {})}),
                 self._log_op(f"restore: {record.describe()}"),
             ])
 
@@ -637,6 +648,11 @@ class Deployment:
         server = self.plan.loaded.model.server
         return server.preflight_timeout if server is not None else 120.0
 
+    def _steps(self) -> list[dict[str, Any]]:
+        """The steps so far as fields, on the host's clock (``StepClock.steps``)."""
+        assert self.clock is not None
+        return self.clock.steps(self.session.host_time)
+
     @property
     def _phases_started(self) -> set[str]:
         assert self.clock is not None
@@ -660,6 +676,13 @@ class Deployment:
 
     def _shown_argv(self, argv: list[str] | None) -> list[str] | None:
         return self.masker.argv(argv) if argv is not None else None
+
+
+def flag_change_report(change: ServerChange | None) -> dict[str, Any]:
+    """``--json``'s flag changes: ``flag_changes`` as fields (``{"flag", "from", "to"}``, a flag
+    absent on one side is null) and ``flag_changes_text``, the lines people read (secrets masked)."""
+    return {"flag_changes": list(change.flag_fields) if change else [],
+            "flag_changes_text": list(change.flag_changes) if change else []}
 
 
 def _health_began(event: dict[str, Any]) -> bool:
@@ -698,6 +721,7 @@ def deploy_host(
             result.extra["round_trips"] = session.round_trips
             result.extra["execs"] = session.execs
             result.extra["timings"] = clock.timings
+            result.extra["steps"] = clock.steps(session.host_time)
             return result
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
@@ -709,7 +733,7 @@ def deploy_host(
         else:
             error = str(cause)
         return HostReport(label, v.outcome, v.exit_code, error=error,  # type: ignore[arg-type]
-                          extra={"timings": clock.timings})
+                          extra={"timings": clock.timings, "steps": clock.steps(session.host_time)})
 
 
 def _deploy_in_session(
@@ -740,14 +764,14 @@ def _deploy_in_session(
         if not plan.changed:
             reporter.step(label, "unchanged: files and server command line already as planned")
             # the lock goes back with the helper's goodbye as the session closes: no round trip
-            return HostReport(label, "unchanged", 0)
+            return HostReport.ended(label, UNCHANGED)
         with clock.step("stage"):
             staged = stage_and_validate(session, plan, keep=True)
         if staged:
             reporter.step(label, f"staged {len(staged)} file(s) beside their targets; validated")
         report = Deployment(session, plan, staged, state_dir, state, reporter, clock=clock,
                             force_baseline=baseline).run()
-        if report.outcome != "changed":  # a confirmed deploy gave the lock back with its confirm
+        if report.outcome != Outcome.CHANGED:  # a confirmed deploy gave the lock back with its confirm
             release_lock(session, state_dir)
         return report
     except BaseException:
@@ -771,18 +795,17 @@ def _check(
         reporter.note(label, note)
     if not plan.changed and plan.refusal is None:
         reporter.step(label, "unchanged: nothing to do")
-        return HostReport(label, "unchanged", 0)
+        return HostReport.ended(label, UNCHANGED)
     with clock.step("stage"):
         stage_and_validate(session, plan, keep=False)
     if plan.refusal is not None:
         reporter.step(label, "validated on the host; nothing was changed (--check), but a deploy would refuse")
-        return HostReport(label, "failed", 2, files=[f.path for f in plan.changed_files], error=plan.refusal)
+        return HostReport.ended(label, CHECK_REFUSED, files=[f.path for f in plan.changed_files], error=plan.refusal)
     reporter.step(label, "validated on the host; nothing was changed (--check)")
     change = plan.server
-    return HostReport(
-        label, "planned", 0,
+    return HostReport.ended(
+        label, PLANNED,
         files=[f.path for f in plan.changed_files],
         notes=list(plan.notes),
-        extra={"restart": bool(change and change.restart),
-               "flag_changes": change.flag_changes if change else []},
+        extra={"restart": bool(change and change.restart), **flag_change_report(change)},
     )

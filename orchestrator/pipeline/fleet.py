@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Generic, TypeVar
 
+from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
 from orchestrator.pipeline.report import HostReport
@@ -259,7 +260,7 @@ def undo_changed(
     own failure. Hosts whose deploy changed nothing are left alone: a rollback
     there would undo an older release.
     """
-    changed = [t for t in batch if t.name in done and done[t.name].outcome == "changed"]
+    changed = [t for t in batch if t.name in done and done[t.name].outcome == Outcome.CHANGED]
     if not changed:
         return {}
     undone = HostPool(changed, undo, forks, hooks).run()
@@ -269,14 +270,14 @@ def undo_changed(
 def undone_report(deployed: HostReport, rollback: HostReport) -> HostReport:
     """The report of a host whose successful deploy was rolled back with its failed batch."""
     extra = {**deployed.extra, "undone_by": rollback.release}
-    if rollback.outcome == "rolled_back" and rollback.exit_code == 0:
+    v = undone_verdict(Verdict(rollback.outcome, rollback.exit_code))
+    if v.outcome == Outcome.ROLLED_BACK:
         done = rollback.extra.get("restore") or "restored"
-        return HostReport(deployed.host, "rolled_back", 1, release=deployed.release, files=deployed.files,
-                          error=f"rolled back with its failed batch (--rollback-all-on-failure): {done}",
-                          notes=deployed.notes, extra=extra)
+        return HostReport.ended(deployed.host, v, release=deployed.release, files=deployed.files,
+                                error=f"rolled back with its failed batch (--rollback-all-on-failure): {done}",
+                                notes=deployed.notes, extra=extra)
     why = rollback.error or rollback.outcome
     # still on the release it deployed (healthy then), or not known to be healthy (3)
-    outcome = rollback.outcome if rollback.outcome in ("rollback_failed", "unreachable", "failed") else "failed"
-    return HostReport(deployed.host, outcome, max(rollback.exit_code, 2), release=deployed.release,  # type: ignore[arg-type]
-                      files=deployed.files, notes=deployed.notes, extra=extra,
-                      error=f"its batch failed and --rollback-all-on-failure could not roll it back: {why}")
+    return HostReport.ended(deployed.host, v, release=deployed.release,
+                            files=deployed.files, notes=deployed.notes, extra=extra,
+                            error=f"its batch failed and --rollback-all-on-failure could not roll it back: {why}")

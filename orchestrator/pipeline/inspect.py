@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.cmdline import flag_change_from_line
 from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
+from orchestrator.core.outcomes import status_exit_code
 from orchestrator.core.progress import HostView, view_of_state
 from orchestrator.core.releases import describe_release, release_order
 from orchestrator.core.secrets import redact_argv
@@ -123,6 +125,8 @@ class HostStatus:
     gate: GateOutcome | None = None  # --probe: the server now against the release's recorded probe
     gate_note: str | None = None  # --probe: why there is no gate outcome
     view: HostView | None = None  # in progress / controller gone / unfinished (``core.progress``)
+    flag_changes: list[dict[str, Any]] = field(default_factory=list)  # the current release's, as fields
+    steps: list[dict[str, Any]] = field(default_factory=list)  # the current release's, as fields
 
     @property
     def regressed(self) -> bool:
@@ -145,7 +149,7 @@ class HostStatus:
 
     @property
     def exit_code(self) -> int:
-        return 3 if self.problems else (1 if self.regressed else 0)
+        return status_exit_code(self.problems, self.regressed)
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
@@ -254,7 +258,24 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             gate=gate,
             gate_note=gate_note,
             view=view_of_state(target.name, state),
+            flag_changes=release_flag_changes(current) if current else [],
+            steps=release_steps(current) if current else [],
         )
+
+
+def release_flag_changes(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """A release's flag changes as ``--json``'s fields, read back from the lines it recorded."""
+    return [flag_change_from_line(str(line)) for line in manifest.get("flag_changes") or []]
+
+
+def release_steps(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """A release's steps as ``--json``'s fields: as recorded (``steps``), or from the ``timings``
+    of a release recorded before steps were (when each began unknown: ``at`` null)."""
+    steps = manifest.get("steps")
+    if isinstance(steps, list):
+        return [dict(s) for s in steps if isinstance(s, dict)]
+    timings = manifest.get("timings") or {}
+    return [{"step": name, "at": None, "seconds": seconds} for name, seconds in timings.items()]
 
 
 # ------------------------------------------------------------ one release in full

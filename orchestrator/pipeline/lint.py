@@ -33,6 +33,7 @@ from typing import Any
 from orchestrator.core.facts import ROOT_VARS, Unknown
 from orchestrator.core.inventory import host_target
 from orchestrator.core.models import Inventory
+from orchestrator.core.outcomes import lint_exit_code
 from orchestrator.core.rendering import render_playbook, render_validate, vars_for_host
 from orchestrator.core.target import HostTarget
 from orchestrator.core.yamlsrc import load_yaml
@@ -88,7 +89,7 @@ class LintReport:
 
     @property
     def exit_code(self) -> int:
-        return 2 if self.problems else 0
+        return lint_exit_code(len(self.problems))
 
     def add(self, message: str, host: str | None = None, *, warning: bool = False) -> None:
         found = self.warnings if warning else self.problems

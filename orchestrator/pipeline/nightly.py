@@ -46,7 +46,7 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core.budget import BudgetItem, deploy_budget, probe_seconds, restore_budget, total
-from orchestrator.core.cmdline import flag_changes, render_words
+from orchestrator.core.cmdline import flag_change_fields, flag_changes, render_words
 from orchestrator.core.models import Playbook
 from orchestrator.core.nightly import (
     Change,
@@ -63,7 +63,7 @@ from orchestrator.core.nightly import (
     relative_to_build,
     source_changes,
 )
-from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.outcomes import CHANGED, UNSAFE, Outcome, Step, verdict
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.releases import (
     LinkState,
@@ -121,6 +121,7 @@ from orchestrator.pipeline.plan import (
 from orchestrator.pipeline.probe import run_probe
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
+from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
 from orchestrator.shell.config_files import (
@@ -155,6 +156,7 @@ class NightResult:
     restore: str | None = None  # what the switch back did, from the host's record
     notes: list[str] = field(default_factory=list)
     seq: int | None = None  # the host's sequence number of the night's release, once it was made
+    steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -169,9 +171,19 @@ class NightResult:
             extra["source"] = self.manifest.source.label
         if self.restore is not None:
             extra["restore"] = self.restore
+        extra["flag_changes"] = self.flag_changes()
+        extra["steps"] = list(self.steps)
         return HostReport(self.host, self.outcome, self.exit_code, release=self.name,  # type: ignore[arg-type]
                           files=[f.path for f in self.manifest.files] if self.manifest else [],
                           error=self.error, notes=list(self.notes), extra=extra)
+
+
+    def flag_changes(self) -> list[dict[str, Any]]:
+        """The flags this night changed against the last good night's command line (both as
+        recorded, masked), as ``--json``'s fields; none known without both."""
+        if self.manifest is None or self.last_good is None:
+            return []
+        return flag_change_fields(self.last_good.server.argv, self.manifest.server.argv)
 
 
 def night_name(loaded: LoadedNightly, now: datetime) -> str:
@@ -225,6 +237,7 @@ class Night:
     name: str
     started: float
     break_lock: bool = False
+    clock: StepClock | None = None  # times the night's steps (``pipeline.timings``)
     reached: Step = Step.PLANNING
     state_dir: str = ""
     state: dict[str, Any] = field(default_factory=dict)
@@ -356,25 +369,36 @@ class Night:
     # --------------------------------------------------------------- the steps
 
     def run(self) -> NightResult:
-        self.state_dir, self.state = open_state(self.session, f"nightly {self.loaded.display}",
-                                                self.break_lock, self.reporter)
+        clock = self.clock = self.clock or StepClock(self.label, self.reporter)
+        with clock.step("lock"):
+            self.state_dir, self.state = open_state(self.session, f"nightly {self.loaded.display}",
+                                                    self.break_lock, self.reporter)
         try:
             refuse_busy(self.label, self.state)
-            self.resolve_vars()
-            self.read_host()
+            with clock.step("plan"):
+                self.resolve_vars()
+                self.read_host()
             try:
-                self.build()
-                self.patch()
-                previous = self.previous_server()
-                self.arm(previous)
+                with clock.step("build"):
+                    self.build()
+                with clock.step("patch"):
+                    self.patch()
+                with clock.step("backup"):
+                    previous = self.previous_server()
+                    self.arm(previous)
             except (OrchError, KeyboardInterrupt) as cause:
-                return self.abandon(cause)
+                with clock.step("rollback"):
+                    return self.abandon(cause)
             try:
-                self.switch()
-                probe = self.probe()
-                return self.confirm(probe)
+                with clock.step("restart"):
+                    self.switch()
+                with clock.step("probe"):
+                    probe = self.probe()
+                with clock.step("confirm"):
+                    return self.confirm(probe)
             except (OrchError, KeyboardInterrupt) as cause:
-                return self.fail(cause)
+                with clock.step("rollback"):
+                    return self.fail(cause)
         finally:
             release_lock(self.session, self.state_dir)
 
@@ -529,7 +553,7 @@ class Night:
         with contextlib.suppress(OrchError):
             self.session.batch([
                 ops.nightly_remove_build(self.builds_dir, self.name),
-                ops.release_update(self.state_dir, self.name, {"outcome": "failed", "error": reason,
+                ops.release_update(self.state_dir, self.name, {"outcome": Outcome.FAILED, "error": reason,
                                                                 "finished": self.session.host_time()}),
                 self.journal("failed", finished=True),
                 self.log_op(f"failed before the switch: {reason}"),
@@ -670,7 +694,8 @@ class Night:
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {
                 "outcome": "deployed", "probe": probe.to_json() if probe else None, "finished": finished,
-                "duration": round(finished - self.started, 3)}),
+                "duration": round(finished - self.started, 3),
+                "steps": self.clock.steps(self.session.host_time) if self.clock else []}),
             ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
             self.journal("confirmed", finished=True),
             ops.nightly_prune(self.builds_dir, prune_builds),
@@ -681,7 +706,7 @@ class Night:
         if not answer.confirmed:
             why = "the watchdog's deadline passed before the night could confirm"
             if answer.restored is None:
-                return self.result("rollback_failed", 3, (
+                return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                     f"{self.label}: {why}; the watchdog is switching night {self.name} back but left no record; "
                     f"run `orch status --host {self.label}`"))
             return self.restored(RemoteError(why), why, answer.restored)
@@ -691,7 +716,7 @@ class Night:
         for rid, paths in pruning.held.items():
             self.reporter.note(self.label, held_note(rid, paths))
         self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
-        result = self.result("changed", 0)
+        result = self.result(CHANGED.outcome, CHANGED.exit_code)
         result.build_log = self.read_log()
         return result
 
@@ -728,12 +753,12 @@ class Night:
                 f"dropped: the host finishes it by itself, and the watchdog backs it up at {at(until)}; run "
                 f"`orch status --host {self.label}` to see"))
         except KeyboardInterrupt:
-            return self.result("rollback_failed", 3, (
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: interrupted again during the switch back of night {self.name}: orch stopped "
                 f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
                 f"{at(until)}; or run `orch rollback --host {self.label}` now"))
         except OrchError as e:
-            return self.result("rollback_failed", 3, (
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {e}. "
                 f"The watchdog switches back at {at(until)}; run `orch status --host {self.label}`"))
         return self.restored(cause, reason, record)
@@ -746,8 +771,8 @@ class Night:
             self.reporter.server_log(self.label, "server log, switch back (last 40 lines)", record.log_tail)
         for problem in record.record_errors:
             self.reporter.warn(self.label, f"the host could not record the switch back: {problem}")
-        never_switched = v.outcome == "failed"
-        if record.ok and v.outcome == "rolled_back":
+        never_switched = v.outcome == Outcome.FAILED
+        if record.ok and v.outcome == Outcome.ROLLED_BACK:
             who = "" if record.by == "controller" else f" (by the {record.by})"
             self.reporter.step(self.label, f"switched back{who}: {done}")
         elif record.ok:
@@ -759,7 +784,7 @@ class Night:
         finished = self.session.host_time()
         steps = [ops.release_update(self.state_dir, self.name, {
                      "finished": finished, "duration": round(finished - self.started, 3),
-                     **({"outcome": "failed"} if never_switched else {})}),
+                     **({"outcome": Outcome.FAILED} if never_switched else {})}),
                  self.log_op(f"switch back: {done}")]
         if never_switched:
             steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))
@@ -859,15 +884,22 @@ def nightly_host(
     started = time.time()  # until connected; then the host's clock names and times the night
     name = night_name(loaded, datetime.fromtimestamp(started, timezone.utc))
     current: Night | None = None
+    clock = StepClock(target.name, reporter)
+    session = HostSession(target, options)
     try:
-        with HostSession(target, options) as session:
+        clock.start("connect")
+        with session:
+            clock.stop("connect")
             started = session.host_time()
             name = night_name(loaded, datetime.fromtimestamp(started, timezone.utc))
-            current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker), night, name, started, options.break_lock)
+            current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker), night, name, started, options.break_lock,
+                            clock=clock)
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
+            result.steps = clock.steps(session.host_time)
             return result
     except (OrchError, KeyboardInterrupt) as cause:
+        clock.stop("connect")
         v = verdict(cause, current.reached if current else Step.CONNECTING)
         if isinstance(cause, KeyboardInterrupt):
             error = "interrupted (Ctrl-C) before anything changed"
@@ -876,7 +908,8 @@ def nightly_host(
         else:
             error = str(cause)
         finished = current.session.host_time() if current is not None else time.time()
-        result = NightResult(target.name, name, v.outcome, v.exit_code, started, finished, error=error)
+        result = NightResult(target.name, name, v.outcome, v.exit_code, started, finished, error=error,
+                             steps=clock.steps(session.host_time))
         if current is not None:
             result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq
         return result

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.cmdline import split_words
 from orchestrator.core.nightly import FigureChange, NightManifest, manifest_changes, probe_changes
+from orchestrator.core.outcomes import Outcome
 from orchestrator.pipeline.nightly import NightResult
 
 if TYPE_CHECKING:
@@ -204,7 +205,8 @@ def read_history(folder: Path) -> dict[str, Any]:
 
 def night_word(outcome: str) -> str:
     """History's word for a night from its own outcome, for a night the host's words do not cover."""
-    words = {"changed": "good", "rolled_back": "switched back", "rollback_failed": "switch back failed"}
+    words: dict[str, str] = {Outcome.CHANGED: "good", Outcome.ROLLED_BACK: "switched back",
+                             Outcome.ROLLBACK_FAILED: "switch back failed"}
     return words.get(outcome, outcome.replace("_", " "))
 
 
@@ -223,7 +225,7 @@ def with_words(nights: Sequence[dict[str, Any]], history: dict[str, Any]) -> lis
         n = dict(night)
         if n["night"] in words:
             n["word"] = words[n["night"]]
-        elif n.get("outcome") == "changed" and history and float(n.get("started") or 0) < read:
+        elif n.get("outcome") == Outcome.CHANGED and history and float(n.get("started") or 0) < read:
             n["word"] = "not in effect"
         else:
             n["word"] = night_word(str(n.get("outcome") or "?"))

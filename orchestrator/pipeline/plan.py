@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
 
-from orchestrator.core.cmdline import apply_flags, flag_changes, render_words
+from orchestrator.core.cmdline import apply_flags, flag_change_fields, flag_changes, render_words
 from orchestrator.core.declarations import (
     ReleaseRecord,
     declared_blocks,
@@ -147,6 +147,7 @@ class ServerChange:
     port: int | None
     restart: bool
     flag_changes: list[str] = field(default_factory=list)
+    flag_fields: list[dict[str, Any]] = field(default_factory=list)  # the same as fields, for ``--json``
     # ``commands`` manager only: the user's commands, rendered with
     # ``{{ command }}`` = the new (start) or the previous (restore_start) command line.
     start: list[str] | None = None
@@ -353,6 +354,9 @@ def make_plan(
         values = secret_values(variables, rendered.secret_names)
         before_argv = (server.before or {}).get("argv") or []
         server.flag_changes = flag_changes(
+            redact_argv(before_argv, values), redact_argv(server.after_argv or [], values)
+        )
+        server.flag_fields = flag_change_fields(
             redact_argv(before_argv, values), redact_argv(server.after_argv or [], values)
         )
         server.preflight = preflight_argv(rendered.server, server.after_argv, variables, renderer)

@@ -2,7 +2,8 @@
 
 The outcome words are DESIGN.md's, and they are the same everywhere: the
 summary line a person reads (``gpu: rolled_back``), the ``outcome`` field
-of ``--json``, and the README. ``OUTCOMES`` says what each one means.
+of ``--json``, and the README. ``core.outcomes`` names them (``Outcome``),
+says what each one means (``MEANING``) and decides them with the exit codes.
 "refused" is not an outcome: it is what exit code 2 means, and a refused
 host's outcome is ``failed`` (nothing was touched) or ``unreachable``.
 """
@@ -10,51 +11,9 @@ host's outcome is ``failed`` (nothing was touched) or ``unreachable``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Outcome = Literal[
-    "changed", "unchanged", "planned", "failed", "rolled_back", "rollback_failed", "unreachable",
-    "not_started",
-]
-
-OUTCOMES: dict[str, str] = {
-    "changed": "the release is deployed and current (exit 0)",
-    "unchanged": "nothing to do: files and server already as planned (exit 0)",
-    "planned": "--check: planned, rendered, staged and validated; nothing changed (exit 0)",
-    "failed": "refused or stopped before anything on the host changed (exit 2; 1 for Ctrl-C)",
-    "rolled_back": "the deploy failed and the host is back as it was (exit 1); "
-                   "for `orch rollback`, the rollback succeeded (exit 0)",
-    "rollback_failed": "the host is not known to be healthy: a person or `orch rollback` "
-                       "must act (exit 3)",
-    "unreachable": "the host could not be reached or logged into; nothing changed (exit 2)",
-    "not_started": "a fleet run stopped before this host's turn (a batch failed, or Ctrl-C): "
-                   "never connected, nothing changed (exit 2)",
-}
-"""Each outcome word and what it means, for ``--help`` and docs/CLI.md."""
-
-EXIT_BY_OUTCOME: dict[str, int] = {
-    "changed": 0,
-    "unchanged": 0,
-    "planned": 0,
-    "failed": 2,
-    "rolled_back": 1,
-    "rollback_failed": 3,
-    "unreachable": 2,
-    "not_started": 2,
-}
-
-UNREACHABLE_ERRORS = ("UnreachableError", "HostKeyError", "LinkLostError")
-"""Errors that mean the host was never (or no longer) talked to."""
-
-
-def error_outcome(exc: BaseException) -> tuple[Outcome, int]:
-    """The outcome and exit code of a host whose read-only command (history, status) raised.
-
-    Nothing changes in those, so a lost link is ``unreachable`` (2) too.
-    """
-    if type(exc).__name__ in UNREACHABLE_ERRORS:
-        return "unreachable", 2
-    return "failed", int(getattr(exc, "exit_code", 2))
+from orchestrator.core.outcomes import NOT_STARTED, Outcome, Verdict, worst
 
 
 @dataclass
@@ -67,6 +26,11 @@ class HostReport:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def ended(cls, host: str, verdict: Verdict, **fields: Any) -> HostReport:
+        """The report of a host whose run ended with ``verdict`` (from ``core.outcomes``)."""
+        return cls(host, verdict.outcome, verdict.exit_code, **fields)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -91,8 +55,8 @@ class RunReport:
 
     @property
     def exit_code(self) -> int:
-        """The worst host's, i.e. the highest code (3 unsafe, 2 refused, 1 failed)."""
-        return max((r.exit_code for r in self.hosts.values()), default=0)
+        """The worst host's (``core.outcomes.worst``)."""
+        return worst(r.exit_code for r in self.hosts.values())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -106,7 +70,7 @@ class RunReport:
 
 def not_started(host: str, why: str) -> HostReport:
     """The report of a host a fleet run never reached (never connected, nothing changed)."""
-    return HostReport(host, "not_started", EXIT_BY_OUTCOME["not_started"], error=f"not started: {why}")
+    return HostReport.ended(host, NOT_STARTED, error=f"not started: {why}")
 
 
 def error_report(message: str, exit_code: int) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core.outcomes import Step, verdict
+from orchestrator.core.cmdline import flag_change_fields, flag_changes
+from orchestrator.core.outcomes import UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
     FileState,
     LinkState,
@@ -35,6 +36,7 @@ from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 
@@ -42,29 +44,49 @@ from orchestrator.shell.agent_client import RemoteStepError
 def rollback_host(
     target: HostTarget, to: str | None, options: ConnectOptions, reporter: Reporter
 ) -> HostReport:
+    """The rollback on one host; every error becomes this host's report, which carries
+    ``steps`` (``StepClock.steps``) as far as the host got."""
     label = target.name
     reached = Step.CONNECTING
+    clock = StepClock(label, reporter)
+    session = HostSession(target, options)
     try:
-        with HostSession(target, options) as session:
+        clock.start("connect")
+        with session:
+            clock.stop("connect")
             reached = Step.PLANNING
-            state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
-            options.masker.declare_recorded(state["releases"])
-            try:
-                applied = list(state["state"].get("applied", []))
-                # an unknown or undone --to is refused (exit 2) whatever the host's state
-                rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
-                journal = state["journal"]
-                if journal and not journal.get("finished"):
-                    return finish_unfinished(session, state_dir, journal, reporter)
-                if rid is not None and rid == applied[-1]:
-                    reporter.step(label, f"release {rid} is already current: nothing to do")
-                    return HostReport(label, "unchanged", 0, release=rid)
-                return undo_releases(session, state_dir, state, to, reporter)
-            finally:
-                release_lock(session, state_dir)
+            report = _rollback_in_session(session, to, options, reporter, clock)
+            report.extra["steps"] = clock.steps(session.host_time)
+            return report
     except (OrchError, KeyboardInterrupt) as cause:
+        clock.stop("connect")
         v = verdict(cause, reached)
-        return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)")  # type: ignore[arg-type]
+        return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)",  # type: ignore[arg-type]
+                          extra={"steps": clock.steps(session.host_time)})
+
+
+def _rollback_in_session(
+    session: HostSession, to: str | None, options: ConnectOptions, reporter: Reporter, clock: StepClock
+) -> HostReport:
+    label = session.target.name
+    with clock.step("lock"):
+        state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
+    options.masker.declare_recorded(state["releases"])
+    try:
+        applied = list(state["state"].get("applied", []))
+        # an unknown or undone --to is refused (exit 2) whatever the host's state
+        rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
+        journal = state["journal"]
+        if journal and not journal.get("finished"):
+            with clock.step("rollback"):
+                return finish_unfinished(session, state_dir, journal, reporter)
+        if rid is not None and rid == applied[-1]:
+            reporter.step(label, f"release {rid} is already current: nothing to do")
+            return HostReport.ended(label, UNCHANGED, release=rid)
+        with clock.step("rollback"):
+            return undo_releases(session, state_dir, state, to, reporter)
+    finally:
+        release_lock(session, state_dir)
 
 
 def _events(reporter: Reporter, label: str) -> Any:
@@ -84,12 +106,13 @@ def report_restore(
     if record.log_tail:
         reporter.server_log(label, "server log (last 40 lines)", record.log_tail)
     info = {"restore": done, "drift": [f.path for f in record.drift], **(extra or {})}
+    v = rollback_verdict(record)
     if not record.ok:
-        return HostReport(label, "rollback_failed", 3, release=release_id, files=planned, extra=info, error=(
+        return HostReport.ended(label, v, release=release_id, files=planned, extra=info, error=(
             f"{label}: {what} FAILED: {done}. The host is not known to be healthy; fix the cause and run "
             f"`orch rollback --host {label}` again"))
     reporter.step(label, f"{what}: {done}")
-    return HostReport(label, "rolled_back", 0, release=release_id, files=planned, extra=info)
+    return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
 
 
 def finish_unfinished(
@@ -108,7 +131,7 @@ def finish_unfinished(
         remove_half_built(session, journal, reporter)
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="abandoned", finished=True)))
         reporter.step(label, f"{kind} {rid} had not changed anything; journal closed")
-        return HostReport(label, "unchanged", 0, release=rid)
+        return HostReport.ended(label, UNCHANGED, release=rid)
     try:
         record = session.run(ops.restore_release(release_dir, "rollback", reason="unfinished; restored by orch rollback"),
                              on_event=_events(reporter, label))
@@ -117,7 +140,7 @@ def finish_unfinished(
             raise
         session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="confirmed", finished=True)))
         reporter.warn(label, f"{rid} had been confirmed before its run ended; journal closed")
-        return HostReport(label, "unchanged", 0, release=rid)
+        return HostReport.ended(label, UNCHANGED, release=rid)
     if record.ok and journal.get("step") == "armed":
         remove_half_built(session, journal, reporter)  # armed, never switched: its build never ran
     planned = [f["path"] for f in spec["plan"].get("files", [])]
@@ -167,7 +190,7 @@ def undo_releases(
     releases_dir = f"{state_dir}/releases"
     if not applied:
         reporter.step(label, "nothing to roll back: no release is current (there is nothing before)")
-        return HostReport(label, "unchanged", 0, notes=["nothing before"])
+        return HostReport.ended(label, UNCHANGED, notes=["nothing before"])
     target = rollback_target(applied, releases, releases_dir, to)
     refuse_pruned_builds(session, target.links)
     newest = releases[target.undo[0]]
@@ -236,6 +259,14 @@ def undo_releases(
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))
     now_current = target.new_applied[-1] if target.new_applied else "none (the state before any release)"
+    # the command line goes back from the newest undone release's to the one the release current
+    # now started (or, where it started none, the one that ran before the oldest undone): both as
+    # asked and recorded (masked), not the process's argv, where a shim shows its real path
+    now_started = (releases.get(target.new_applied[-1]) or {}).get("server_after") if target.new_applied else None
+    argvs = ((newest.get("server_after") or {}).get("argv") or [],
+             (now_started or target.server_before or {}).get("argv") or [])
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
                           extra={"undid": list(target.undo),
-                                 "current": target.new_applied[-1] if target.new_applied else None})
+                                 "current": target.new_applied[-1] if target.new_applied else None,
+                                 "flag_changes": flag_change_fields(*argvs) if target.restart else [],
+                                 "flag_changes_text": flag_changes(*argvs) if target.restart else []})

@@ -15,12 +15,18 @@ release made current) · ``rollback`` (a failed deploy's restore).
 
 A step that did not happen has no entry: an unchanged host has
 ``connect``, ``lock`` and ``plan`` only.
+
+``--json`` also has ``steps``: the same steps as fields, in the order they
+began, each with ``at`` (when it began, epoch seconds on the host's clock
+where the run reached the host; the controller's otherwise) and
+``seconds``. A night's steps (``pipeline.nightly``) add ``build``,
+``patch`` and ``probe``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -39,10 +45,11 @@ class StepClock:
     reporter: Reporter
     timings: dict[str, float] = field(default_factory=dict)
     _started: dict[str, float] = field(default_factory=dict)
+    _began: dict[str, float] = field(default_factory=dict)  # when each step last began (monotonic)
 
     def start(self, name: str) -> None:
         """Step ``name`` begins now (the live view shows it)."""
-        self._started[name] = time.monotonic()
+        self._started[name] = self._began[name] = time.monotonic()
         self.reporter.phase(self.host, name)
 
     def stop(self, name: str) -> None:
@@ -55,6 +62,20 @@ class StepClock:
     def begun(self) -> set[str]:
         """The steps that have started (running or done)."""
         return set(self._started) | set(self.timings)
+
+    def steps(self, wall: Callable[[], float] = time.time) -> list[dict[str, float | str]]:
+        """The finished steps as ``--json``'s fields, in the order they began:
+        ``{"step", "at", "seconds"}``.
+
+        ``wall``: the clock ``at`` is on, read once now (``HostSession.host_time``:
+        the host's, where its helper said hello); each step's start is placed on it
+        by the monotonic time elapsed since, so a controller clock that is hours
+        off the host's never mixes into the host's times.
+        """
+        now, mono = wall(), time.monotonic()
+        ordered = sorted(self.timings, key=lambda name: self._began.get(name, mono))
+        return [{"step": name, "at": round(now - (mono - self._began.get(name, mono)), 3),
+                 "seconds": self.timings[name]} for name in ordered]
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
+from orchestrator.core.outcomes import ExitCode, worst
 
 
 @click.command(short_help="Releases and rollbacks on hosts.")
@@ -50,7 +51,7 @@ def history(out: OutputFlags, where: HostFlags, release: str | None) -> int:
 
         hosts, failed, code = _read_each(where, output, lambda t: host_release(t, options, release), show)
         if all(v is None for v in hosts.values()) and not failed:
-            code = 2  # no host has it: a typo, most likely
+            code = int(ExitCode.REFUSED)  # no host has it: a typo, most likely
     if out.as_json:
         output.emit_json({"exit_code": code, "error": None, "hosts": hosts, "failed": failed})
     return code
@@ -70,12 +71,10 @@ def _read_each(where: HostFlags, output: Any, read: Any,
     found = read_hosts(output, where.targets(), read, where.fleet(), title="orch history")
     hosts: dict[str, Any] = {}
     failed: dict[str, Any] = {}
-    code = 0
     for name, got in found.items():
         if isinstance(got, HostReport):
             summary_line(output, name, got)
             failed[name] = got.to_json()
-            code = max(code, got.exit_code)
         else:
             hosts[name] = show(name, got)
-    return hosts, failed, code
+    return hosts, failed, worst(r.exit_code for r in found.values() if isinstance(r, HostReport))

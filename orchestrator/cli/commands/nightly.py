@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
+from orchestrator.core.outcomes import Outcome
 
 if TYPE_CHECKING:
     from orchestrator.cli.output import Output
@@ -87,7 +88,7 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
     return report.exit_code
 
 
-READABLE = ("changed", "rolled_back", "failed")
+READABLE = (Outcome.CHANGED, Outcome.ROLLED_BACK, Outcome.FAILED)
 """Outcomes after which the host answered: its history is read again for the page's words
 (never after ``unreachable`` or a failed switch back: that read would wait on a dead link)."""
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
+from orchestrator.core.outcomes import Outcome
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -62,7 +63,7 @@ def _rewrite_nightly_pages(output: Output, targets: Sequence[HostTarget], option
     under ``--reports``) is rewritten with the host's words, so it marks the right build live."""
     for target in targets:
         host = report.hosts.get(target.name)
-        if host is None or host.outcome == "unreachable" or not (reports_dir / target.name).is_dir():
+        if host is None or host.outcome == Outcome.UNREACHABLE or not (reports_dir / target.name).is_dir():
             continue
         from orchestrator.pipeline.nightly_report import refresh_report
 

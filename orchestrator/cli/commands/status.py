@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
+from orchestrator.core.outcomes import worst
 
 
 @click.command(short_help="Current release, server, health now, drift; exit 0/2/3.")
@@ -46,15 +47,13 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
                        where.fleet(),
                        title="orch status", exit_code=lambda s: s.exit_code)
     hosts: dict[str, Any] = {}
-    code = 0
+    code = worst(got.exit_code for got in found.values())
     for name, got in found.items():
         if isinstance(got, HostReport):
             summary_line(output, name, got)
             hosts[name] = got.to_json()
-            code = max(code, got.exit_code)
             continue
         hosts[name] = got.to_json()
-        code = max(code, got.exit_code)
         if output.quiet:
             output.line(f"{name}: {'; '.join(got.problems) or 'ok'}",
                         "red" if got.exit_code else None)
