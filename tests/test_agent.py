@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import fcntl
 import glob
 import hashlib
 import io
@@ -389,6 +390,25 @@ def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
     (state / "helper" / "orch_helper_1111111111111111.py").write_text("# a single-file helper of an older orch\n")
     assert start_with_state()[0]  # another version's copy is not this helper
     assert sorted(p.name for p in (state / "helper").iterdir()) == kept  # ... and was replaced, old ones gone
+
+    # A helper running from its copy holds it (it imports a module when its op first runs):
+    # another version's helper removes only copies nobody holds.
+    copy = state / "helper" / kept[0]
+    transport = open_transport(HostTarget(name="local", connection="local", python=python))
+    transport.connect()
+    running = Agent(transport, python=python, state_dir=str(state)).start()
+    probe = os.open(copy, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (state / "helper" / "1111111111111111").mkdir(mode=0o700)  # nobody's: removed
+        os.rename(copy, state / "helper" / "2222222222222222")  # held by `running`: an older version's copy
+        assert start_with_state()[0]
+        assert sorted(p.name for p in (state / "helper").iterdir()) == [kept[0], "2222222222222222"]
+        assert running.call("log_tail", path=str(tmp_path / "none")) == []  # ... and it still runs
+    finally:
+        os.close(probe)
+        running.close()
 
 
 @pytest.mark.parametrize("text", [b"x = 1\n", b"def f(:\n    pass\n", b"x = (1,\n", b"a = 1\x00\n",

@@ -16,7 +16,8 @@ import time
 
 from .dispatch import load_all
 from .files import read_json, read_record, write_json, write_mark
-from .processes import name_process, proc_starttime
+from .main import name_process
+from .processes import proc_starttime
 from .restore import op_restore_release
 from .session import Session
 from .wire import AgentError, expand

@@ -6,7 +6,6 @@ the run uses (a night's and a probe's code is never loaded by a deploy).
 Every op takes the ``Session`` as its first argument.
 """
 
-import importlib
 import json
 import os
 import shutil
@@ -15,8 +14,6 @@ import sys
 import threading
 import time
 
-from .staging import forget_staged
-from .state import release_own_lock
 from .wire import PROTOCOL, READY_MAGIC, AgentError
 
 OPS = {
@@ -73,14 +70,20 @@ def find_op(name):
     where = OPS.get(name) if isinstance(name, str) else None
     if where is None:
         return None
-    return getattr(importlib.import_module("." + where[0], __package__), where[1])
+    return package_attr(where[0], where[1])
+
+
+def package_attr(module, name):
+    """``from .module import name``, at run time. Not through ``importlib``: importing it
+    would cost every start of the helper, and most starts need only a few modules."""
+    return getattr(__import__(module, globals(), {}, [name], 1), name)
 
 
 def load_all():
     """Import the module of every op: a process that may lose its files (the watchdog,
     whose kept copy a newer version can replace) has all it could run in memory."""
     for module in sorted(set(where[0] for where in OPS.values())):
-        importlib.import_module("." + module, __package__)
+        __import__(module, globals(), {}, ["__name__"], 1)
 
 
 def serve(s, stdin):
@@ -123,7 +126,7 @@ def serve(s, stdin):
         if request.get("op") == "bye":
             # Leave at once: a normal interpreter exit would wait on the reader
             # thread blocked in stdin (a second of stall per run, measured).
-            release_own_lock(s)
+            give_back_lock(s)
             sys.stdout.flush()
             os._exit(0)
     # The controller is gone (it died or the link dropped): whatever op was
@@ -132,15 +135,21 @@ def serve(s, stdin):
     # has to wait for a heartbeat to go stale.
     for staged in list(s.staged):
         if staged in s.staged_fds:
-            forget_staged(s, staged)
+            package_attr("staging", "forget_staged")(s, staged)
             continue
         try:
             os.unlink(staged)
         except OSError:
             pass
-    release_own_lock(s)
+    give_back_lock(s)
     s.stopping = True
     leave(s.gone)
+
+
+def give_back_lock(s):
+    """The host's lock, if this session took it (the state module is loaded only then)."""
+    if s.lock is not None:
+        package_attr("state", "release_own_lock")(s)
 
 
 def leave(reason):

@@ -7,6 +7,7 @@ archive's ``orchestrator/host/*.py`` and their ``__pycache__``, which the
 next run's bootstrap puts first on ``sys.path`` (``agent_client.BOOTSTRAP``).
 """
 
+import fcntl
 import os
 import re
 import shutil
@@ -57,7 +58,9 @@ def remove_other_copies(here, helper_id):
         full = os.path.join(here, entry)
         if entry == helper_id:
             continue
-        if HELPER_ID.match(entry) or entry == "__pycache__":
+        if HELPER_ID.match(entry):
+            remove_if_unused(full)
+        elif entry == "__pycache__":
             shutil.rmtree(full, ignore_errors=True)
         elif entry.startswith("orch_helper_"):
             os.unlink(full)
@@ -67,6 +70,24 @@ def remove_other_copies(here, helper_id):
                     shutil.rmtree(full, ignore_errors=True)
             except OSError:
                 pass
+
+
+def remove_if_unused(copy):
+    """Remove another version's copy unless a helper runs from it: that helper imports a
+    module when its op first runs, and holds a shared flock on its copy (the bootstrap's)."""
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return  # in use
+    try:
+        shutil.rmtree(copy, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def put_in_place(here, helper_id, archive):

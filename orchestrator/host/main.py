@@ -21,7 +21,6 @@ import sys
 
 from .dispatch import serve
 from .keep import keep_helper
-from .processes import name_process
 from .session import Session
 
 
@@ -36,3 +35,12 @@ def main(archive=None, cache=None):
     s = Session(sys.stdout.buffer, archive, cache)
     keep_helper(s)
     serve(s, sys.stdin.buffer)
+
+
+def name_process(name):
+    """What ``ps -o comm`` and ``top`` show for this process (its argv stays the helper's)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        pass

@@ -374,12 +374,3 @@ def exit_code_of(s, pid):
     if proc is not None:
         return proc.poll()
     return None if pid_alive(pid) else "unknown"
-
-
-def name_process(name):
-    """What ``ps -o comm`` and ``top`` show for this process (its argv stays the helper's)."""
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(name)
-    except OSError:
-        pass

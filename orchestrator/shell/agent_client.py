@@ -71,7 +71,9 @@ READY_MAGIC = "ORCH-AGENT-READY"
 # A host keeps the helper in ``<state dir>/helper/<id>/orchestrator/host/*.py``
 # with their ``__pycache__`` (``host/keep.py``): a start then costs no transfer
 # and no compile. The copy is used only when that directory, the helper dir and
-# the state dir belong to the login user and nobody else can write them.
+# the state dir belong to the login user and nobody else can write them; the
+# helper holds a shared flock on it while it runs (it imports a module when its
+# op first runs), so another orch version's helper never removes a copy in use.
 # Otherwise the bootstrap asks for the archive (one line, base64) and imports
 # the package from memory: a meta-path finder over the archive's members,
 # rather than a temp file for zipimport, which would have to outlive every
@@ -89,6 +91,8 @@ def kept(state, hid):
             st = os.stat(d)
             if st.st_uid != os.getuid() or st.st_mode & 0o022:
                 return None
+        import fcntl
+        fcntl.flock(os.open(top, os.O_RDONLY), fcntl.LOCK_SH)
         return top if os.path.isfile(os.path.join(top, 'orchestrator', 'host', 'main.py')) else None
     except Exception:
         return None
