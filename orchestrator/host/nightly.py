@@ -22,7 +22,7 @@ from .wire import LOG_TAIL_LINES, AgentError, expand, sha256_bytes
 def nightly_stop_reason(s):
     """Why a build or a probe must stop now (Ctrl-C on the controller, or the
     controller gone), or None: the same two causes ``check_cancel`` raises for."""
-    if s is None or not s.stop_asked():
+    if not s.stop_asked():
         return None
     return "cancelled by the controller" if s.cancel_requested else "the controller went away"
 
@@ -63,8 +63,7 @@ def stream_argv(s, argv, cwd=None, env=None, log=None, timeout=3600.0):
                 line = raw.decode("utf-8", "replace").rstrip("\r\n").split("\r")[-1]
                 tail.append(line)
                 del tail[:-LOG_TAIL_LINES]
-                if s is not None:
-                    s.event("progress", msg=line, stream="build")
+                s.event("progress", msg=line, stream="build")
 
         reader = threading.Thread(target=pump)
         reader.daemon = True

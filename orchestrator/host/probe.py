@@ -84,11 +84,10 @@ def probe_batch(s, url, payload, headers, timeout, count, concurrency):
     for t in threads:
         while t.is_alive() and time.time() < deadline:
             t.join(0.2)
-            if s is not None and time.time() - said >= 2.0:
+            if time.time() - said >= 2.0:
                 said = time.time()
                 s.event("progress", msg="probe: %d/%d requests answered" % (state["done"], count))
-    if s is not None:
-        s.check_cancel()
+    s.check_cancel()
     duration = time.time() - started
     for i, sample in enumerate(samples):
         if sample is None:

@@ -286,7 +286,7 @@ def op_server_stop(s, pid, pgid=None, stop_timeout=30.0, port=None, free_timeout
 
 
 def reap_children(s):
-    for pid, proc in list(s.children.items()) if s else []:
+    for pid, proc in list(s.children.items()):
         if proc.poll() is not None:
             pass
 
@@ -320,10 +320,9 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
         raise AgentError("server", "cannot start %s: %s" % (argv[0], e.strerror or e))
     finally:
         out.close()
-    if s is not None:
-        s.children[proc.pid] = proc
-        s.last_started = {"pid": proc.pid, "log": log_path}
-        s.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
+    s.children[proc.pid] = proc
+    s.last_started = {"pid": proc.pid, "log": log_path}
+    s.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
     if pidfile:
         # Best effort: the server runs either way, and is found by its port
         # when its pidfile cannot be written (a full disk must not turn a
@@ -335,8 +334,7 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
                 os.makedirs(d, 0o755)
             write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
         except OSError as e:
-            if s is not None:
-                s.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
+            s.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
     return {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "cwd": cwd, "log": log_path}
 
 
@@ -370,7 +368,7 @@ def op_commands_start(s, start, pid_cmd=None, timeout=600.0):
 
 def exit_code_of(s, pid):
     """The exit code if ``pid`` has ended, else None."""
-    proc = s.children.get(pid) if s else None
+    proc = s.children.get(pid)
     if proc is not None:
         return proc.poll()
     return None if pid_alive(pid) else "unknown"

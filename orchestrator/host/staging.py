@@ -243,8 +243,7 @@ def stage_one(s, f, token, clean_stale):
     if got != sha256_bytes(data):
         forget_staged(s, staged)
         raise AgentError("stage", "staged copy of %s reads back wrong (sha256 %s)" % (path, got))
-    if s is not None:
-        s.staged.add(staged)
+    s.staged.add(staged)
     return {"path": path, "real": real, "staged": staged, "sha256": got}
 
 

@@ -106,7 +106,7 @@ def op_lock_acquire(s, state_dir, holder, replace_token=None):
 
 def release_own_lock(s):
     """Remove the lock this session holds, if the file there is still ours."""
-    lock = s.lock if s is not None else None
+    lock = s.lock
     if lock is None:
         return False
     path, fd = lock
