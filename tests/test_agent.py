@@ -411,6 +411,48 @@ def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
         running.close()
 
 
+def test_a_watchdog_restores_after_its_kept_copy_is_gone(tmp_path: Path) -> None:
+    """The helper imports a module when its op first runs; its watchdog outlives it, and
+    a newer orch may replace the kept copy meanwhile: the watchdog has all it may run in
+    memory from the fork on."""
+    import shutil
+
+    from tests.fixtures.sandbox import wait_until
+
+    state, target = tmp_path / "state", tmp_path / "mod.py"
+    target.write_text("new\n")
+    transport = open_transport(HostTarget(name="local", connection="local", python=sys.executable))
+    transport.connect()
+    first = Agent(transport, state_dir=str(state)).start()
+    first.call("state_init", state_dir=str(state))
+    first.close()
+    assert (state / "helper").is_dir()
+    release = state / "releases" / "R1"
+    (release / "files").mkdir(parents=True)
+    (release / "files" / "0.before").write_text("old\n")
+    (release / "commit.started").write_text("")
+    plan = {"path": str(target), "source": str(release / "files" / "0.before"),
+            "sha256": hashlib.sha256(b"old\n").hexdigest(), "expect": hashlib.sha256(b"new\n").hexdigest()}
+    (tmp_path / "current").symlink_to("b1")  # a night's restore also switches its link back (nightly.py)
+    swap = {"op": "nightly_link_swap", "args": {"link": str(tmp_path / "current"), "to": "b0", "expect": "b1"}}
+    (release / "restore.json").write_text(json.dumps({"budget": 3600, "plan": {"files": [plan],
+                                                                                "on_success": [swap]}}))
+    helper = Agent(transport, state_dir=str(state)).start()  # from its kept copy
+    try:
+        armed = helper.call("release_arm", state_dir=str(state), release_dir=str(release))
+    finally:
+        helper.close()
+    shutil.rmtree(state / "helper")  # as another version's keep would, once nobody holds it
+    # a restore claimed by an (older) controller that has not completed in time: the watchdog acts now
+    (release / "claim.json").write_text(json.dumps({"by": "controller", "until": time.time() - 1}))
+    wait_until(lambda: (release / "restored.json").exists(), "the watchdog's restore")
+    record = json.loads((release / "restored.json").read_text())
+    assert record["ok"] and record["by"] == "watchdog", record
+    assert target.read_text() == "old\n" and os.readlink(tmp_path / "current") == "b0"
+    wait_until(lambda: not Path(f"/proc/{armed['pid']}").exists() or
+               Path(f"/proc/{armed['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the watchdog's end")
+
+
 @pytest.mark.parametrize("text", [b"x = 1\n", b"def f(:\n    pass\n", b"x = (1,\n", b"a = 1\x00\n",
                                   b"\xef\xbb\xbfy = 2\n", b"print 'py2'\n"])
 def test_the_syntax_check_answers_alike_in_the_helper_and_in_a_second_interpreter(
