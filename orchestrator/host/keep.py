@@ -15,7 +15,7 @@ import time
 
 from .wire import expand
 
-HELPER_ID = re.compile(r"^[0-9a-f]{16}$")
+COPY_NAME = re.compile(r"^[0-9a-f]{16}$")
 MEMBER = re.compile(r"^orchestrator/(host/)?[A-Za-z_][A-Za-z0-9_]*\.py$")
 STALE_TEMP_SECONDS = 600.0  # a temp dir this old is a killed helper's, not a keep under way
 
@@ -33,7 +33,7 @@ def keep_helper(s):
     if s.kept or not s.cache or not s.cache[0] or not s.archive:
         return
     state_dir, helper_id = s.cache
-    if not HELPER_ID.match(helper_id):
+    if not COPY_NAME.match(helper_id):
         return
     state = expand(state_dir)
     here = os.path.join(state, "helper")
@@ -58,7 +58,7 @@ def remove_other_copies(here, helper_id):
         full = os.path.join(here, entry)
         if entry == helper_id:
             continue
-        if HELPER_ID.match(entry):
+        if COPY_NAME.match(entry):
             remove_if_unused(full)
         elif entry == "__pycache__":
             shutil.rmtree(full, ignore_errors=True)
