@@ -171,7 +171,7 @@ def wait_healthy(port: int, timeout: float = 30.0) -> bool:
 
 def listening_pid(port: int) -> int | None:
     """The pid listening on ``port`` (read from /proc, as orch's helper finds a server)."""
-    from orchestrator.shell.agent import pid_listening_on
+    from orchestrator.host.processes import pid_listening_on
 
     return pid_listening_on(port)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import base64
+import fcntl
 import glob
 import hashlib
+import io
 import json
 import os
 import signal
@@ -19,7 +21,13 @@ import pytest
 
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import LinkLostError
-from orchestrator.shell.agent_client import AGENT_SOURCE, Agent, RemoteStepError
+from orchestrator.shell.agent_client import (
+    BOOTSTRAP,
+    HELPER_ARCHIVE,
+    Agent,
+    RemoteStepError,
+    helper_archive,
+)
 from orchestrator.shell.transport import open_transport
 
 # GPU boxes run old Pythons: the helper must run on whatever python3 they have.
@@ -32,11 +40,62 @@ def start(python: str = sys.executable) -> Agent:
     return Agent(transport, python=python).start()
 
 
-def test_helper_source_is_python_3_8_syntax_and_stdlib_only() -> None:
-    tree = ast.parse(AGENT_SOURCE, feature_version=(3, 8))
+HOST = Path(__file__).resolve().parent.parent / "orchestrator" / "host"
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in HOST.glob("*.py")))
+def test_each_host_module_is_python_3_8_stdlib_only_small_and_stateless(module: str) -> None:
+    """The host package runs where orch is not installed, on the box's own Python: 3.8
+    syntax, the standard library and its own modules only, no module over 600 lines, no
+    ``global`` (the session is passed to every op, so nothing lives at module level)."""
+    source = (HOST / module).read_text(encoding="utf-8")
+    tree = ast.parse(source, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert len(source.splitlines()) <= 600
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global | ast.Nonlocal)]
+    mutable = [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+               if isinstance(t, ast.Name) and isinstance(n.value, ast.List | ast.Set | ast.ListComp | ast.SetComp)]
+    assert not mutable, f"module-level mutable state: {mutable}"
+
+
+def test_vermin_finds_nothing_newer_than_3_8_in_the_host_package() -> None:
+    run = "import sys, vermin; sys.argv[0] = 'vermin'; sys.exit(vermin.main())"
+    out = subprocess.run([sys.executable, "-c", run, "-t=3.8-", "--violations", "--no-tips", str(HOST)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Minimum required versions" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_helper_archive_is_the_same_bytes_for_the_same_source() -> None:
+    """Named by its hash on every host: the same source must give the same archive, whatever
+    the files' times, and it holds the package (and its own stub ``orchestrator``) only."""
+    import zipfile
+
+    assert helper_archive() == HELPER_ARCHIVE
+    os.utime(HOST / "wire.py")  # a touched file changes no byte of it
+    assert helper_archive() == HELPER_ARCHIVE
+    with zipfile.ZipFile(io.BytesIO(HELPER_ARCHIVE)) as z:
+        infos = z.infolist()
+    names = [i.filename for i in infos]
+    assert names == ["orchestrator/__init__.py"] + sorted(f"orchestrator/host/{p.name}" for p in HOST.glob("*.py"))
+    assert {(i.date_time, i.external_attr >> 16, i.compress_type) for i in infos} == {
+        ((1980, 1, 1, 0, 0, 0), 0o100644, zipfile.ZIP_DEFLATED)}
+
+
+def test_a_helper_sent_as_an_archive_runs_from_memory_under_its_package_s_file_names() -> None:
+    """No kept copy: the bootstrap imports the package from the archive's bytes, and each
+    module's code is named ``orchestrator/host/<module>.py`` (what coverage maps back)."""
+    shown = ("import orchestrator.host.main as m, orchestrator.host.files as f\n"
+             "print(m.main.__code__.co_filename, f.write_atomic.__code__.co_filename)\n")
+    script = BOOTSTRAP.replace("main(archive, (sys.argv[1], sys.argv[2]))\n", shown)
+    assert script != BOOTSTRAP
+    out = subprocess.run([sys.executable, "-c", script, "", "0" * 16], input=base64.b64encode(HELPER_ARCHIVE) + b"\n",
+                         capture_output=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    lines = out.stdout.decode().splitlines()
+    assert lines[0] == '{"send": true}', out
+    assert lines[1].split() == ["orchestrator/host/main.py", "orchestrator/host/files.py"], out
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)
@@ -311,11 +370,15 @@ def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
         sent = any(getattr(r, "orch_dir", "") == "<" and '"send": true' in r.orch_line for r in caplog.records)
         return sent, hello
 
-    assert start_with_state()[0]  # a new host: the source is sent, then kept once state_init made the dir
+    assert start_with_state()[0]  # a new host: the archive is sent, then kept once state_init made the dir
     kept = sorted(p.name for p in (state / "helper").iterdir())
-    assert kept[0] == "__pycache__" and kept[1].startswith("orch_helper_"), kept
-    assert list((state / "helper" / "__pycache__").iterdir()), "no compiled copy"
+    assert kept == [hashlib.sha256(HELPER_ARCHIVE).hexdigest()[:16]], kept
+    package = state / "helper" / kept[0] / "orchestrator" / "host"
+    assert sorted(p.name for p in package.glob("*.py")) == sorted(p.name for p in HOST.glob("*.py"))
+    compiled = {p.name.split(".")[0] for p in (package / "__pycache__").iterdir()}
+    assert compiled == {p.stem for p in HOST.glob("*.py")}, "not every module compiled"
     assert (state / "helper").stat().st_mode & 0o777 == 0o700
+    assert (state / "helper" / kept[0]).stat().st_mode & 0o777 == 0o700
 
     sent, hello = start_with_state()
     assert not sent and hello  # the kept copy ran
@@ -323,9 +386,71 @@ def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
     os.chmod(state / "helper", 0o770)  # group-writable: not trusted
     assert start_with_state()[0]
     os.chmod(state / "helper", 0o700)
-    (state / "helper" / kept[1]).rename(state / "helper" / "orch_helper_0000000000000000.py")
+    (state / "helper" / kept[0]).rename(state / "helper" / "0000000000000000")
+    (state / "helper" / "orch_helper_1111111111111111.py").write_text("# a single-file helper of an older orch\n")
     assert start_with_state()[0]  # another version's copy is not this helper
-    assert sorted(p.name for p in (state / "helper").iterdir()) == kept  # ... and was replaced
+    assert sorted(p.name for p in (state / "helper").iterdir()) == kept  # ... and was replaced, old ones gone
+
+    # A helper running from its copy holds it (it imports a module when its op first runs):
+    # another version's helper removes only copies nobody holds.
+    copy = state / "helper" / kept[0]
+    transport = open_transport(HostTarget(name="local", connection="local", python=python))
+    transport.connect()
+    running = Agent(transport, python=python, state_dir=str(state)).start()
+    probe = os.open(copy, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (state / "helper" / "1111111111111111").mkdir(mode=0o700)  # nobody's: removed
+        os.rename(copy, state / "helper" / "2222222222222222")  # held by `running`: an older version's copy
+        assert start_with_state()[0]
+        assert sorted(p.name for p in (state / "helper").iterdir()) == sorted([kept[0], "2222222222222222"])
+        assert running.call("log_tail", path=str(tmp_path / "none")) == []  # ... and it still runs
+    finally:
+        os.close(probe)
+        running.close()
+
+
+def test_a_watchdog_restores_after_its_kept_copy_is_gone(tmp_path: Path) -> None:
+    """The helper imports a module when its op first runs; its watchdog outlives it, and
+    a newer orch may replace the kept copy meanwhile: the watchdog has all it may run in
+    memory from the fork on."""
+    import shutil
+
+    from tests.fixtures.sandbox import wait_until
+
+    state, target = tmp_path / "state", tmp_path / "mod.py"
+    target.write_text("new\n")
+    transport = open_transport(HostTarget(name="local", connection="local", python=sys.executable))
+    transport.connect()
+    first = Agent(transport, state_dir=str(state)).start()
+    first.call("state_init", state_dir=str(state))
+    first.close()
+    assert (state / "helper").is_dir()
+    release = state / "releases" / "R1"
+    (release / "files").mkdir(parents=True)
+    (release / "files" / "0.before").write_text("old\n")
+    (release / "commit.started").write_text("")
+    plan = {"path": str(target), "source": str(release / "files" / "0.before"),
+            "sha256": hashlib.sha256(b"old\n").hexdigest(), "expect": hashlib.sha256(b"new\n").hexdigest()}
+    (tmp_path / "current").symlink_to("b1")  # a night's restore also switches its link back (nightly.py)
+    swap = {"op": "nightly_link_swap", "args": {"link": str(tmp_path / "current"), "to": "b0", "expect": "b1"}}
+    (release / "restore.json").write_text(json.dumps({"budget": 3600, "plan": {"files": [plan],
+                                                                                "on_success": [swap]}}))
+    helper = Agent(transport, state_dir=str(state)).start()  # from its kept copy
+    try:
+        armed = helper.call("release_arm", state_dir=str(state), release_dir=str(release))
+    finally:
+        helper.close()
+    shutil.rmtree(state / "helper")  # as another version's keep would, once nobody holds it
+    # a restore claimed by an (older) controller that has not completed in time: the watchdog acts now
+    (release / "claim.json").write_text(json.dumps({"by": "controller", "until": time.time() - 1}))
+    wait_until(lambda: (release / "restored.json").exists(), "the watchdog's restore")
+    record = json.loads((release / "restored.json").read_text())
+    assert record["ok"] and record["by"] == "watchdog", record
+    assert target.read_text() == "old\n" and os.readlink(tmp_path / "current") == "b0"
+    wait_until(lambda: not Path(f"/proc/{armed['pid']}").exists() or
+               Path(f"/proc/{armed['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the watchdog's end")
 
 
 @pytest.mark.parametrize("text", [b"x = 1\n", b"def f(:\n    pass\n", b"x = (1,\n", b"a = 1\x00\n",
@@ -335,15 +460,15 @@ def test_the_syntax_check_answers_alike_in_the_helper_and_in_a_second_interprete
 ) -> None:
     """The helper checks in its own process when the server's interpreter is its own
     binary; that answer must be the one a second interpreter would have given."""
-    from orchestrator.shell import agent
+    from orchestrator.host import processes, staging
 
     staged = tmp_path / "server_args.py.orch-staged"
     staged.write_bytes(text)
     shown = str(tmp_path / "server_args.py")
-    assert agent.is_this_interpreter(sys.executable)
-    assert not agent.is_this_interpreter("/bin/sh")
-    here = agent.syntax_check(str(staged), shown)
-    there = agent.run_argv([sys.executable, "-c", agent.PYTHON_SYNTAX_CHECK, str(staged), shown])
+    assert staging.is_this_interpreter(sys.executable)
+    assert not staging.is_this_interpreter("/bin/sh")
+    here = staging.syntax_check(str(staged), shown)
+    there = processes.run_argv([sys.executable, "-c", staging.PYTHON_SYNTAX_CHECK, str(staged), shown])
     assert here["rc"] == there["rc"]
     assert here["stdout"] == there["stdout"]
     if here["rc"] and not here["stdout"]:  # died with an exception: the same one is named
@@ -376,13 +501,13 @@ def test_the_helper_finds_every_from_import_a_parse_of_the_whole_module_finds(te
     """``import_froms`` reads only the lines that can start an import (a no-op's CPU on the
     host): it may also read an import written in a string, never miss a real one, and
     keeps a whole-module walk's outer-first order."""
-    from orchestrator.shell import agent
+    from orchestrator.host import facts
 
     def key(node: ast.ImportFrom) -> tuple[int, str | None, tuple[str, ...]]:
         return (node.level, node.module, tuple(a.name for a in node.names))
 
     walked = [key(n) for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)]
-    found = [key(n) for n in agent.import_froms(text)]
+    found = [key(n) for n in facts.import_froms(text)]
     assert set(walked) <= set(found)
     assert [k for k in found if k in walked] == walked
 
@@ -433,26 +558,26 @@ class _Answers:
 def test_the_helper_s_plain_http_answers_what_urllib_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Health checks skip urllib's import (30 ms of each host's CPU) for plain http; every
     answer must be urllib's, and what the plain client does not expect goes to urllib."""
-    from orchestrator.shell import agent
+    from orchestrator.host import health
 
     answers = _Answers()
     try:
         cases = [("GET", "/ok", None, {}), ("GET", "/missing", None, {}),
                  ("POST", "/echo", b'{"text": "ping"}', {"Content-Type": "application/json"}),
                  ("GET", "/redirect", None, {}), ("GET", "/chunked", None, {})]
-        plain = {path: agent.fetch_plain(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
-        got = {path: agent.fetch(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
+        plain = {path: health.fetch_plain(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
+        got = {path: health.fetch(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
         with monkeypatch.context() as patch:
-            patch.setattr(agent, "fetch_plain", lambda *args: None)
-            by_urllib = {path: agent.fetch(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
+            patch.setattr(health, "fetch_plain", lambda *args: None)
+            by_urllib = {path: health.fetch(answers.base + path, m, b, h, 5.0) for m, path, b, h in cases}
         assert got == by_urllib
         assert got["/ok"] == (200, '{"status": "ok"}') and got["/missing"] == (404, "no such page")
         assert got["/echo"] == (200, 'echo:{"text": "ping"} type:application/json')
         assert got["/redirect"] == got["/ok"] and got["/chunked"] == (200, "hello")
         assert plain["/redirect"] is None and plain["/chunked"] is None  # left to urllib
         assert plain["/ok"] == got["/ok"] and plain["/echo"] == got["/echo"]
-        assert agent.fetch_plain(answers.base + "/kept-open", "GET", None, {}, 5.0) == (200, "open")
-        refused = agent.fetch("http://127.0.0.1:9/health", "GET", None, {}, 5.0)
+        assert health.fetch_plain(answers.base + "/kept-open", "GET", None, {}, 5.0) == (200, "open")
+        refused = health.fetch("http://127.0.0.1:9/health", "GET", None, {}, 5.0)
         assert refused[0] is None and "refused" in refused[1]
     finally:
         answers.server.shutdown()
@@ -498,11 +623,11 @@ def test_a_staged_copy_swapped_before_the_commit_is_refused_and_never_renamed(tm
 
 def test_write_atomic_leaves_no_temp_name_and_keeps_owner_and_mode(tmp_path: Path) -> None:
     """The private temp directory goes once the file is renamed out of it."""
-    scope: dict[str, object] = {}
-    exec(compile(AGENT_SOURCE, "agent", "exec"), scope)
+    from orchestrator.host.files import write_atomic
+
     target = tmp_path / "t.py"
     target.write_text("old\n")
-    scope["write_atomic"](str(target), b"new\n", 0o640, 1, 1)  # type: ignore[operator]
+    write_atomic(str(target), b"new\n", 0o640, 1, 1)
     assert target.read_text() == "new\n"
     st = target.stat()
     assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o640, 1, 1)

@@ -44,7 +44,7 @@ from orchestrator.core.rendering import render_playbook
 from orchestrator.core.structure import check_structure
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import AnchorError, EditError
-from orchestrator.shell import agent
+from orchestrator.host import facts
 from orchestrator.shell.config_files import load_playbook, make_renderer
 from tests.fixtures.flag_probe import TolerantParser, load_tolerant, parse
 from tests.fixtures.registry import sglang_tree, vllm_file
@@ -112,7 +112,7 @@ def companions(path: Path, names: list[str]) -> dict[str, str]:
     """What the helper on the host sends along: the modules ``path`` imports that mention ``names``."""
     return {
         info["path"]: bytes(info["data"].data).decode("utf-8")  # a Blob: sent as blob lines
-        for info in agent.follow_imports(str(path), names)
+        for info in facts.follow_imports(str(path), names)
     }
 
 

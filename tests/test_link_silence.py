@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.shell import agent
+from orchestrator.host import session as host_session
+from orchestrator.host import wire
 from orchestrator.shell.agent_client import (
     BOOTSTRAP,
     HELPER_ID,
@@ -59,7 +60,7 @@ def slow_agent(sshd: SshdServer, tmp_path: Path) -> Iterator[Agent]:
 
 
 def test_a_file_slower_than_the_silence_limit_crosses_both_ways(slow_agent: Agent, tmp_path: Path) -> None:
-    assert max(LINK_TIMEOUT, agent.SILENCE_SECONDS) < SIZE * 4 / 3 / BANDWIDTH  # the premise, by size
+    assert max(LINK_TIMEOUT, wire.SILENCE_SECONDS) < SIZE * 4 / 3 / BANDWIDTH  # the premise, by size
     data = os.urandom(SIZE)
     source = tmp_path / "source.bin"
     source.write_bytes(data)
@@ -91,10 +92,10 @@ def test_a_helper_whose_controller_fell_silent_leaves_with_one_clean_line(tmp_pa
     proc.stdin.write(b'{"op":"blob","blob":1,"data":"')  # half a line, then nothing: stdin stays open
     proc.stdin.flush()
     assert json.loads(proc.stdout.readline())["ready"] == READY_MAGIC
-    assert proc.wait(timeout=agent.SILENCE_SECONDS + 60) == 0
+    assert proc.wait(timeout=wire.SILENCE_SECONDS + 60) == 0
     err = proc.stderr.read().decode()
     assert err.strip().splitlines() == [
-        f"orch-helper: no word from the controller for {agent.SILENCE_SECONDS:g} s; stopped"], err
+        f"orch-helper: no word from the controller for {wire.SILENCE_SECONDS:g} s; stopped"], err
     assert helper_reason(err + "Fatal Python error: x\nCurrent thread 0x1 (most recent call first):\n"
                          "  <no Python frame>\n") == err.strip()
     proc.stdin.close()
@@ -108,7 +109,7 @@ def test_blobs_whose_request_never_came_do_not_keep_the_helper_ticking(tmp_path:
     import io
     import time
 
-    session = agent.Session(io.BytesIO())
+    session = host_session.Session(io.BytesIO())
     session.take_line(b'{"op":"blob","blob":1,"data":"aGVsbG8="}\n')
     now = time.monotonic()
     assert session.receiving(now)  # its bytes just arrived: the request may follow

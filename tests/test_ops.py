@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.shell import agent, ops
+from orchestrator.host import dispatch
+from orchestrator.shell import ops
 
 HOLDER = {"user": "u", "pid": 1}
 
@@ -75,11 +76,12 @@ def test_every_builder_has_samples() -> None:
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_builder_binds_to_the_helper_function(name: str) -> None:
     for op in SAMPLES[name]:
-        assert op.name in agent.OPS, f"{op.name!r} is no helper op"
-        inspect.signature(agent.OPS[op.name]).bind(**op.args)  # TypeError names the bad argument
+        assert op.name in dispatch.OPS, f"{op.name!r} is no helper op"
+        # every op takes the helper's session first; TypeError names the bad argument
+        inspect.signature(dispatch.find_op(op.name)).bind(None, **op.args)
         if op.name in ("batch", "confirm_release"):
             for step in op.args["steps"]:
-                inspect.signature(agent.OPS[step["op"]]).bind(**step["args"])
+                inspect.signature(dispatch.find_op(step["op"])).bind(None, **step["args"])
 
 
 def test_a_batch_reads_each_answer_with_its_own_op() -> None:

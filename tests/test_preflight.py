@@ -168,12 +168,12 @@ def test_the_preflight_sees_a_flag_the_committed_patch_added(tree: Path, tmp_pat
     """After the commit the new flag parses: the check reads the files on disk, as the new server will."""
     from orchestrator.core.edits import plan_file
     from orchestrator.core.flags import FlagRequest, expand_edits
-    from orchestrator.shell import agent
+    from orchestrator.host import facts
     from orchestrator.shell.config_files import packaged_dir, template_lookup
 
     root = tree / "python" / "sglang" / "srt"
     target = root / "server_args.py"
-    related = {i["path"]: Path(i["path"]).read_text() for i in agent.follow_imports(str(target), ["speculative_accept_threshold_acc"])}
+    related = {i["path"]: Path(i["path"]).read_text() for i in facts.follow_imports(str(target), ["speculative_accept_threshold_acc"])}
     request = FlagRequest(
         "speculative_disable_batch_threshold", "int", None, "h", "speculative_accept_threshold_acc", True, "t:0.0"
     )

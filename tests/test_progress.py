@@ -437,7 +437,7 @@ def test_the_helper_renews_its_heartbeat_only_while_it_hears_its_controller(tmp_
     import threading
     import time
 
-    from orchestrator.shell import agent as helper
+    from orchestrator.host import session as helper
 
     path = tmp_path / "lock.json"
     path.write_text("{}")

@@ -80,7 +80,7 @@ def probe_seconds(probe: ProbeConfig) -> float:
     """The longest one probe (all its rounds) may take on the host.
 
     The helper bounds each batch of requests by ``timeout × (count //
-    concurrency + 2)`` (``probe_batch`` in ``shell/agent.py``), and the
+    concurrency + 2)`` (``probe_batch`` in ``host/probe.py``), and the
     greedy request by ``timeout``.
     """
 

@@ -4,7 +4,7 @@ One playbook serves many releases: ``when: "facts.packages.sglang.version >= '0.
 picks edits by the version the host runs, and ``sglang_root`` defaults to
 the installed package's directory. The facts are gathered on the host by
 the server's own interpreter, in the same round trip as the file reads
-(``shell.agent``'s ``read_host``); versions compare as versions
+(``host.facts``'s ``read_host``); versions compare as versions
 (``packaging.version``), never as strings: ``"0.5.9" < "0.5.14"``.
 
 File paths are needed *before* that round trip, and may depend on a fact

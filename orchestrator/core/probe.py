@@ -1,7 +1,7 @@
 """The probe's pure half: what to send, and what the answers add up to.
 
 A probe sends ``requests`` POSTs to one route at ``concurrency`` (the
-host-side helper does the sending, ``probe_http`` in ``shell/agent.py``) and
+host-side helper does the sending, ``probe_http`` in ``host/probe.py``) and
 returns one raw sample per request. This module turns those samples into
 figures a person and a performance gate can compare from one night (or one
 release) to the next:

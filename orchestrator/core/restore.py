@@ -4,7 +4,7 @@ Every change orch makes on a host is a release whose directory holds a
 durable restore plan (``restore.json``). One host-side function executes it
 for whoever acts — the controller's automatic rollback, the watchdog, or
 ``orch rollback`` — re-reading it from disk at that moment (see the restore
-machine in ``shell/agent.py``). This module holds the two shapes that cross
+machine in ``host/restore.py``). This module holds the two shapes that cross
 the wire: the plan the controller writes, and the record of what the
 restore actually did, from which every message about a restore is built.
 Pure: values in, values and text out.

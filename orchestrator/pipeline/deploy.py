@@ -11,7 +11,7 @@ helper. ``reached`` says how far the deploy got; when it ends in a failure,
 record into the outcome and exit code. Every restore — this deploy's
 automatic rollback, the host-side watchdog, ``orch rollback`` — is the same
 host-side function running the release's ``restore.json`` (see
-``shell/agent.py``), so what is printed is what the host recorded.
+``host/restore.py``), so what is printed is what the host recorded.
 """
 
 from __future__ import annotations

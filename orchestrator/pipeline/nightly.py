@@ -18,7 +18,7 @@ One night on one host, as steps:
 4. **arm**: the night's ``restore.json`` — ``builds_dir/current`` back to the
    previous build, the previous command line started again and health-checked
    — is written whole, and the host-side watchdog armed, before anything live
-   is touched (the restore machine of ``shell/agent.py``, as for a deploy);
+   is touched (the restore machine of ``host/restore.py``, as for a deploy);
 5. **switch**: mark ``server.touched``, stop the old server, point ``current``
    at the new build (compare-and-swap on the link), start the server once
    from ``current/``, health and stability with crash detection; **probe**;

@@ -1,7 +1,7 @@
 """``orch rollback``: undo the current release (or down to ``--to R``), or
 finish a deploy (or a rollback) that never did.
 
-Both are the restore machine (``shell/agent.py``): finishing runs the
+Both are the restore machine (``host/restore.py``): finishing runs the
 unfinished release's own ``restore.json``; undoing writes a new release of
 kind ``rollback`` whose ``restore.json`` is the state asked for, then runs
 it. The live content a rollback replaces is kept as that release's

@@ -1,4 +1,4 @@
-"""The controller's end of the helper protocol (see ``shell.agent``).
+"""The controller's end of the helper protocol (see ``orchestrator.host``).
 
 One ``Agent`` per host per run: it starts the helper over the transport
 with a single exec, then every step is a request on that one channel.
@@ -10,11 +10,12 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import io
 import json
 import logging
 import threading
 import time
-import zlib
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,48 +36,96 @@ from orchestrator.shell.transport import (
     explain_become_failure,
 )
 
-AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
-HELPER_ID = hashlib.sha256(AGENT_SOURCE.encode("utf-8")).hexdigest()[:16]
+HOST_PACKAGE = Path(__file__).resolve().parent.parent / "host"
+"""The helper: ``orchestrator/host``, shipped whole (``helper_archive``)."""
+ARCHIVE_TIME = (1980, 1, 1, 0, 0, 0)
+ARCHIVE_TOP = ("orchestrator/__init__.py", b'"""orch\'s host side only: a host has nothing else of orch."""\n')
+"""The archive's own ``orchestrator`` package: the host imports ``orchestrator.host`` from
+the archive, never the rest of an orch that happens to be installed there."""
+
+
+def helper_archive() -> bytes:
+    """``orchestrator/host/*.py`` as one zip, the same bytes for the same source (as Ansible's
+    AnsiballZ ships a module with its utils): sorted names, fixed times and modes. Its hash
+    names the helper on every host (``HELPER_ID``), so each orch version keeps its own copy."""
+    members = [ARCHIVE_TOP] + [
+        (f"orchestrator/host/{path.name}", path.read_bytes()) for path in sorted(HOST_PACKAGE.glob("*.py"))
+    ]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members:
+            info = zipfile.ZipInfo(name, date_time=ARCHIVE_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.create_system = 3
+            info.external_attr = 0o100644 << 16
+            archive.writestr(info, data, compresslevel=9)
+    return buffer.getvalue()
+
+
+HELPER_ARCHIVE = helper_archive()
+"""Built once per run (at import), sent to every host that has no copy of it yet."""
+HELPER_ID = hashlib.sha256(HELPER_ARCHIVE).hexdigest()[:16]
 """Names this helper's copy in a host's state dir: another orch version keeps its own."""
 READY_MAGIC = "ORCH-AGENT-READY"
 # The bootstrap, on the command line: argv = [state dir, helper id].
-# A host keeps the helper in ``<state dir>/helper/orch_helper_<id>.py``, and
-# Python's import machinery keeps it compiled (``__pycache__``): a start then
-# costs no transfer and no compile of 96 KB of source (a third of the
-# helper's start-up CPU, which every host of a fleet pays on every run).
-# The copy is used only when that directory and the state dir belong to the
-# login user and nobody else can write them. Otherwise the bootstrap asks
-# for the source (one line, base64 of zlib), runs it, and the helper keeps
-# a copy for next time (``keep_helper`` in shell/agent.py). Python 3.6 syntax.
+# A host keeps the helper in ``<state dir>/helper/<id>/orchestrator/host/*.py``
+# with their ``__pycache__`` (``host/keep.py``): a start then costs no transfer
+# and no compile. The copy is used only when that directory, the helper dir and
+# the state dir belong to the login user and nobody else can write them; the
+# helper holds a shared flock on it while it runs (it imports a module when its
+# op first runs), so another orch version's helper never removes a copy in use.
+# Otherwise the bootstrap asks for the archive (one line, base64) and imports
+# the package from memory: a meta-path finder over the archive's members,
+# rather than a temp file for zipimport, which would have to outlive every
+# lazy import (and the watchdog) and could never be removed (the helper leaves
+# by ``os._exit``). Code compiled from memory is named
+# ``orchestrator/host/<module>.py``. The helper then keeps the archive for next
+# time. Python 3.6 syntax.
 BOOTSTRAP = """\
 import os, sys
-def cached(state, name):
+def kept(state, hid):
     try:
         here = os.path.join(os.path.abspath(os.path.expanduser(state)), 'helper')
-        for d in (os.path.dirname(here), here):
+        top = os.path.join(here, hid)
+        for d in (os.path.dirname(here), here, top):
             st = os.stat(d)
             if st.st_uid != os.getuid() or st.st_mode & 0o022:
                 return None
-        from importlib.machinery import SourceFileLoader
-        return SourceFileLoader(name, os.path.join(here, name + '.py')).get_code(name)
+        import fcntl
+        fcntl.flock(os.open(top, os.O_RDONLY), fcntl.LOCK_SH)
+        return top if os.path.isfile(os.path.join(top, 'orchestrator', 'host', 'main.py')) else None
     except Exception:
         return None
-name = 'orch_helper_' + sys.argv[2]
-code = cached(sys.argv[1], name) if sys.argv[1] else None
-if code is not None:
-    exec(code, {'__name__': '__main__'})
+top = kept(sys.argv[1], sys.argv[2]) if sys.argv[1] else None
+archive = None
+if top:
+    sys.path.insert(0, top)
 else:
     sys.stdout.write('{"send": true}\\n')
     sys.stdout.flush()
-    import base64, zlib
-    source = zlib.decompress(base64.b64decode(sys.stdin.buffer.readline())).decode()
-    exec(compile(source, 'orch-agent', 'exec'),
-         {'__name__': '__main__', 'HELPER_SOURCE': source, 'HELPER_CACHE': (sys.argv[1], name)})
+    import base64, io, zipfile, importlib.util
+    archive = base64.b64decode(sys.stdin.buffer.readline())
+    with zipfile.ZipFile(io.BytesIO(archive)) as z:
+        files = dict((n, z.read(n)) for n in z.namelist())
+    class Archive(object):
+        def find_spec(self, name, path=None, target=None):
+            base = name.replace('.', '/')
+            for origin, package in ((base + '/__init__.py', True), (base + '.py', False)):
+                if origin in files:
+                    return importlib.util.spec_from_loader(name, self, origin=origin, is_package=package)
+        def create_module(self, spec):
+            return None
+        def exec_module(self, module):
+            origin = module.__spec__.origin
+            exec(compile(files[origin], origin, 'exec'), module.__dict__)
+    sys.meta_path.insert(0, Archive())
+from orchestrator.host.main import main
+main(archive, (sys.argv[1], sys.argv[2]))
 """
 # Ticks arrive every 5 s while an op runs: this much silence means the link is dead.
 LINK_TIMEOUT = 30.0
 # And the other way: the controller pings the helper this often, so a helper that
-# hears nothing for LINK_TIMEOUT knows its controller is gone (shell/agent.py).
+# hears nothing for LINK_TIMEOUT knows its controller is gone (host/session.py).
 PING_SECONDS = 5.0
 START_TIMEOUT = 60.0
 # File contents travel as blob lines of this many bytes (base64 on the wire), each its own
@@ -88,8 +137,8 @@ EventHandler = Callable[[dict[str, Any]], None]
 
 @functools.cache
 def bootstrap_payload() -> bytes:
-    """The helper's source as the bootstrap reads it: compressed once per run, not per host."""
-    return base64.b64encode(zlib.compress(AGENT_SOURCE.encode("utf-8"), 9)) + b"\n"
+    """The helper's archive as the bootstrap reads it: encoded once per run, not per host."""
+    return base64.b64encode(HELPER_ARCHIVE) + b"\n"
 
 PROTOCOL_LOG = logging.getLogger("orchestrator.protocol")
 """Every line on the helper's channel, at DEBUG (``orch -v``/``-vv`` show them; off by default)."""
@@ -117,7 +166,7 @@ def _fill_blobs(value: Any, blobs: dict[int, bytearray]) -> Any:
 
 def wire_bytes(value: bytes | bytearray | str | None) -> bytes:
     """File content from an answer: ``bytes`` (it came as blob lines, see
-    ``shell.agent``), or base64 text where a caller built the answer by hand."""
+    ``host.wire``), or base64 text where a caller built the answer by hand."""
     if value is None:
         return b""
     if isinstance(value, str):

@@ -1,7 +1,8 @@
 """The helper's operations, typed on the controller's side.
 
 Each function here builds one request for the host-side helper
-(``shell/agent.py``, where ``@op("name")`` defines what it does). The
+(``orchestrator/host``, whose op table, ``host.dispatch.OPS``, names the
+function that does it). The
 pipeline never writes a request as a dict literal: it calls these, so a
 wrong op name or a misspelt argument fails in a unit test
 (``tests/test_ops.py`` binds every builder's arguments to the helper
