@@ -1,0 +1,603 @@
+"""What crosses the wire between orch and its helper on a host, defined once.
+
+Every request the controller may send is a type here, named by the helper op it
+runs (``OP``) and with exactly that op's arguments (names, types, defaults: the
+helper function's signature, checked by ``tests/test_protocol.py``). The
+controller builds its requests from these types (``shell/ops.py``) and the
+helper reads each line with ``parse_request``, so a misspelt op or argument is
+refused in one line naming both, before anything runs, on either side.
+
+The replies the controller reads field by field and the events the helper sends
+while an op runs are types too, each with ``to_wire``/``from_wire``. Readers
+ignore fields they do not know (a newer helper may say more) and take the
+documented default for a field an older helper did not send.
+
+Standard library only, Python 3.8 syntax: this module is shipped to the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from dataclasses import dataclass
+from typing import (
+    Any,
+    ClassVar,
+    Dict,
+    Mapping,
+    Sequence,
+    TypeVar,
+)
+
+Wire = Dict[str, Any]
+
+LOG_TAIL_LINES = 40
+"""Lines of a server's log the helper sends back by default (``log_tail``)."""
+
+
+class ProtocolError(ValueError):
+    """A request or reply that does not fit its type; the message is one line naming the op and field."""
+
+
+R = TypeVar("R", bound="Request")
+
+
+def _required(f: dataclasses.Field) -> bool:  # type: ignore[type-arg]
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+class Request:
+    """One request: ``OP`` names the helper op, the dataclass fields are its arguments."""
+
+    OP: ClassVar[str] = ""
+
+    def arguments(self) -> Wire:
+        """Every argument, defaults included: what the helper calls its function with."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def to_wire(self) -> Wire:
+        """The request as a line carries it. An optional argument left at None is not sent
+        (the helper's default, which is None, applies); a required one is sent as given."""
+        args = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is None and not _required(f):
+                continue
+            args[f.name] = list(value) if isinstance(value, tuple) else value
+        return {"op": self.OP, "args": args}
+
+    @classmethod
+    def from_wire(cls: type[R], wire: Mapping[str, Any]) -> R:
+        """The request a line carries; ``ProtocolError`` if it is not one of this type."""
+        request = parse_request(wire)
+        if not isinstance(request, cls):
+            raise ProtocolError("op %r: expected %r" % (request.OP, cls.OP))
+        return request
+
+
+# ---------------------------------------------------------------- the session
+
+
+@dataclass(frozen=True)
+class Hello(Request):
+    OP: ClassVar[str] = "hello"
+
+
+@dataclass(frozen=True)
+class Bye(Request):
+    OP: ClassVar[str] = "bye"
+
+
+@dataclass(frozen=True)
+class Batch(Request):
+    """Several requests (each one's wire form) run in order until the first failure."""
+
+    OP: ClassVar[str] = "batch"
+    steps: list[Wire]
+
+
+# ---------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class Read(Request):
+    OP: ClassVar[str] = "read"
+    paths: list[str]
+    with_data: bool = True
+
+
+@dataclass(frozen=True)
+class Sha256(Request):
+    OP: ClassVar[str] = "sha256"
+    paths: list[str]
+
+
+@dataclass(frozen=True)
+class Stage(Request):
+    OP: ClassVar[str] = "stage"
+    files: list[Wire]
+    token: str
+    clean_stale: bool = False
+
+
+@dataclass(frozen=True)
+class Run(Request):
+    OP: ClassVar[str] = "run"
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    timeout: float = 600.0
+    stdin: bytes | None = None  # sent as blob lines
+
+
+@dataclass(frozen=True)
+class Validate(Request):
+    OP: ClassVar[str] = "validate"
+    checks: list[Wire]
+    token: str
+    keep_staged: bool = True
+    timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class Remove(Request):
+    OP: ClassVar[str] = "remove"
+    paths: list[str]
+
+
+@dataclass(frozen=True)
+class Commit(Request):
+    OP: ClassVar[str] = "commit"
+    files: list[Wire]
+    release_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadHost(Request):
+    OP: ClassVar[str] = "read_host"
+    paths: list[str]
+    packages: Sequence[str] = ()
+    python: str | None = None
+    pidfile: str | None = None
+    port: int | None = None
+    follow: list[Wire] | None = None
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class Preflight(Request):
+    OP: ClassVar[str] = "preflight"
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    replace_env: bool = False
+    timeout: float = 120.0
+
+
+# ---------------------------------------------------------------- state, lock, records
+
+
+@dataclass(frozen=True)
+class StateInit(Request):
+    OP: ClassVar[str] = "state_init"
+    state_dir: str
+
+
+@dataclass(frozen=True)
+class LockAcquire(Request):
+    OP: ClassVar[str] = "lock_acquire"
+    state_dir: str
+    holder: Wire
+    replace_token: str | None = None
+
+
+@dataclass(frozen=True)
+class OpenState(Request):
+    OP: ClassVar[str] = "open_state"
+    state_dir: str
+    holder: Wire | None = None
+    replace_token: str | None = None
+
+
+@dataclass(frozen=True)
+class LockRelease(Request):
+    OP: ClassVar[str] = "lock_release"
+    state_dir: str
+
+
+@dataclass(frozen=True)
+class GetJson(Request):
+    OP: ClassVar[str] = "get_json"
+    path: str
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class PutJson(Request):
+    OP: ClassVar[str] = "put_json"
+    path: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class StateRead(Request):
+    OP: ClassVar[str] = "state_read"
+    state_dir: str
+
+
+@dataclass(frozen=True)
+class Mark(Request):
+    OP: ClassVar[str] = "mark"
+    path: str
+
+
+# ---------------------------------------------------------------- releases and restores
+
+
+@dataclass(frozen=True)
+class ReleaseCreate(Request):
+    OP: ClassVar[str] = "release_create"
+    state_dir: str
+    release_id: str
+    manifest: Wire
+    files: list[Wire]
+    restore: Wire | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseUpdate(Request):
+    OP: ClassVar[str] = "release_update"
+    state_dir: str
+    release_id: str
+    fields: Wire
+
+
+@dataclass(frozen=True)
+class ReleasePrune(Request):
+    OP: ClassVar[str] = "release_prune"
+    state_dir: str
+    remove: list[str]
+
+
+@dataclass(frozen=True)
+class ReleaseLog(Request):
+    OP: ClassVar[str] = "release_log"
+    state_dir: str
+    release_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ReleaseArm(Request):
+    OP: ClassVar[str] = "release_arm"
+    state_dir: str
+    release_dir: str
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class RestoreRelease(Request):
+    OP: ClassVar[str] = "restore_release"
+    release_dir: str
+    by: str
+    until: float | None = None
+    reason: str | None = None
+    within: float | None = None
+
+
+@dataclass(frozen=True)
+class ConfirmRelease(Request):
+    """Claim the release as confirmed, then run ``steps`` (each one's wire form)."""
+
+    OP: ClassVar[str] = "confirm_release"
+    release_dir: str
+    steps: list[Wire]
+
+
+# ---------------------------------------------------------------- servers
+
+
+@dataclass(frozen=True)
+class ServerFind(Request):
+    OP: ClassVar[str] = "server_find"
+    pidfile: str | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class Process(Request):
+    OP: ClassVar[str] = "process"
+    pid: int
+
+
+@dataclass(frozen=True)
+class ServerStop(Request):
+    OP: ClassVar[str] = "server_stop"
+    pid: int
+    pgid: int | None = None
+    stop_timeout: float = 30.0
+    port: int | None = None
+    free_timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class ServerStart(Request):
+    OP: ClassVar[str] = "server_start"
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    log: str | None = None
+    pidfile: str | None = None
+    replace_env: bool = False
+
+
+@dataclass(frozen=True)
+class RunOk(Request):
+    OP: ClassVar[str] = "run_ok"
+    argv: list[str]
+    timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class CommandsStart(Request):
+    OP: ClassVar[str] = "commands_start"
+    start: list[str]
+    pid_cmd: list[str] | None = None
+    timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class HealthWait(Request):
+    """``pid="started"``: the server started earlier in the same batch."""
+
+    OP: ClassVar[str] = "health_wait"
+    base_url: str
+    checks: list[Wire]
+    timeout: float
+    interval: float
+    pid: int | str | None = None
+    log: str | None = None
+    stable_for: float = 0.0
+
+
+@dataclass(frozen=True)
+class LogTail(Request):
+    OP: ClassVar[str] = "log_tail"
+    path: str
+    lines: int = LOG_TAIL_LINES
+
+
+@dataclass(frozen=True)
+class ProbeHttp(Request):
+    OP: ClassVar[str] = "probe_http"
+    base_url: str
+    path: str
+    body: Any
+    requests: int
+    concurrency: int
+    timeout: float
+    headers: dict[str, str] | None = None
+    warmup: int = 0
+    greedy_body: Wire | None = None
+
+
+# ---------------------------------------------------------------- nightly builds
+
+
+@dataclass(frozen=True)
+class NightlyPrepare(Request):
+    OP: ClassVar[str] = "nightly_prepare"
+    builds_dir: str
+    build: str
+
+
+@dataclass(frozen=True)
+class NightlyBuilds(Request):
+    OP: ClassVar[str] = "nightly_builds"
+    builds_dir: str
+
+
+@dataclass(frozen=True)
+class NightlyFetchGit(Request):
+    OP: ClassVar[str] = "nightly_fetch_git"
+    repo: str
+    commit: str
+    builds_dir: str
+    build: str
+    log: str
+    timeout: float = 3600.0
+
+
+@dataclass(frozen=True)
+class NightlyPip(Request):
+    OP: ClassVar[str] = "nightly_pip"
+    builds_dir: str
+    build: str
+    requirements: str
+    python: str
+    pip_args: list[str]
+    log: str
+    timeout: float = 3600.0
+
+
+@dataclass(frozen=True)
+class NightlyRun(Request):
+    OP: ClassVar[str] = "nightly_run"
+    argv: list[str]
+    cwd: str
+    env: dict[str, str] | None = None
+    log: str | None = None
+    timeout: float = 3600.0
+
+
+@dataclass(frozen=True)
+class NightlyRemoveBuild(Request):
+    OP: ClassVar[str] = "nightly_remove_build"
+    builds_dir: str
+    build: str
+
+
+@dataclass(frozen=True)
+class NightlyPrune(Request):
+    OP: ClassVar[str] = "nightly_prune"
+    builds_dir: str
+    remove: list[str]
+
+
+@dataclass(frozen=True)
+class NightlyLinkSwap(Request):
+    """Point ``link`` at ``to`` only if it points at ``expect`` now (None: no link; sent as such)."""
+
+    OP: ClassVar[str] = "nightly_link_swap"
+    link: str
+    to: str | None
+    expect: str | None
+
+
+REQUEST_TYPES: tuple[type[Request], ...] = (
+    Hello, Bye, Batch, Read, Sha256, Stage, Run, Validate, Remove, Commit, ReadHost, Preflight,
+    StateInit, LockAcquire, OpenState, LockRelease, GetJson, PutJson, StateRead, Mark,
+    ReleaseCreate, ReleaseUpdate, ReleasePrune, ReleaseLog, ReleaseArm, RestoreRelease, ConfirmRelease,
+    ServerFind, Process, ServerStop, ServerStart, RunOk, CommandsStart, HealthWait, LogTail, ProbeHttp,
+    NightlyPrepare, NightlyBuilds, NightlyFetchGit, NightlyPip, NightlyRun, NightlyRemoveBuild, NightlyPrune,
+    NightlyLinkSwap,
+)
+REQUESTS: Mapping[str, type[Request]] = types.MappingProxyType({t.OP: t for t in REQUEST_TYPES})
+"""Every op the helper runs, by name."""
+
+NESTED: tuple[type[Request], ...] = (Batch, ConfirmRelease)
+"""Requests that carry other requests (``steps``): each step is checked with its parent."""
+
+
+def parse_request(line: Mapping[str, Any], where: str = "") -> Request:
+    """The request a line (``{"op", "args"}``; other keys such as ``id`` ignored) carries.
+
+    An unknown op, an unknown argument or a missing one is a ``ProtocolError``
+    whose message is one line naming the op and the argument; the steps of a
+    batch are checked too, so nothing of a bad batch runs.
+    """
+    if not isinstance(line, Mapping):
+        raise ProtocolError("%srequest is not an object" % where)
+    name = line.get("op")
+    kind = REQUESTS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ProtocolError("%sunknown op %r" % (where, name))
+    args = line.get("args")
+    args = {} if args is None else args
+    if not isinstance(args, Mapping):
+        raise ProtocolError("%sop %r: args is not an object" % (where, name))
+    fields = dataclasses.fields(kind)  # type: ignore[arg-type]
+    known = {f.name for f in fields}
+    for key in args:
+        if key not in known:
+            raise ProtocolError("%sop %r: unknown field %r" % (where, name, key))
+    for f in fields:
+        if _required(f) and f.name not in args:
+            raise ProtocolError("%sop %r: missing field %r" % (where, name, f.name))
+    request = kind(**args)
+    if isinstance(request, NESTED):
+        steps = request.steps  # type: ignore[attr-defined]
+        if not isinstance(steps, list):
+            raise ProtocolError("%sop %r: steps is not a list" % (where, name))
+        for i, step in enumerate(steps):
+            parse_request(step, "%s%s.steps[%d]: " % (where, name, i))
+    return request
+
+
+# ---------------------------------------------------------------- events
+
+
+class ProgressStep(str, enum.Enum):
+    """A progress event the controller acts on, named rather than told in words."""
+
+    HEALTH_WAIT = "health_wait"  # the health wait has begun (the server is started)
+
+
+E = TypeVar("E", bound="Event")
+
+
+class Event:
+    """Something the helper says while an op runs: ``{"id", "event": KIND, …}``."""
+
+    KIND: ClassVar[str] = ""
+
+    @classmethod
+    def from_wire(cls: type[E], wire: Mapping[str, Any]) -> E:
+        """The event a line carries; ``ProtocolError`` if it is not one of this kind."""
+        event = event_from_wire(wire)
+        if not isinstance(event, cls):
+            raise ProtocolError("event %r: expected %r" % (wire.get("event"), cls.KIND))
+        return event
+
+    def to_wire(self) -> Wire:
+        wire: Wire = {"event": self.KIND}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is not None:
+                wire[f.name] = value.value if isinstance(value, enum.Enum) else value
+        return wire
+
+
+@dataclass(frozen=True)
+class TickEvent(Event):
+    """Sent every few seconds while an op runs: the link is alive."""
+
+    KIND: ClassVar[str] = "tick"
+    t: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProgressEvent(Event):
+    """A line for the operator; ``step`` where the controller acts on it."""
+
+    KIND: ClassVar[str] = "progress"
+    msg: str = ""
+    step: ProgressStep | None = None
+    stream: str | None = None  # "build": a line of a build's own output
+
+
+@dataclass(frozen=True)
+class HealthEvent(Event):
+    """What the health wait is waiting for (said when it changes, and every 10 s)."""
+
+    KIND: ClassVar[str] = "health"
+    msg: str = ""
+    elapsed: float = 0.0
+    polls: int = 0
+
+
+def _progress_step(wire: Mapping[str, Any]) -> ProgressStep | None:
+    step = wire.get("step")
+    if step is None and str(wire.get("msg", "")).startswith("waiting up to"):
+        # Helpers before the typed step said it only in words. Remove once every
+        # helper in use sends ``step`` (a kept helper is replaced when orch changes).
+        return ProgressStep.HEALTH_WAIT
+    try:
+        return ProgressStep(step) if step is not None else None
+    except ValueError:
+        return None  # a step a newer helper names: shown, not acted on
+
+
+def event_from_wire(wire: Mapping[str, Any]) -> Event | None:
+    """The typed event of a wire event; None for a kind this controller does not know."""
+    kind = wire.get("event")
+    if kind == TickEvent.KIND:
+        t = wire.get("t")
+        return TickEvent(float(t) if isinstance(t, (int, float)) else 0.0)
+    if kind == ProgressEvent.KIND:
+        stream = wire.get("stream")
+        return ProgressEvent(str(wire.get("msg", "")), _progress_step(wire),
+                             stream if isinstance(stream, str) else None)
+    if kind == HealthEvent.KIND:
+        elapsed, polls = wire.get("elapsed"), wire.get("polls")
+        return HealthEvent(str(wire.get("msg", "")), float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
+                           polls if isinstance(polls, int) else 0)
+    return None
+
+
+def health_began(wire: Mapping[str, Any]) -> bool:
+    """The helper's health wait has begun: its first event says so."""
+    event = event_from_wire(wire)
+    return isinstance(event, HealthEvent) or (
+        isinstance(event, ProgressEvent) and event.step is ProgressStep.HEALTH_WAIT)
