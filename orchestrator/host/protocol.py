@@ -21,14 +21,7 @@ import dataclasses
 import enum
 import types
 from dataclasses import dataclass
-from typing import (
-    Any,
-    ClassVar,
-    Dict,
-    Mapping,
-    Sequence,
-    TypeVar,
-)
+from typing import Any, ClassVar, Dict, Mapping, Sequence, TypeVar
 
 Wire = Dict[str, Any]
 
