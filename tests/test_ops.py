@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.shell import agent, ops
+from orchestrator.host import protocol as p
+from orchestrator.shell import ops
 
 HOLDER = {"user": "u", "pid": 1}
 
@@ -73,18 +74,19 @@ def test_every_builder_has_samples() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_builder_binds_to_the_helper_function(name: str) -> None:
+def test_builder_sends_a_request_the_helper_takes(name: str) -> None:
+    # parse_request is what the helper reads a line with; tests/test_protocol.py holds each
+    # request type to the helper function's signature
     for op in SAMPLES[name]:
-        assert op.name in agent.OPS, f"{op.name!r} is no helper op"
-        inspect.signature(agent.OPS[op.name]).bind(**op.args)  # TypeError names the bad argument
-        if op.name in ("batch", "confirm_release"):
-            for step in op.args["steps"]:
-                inspect.signature(agent.OPS[step["op"]]).bind(**step["args"])
+        assert op.name == name
+        assert p.parse_request(op.wire()) == op.request  # ProtocolError names a bad op or argument
 
 
 def test_a_batch_reads_each_answer_with_its_own_op() -> None:
     record = {"by": "controller", "ok": True, "completed": True, "files": [{"path": "/x", "action": "restored"}]}
-    batch = ops.batch([ops.mark("/m"), ops.restore_release("/r", "controller")])
-    marked, restored = batch.parse([True, record])
+    mark = ops.mark("/m")
+    batch = ops.batch([mark, ops.restore_release("/r", "controller")])
+    marked, restored = batch.parse([True, record])  # in order, and by the op that asked:
+    assert batch.parse([True, record])[mark] is True
     assert marked is True
     assert restored.ok and restored.files[0].action == "restored"
