@@ -52,7 +52,7 @@ from orchestrator.errors import (
     PreflightRefusedError,
     RemoteError,
 )
-from orchestrator.host.protocol import health_began
+from orchestrator.host.protocol_events import health_began
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
