@@ -116,11 +116,7 @@ def helper_ops() -> list[tuple[str, dict[str, list[Param]]]]:
 
 
 def request_params(kind: type[p.Request]) -> list[Param]:
-    out: list[Param] = []
-    for f in dataclasses.fields(kind):  # type: ignore[arg-type]
-        has_default = f.default is not dataclasses.MISSING
-        out.append((f.name, has_default, f.default if has_default else None))
-    return out
+    return [(f.name, not f.required, None if f.required else f.default) for f in p.fields_of(kind)]
 
 
 @pytest.mark.parametrize("where, found", helper_ops(), ids=lambda v: v if isinstance(v, str) else "")
@@ -161,12 +157,24 @@ def strategy(tp: Any) -> st.SearchStrategy[Any]:
     return simple[tp]
 
 
+NAMES = {"Wire": dict[str, Any], "Any": Any, "ClassVar": typing.ClassVar, "Sequence": collections.abc.Sequence,
+         "Mapping": collections.abc.Mapping}
+"""What the protocol's annotations name but its modules import only for a type checker."""
+
+
+def hints_of(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind, {**NAMES, **vars(sys.modules[kind.__module__])})
+
+
+def field_names(kind: type) -> list[str]:
+    if issubclass(kind, p.Request):
+        return [f.name for f in p.fields_of(kind)]
+    return [f.name for f in dataclasses.fields(kind)]
+
+
 def instances(kind: type) -> st.SearchStrategy[Any]:
-    hints = typing.get_type_hints(kind, vars(sys.modules[kind.__module__]))
-    fields = {}
-    for f in dataclasses.fields(kind):
-        fields[f.name] = STEPS if f.name == "steps" else strategy(hints[f.name])
-    return st.builds(kind, **fields)
+    hints = hints_of(kind)
+    return st.builds(kind, **{name: STEPS if name == "steps" else strategy(hints[name]) for name in field_names(kind)})
 
 
 @pytest.mark.parametrize("kind", p.REQUEST_TYPES, ids=lambda k: k.OP)
@@ -195,9 +203,9 @@ def test_every_reply_round_trips_through_its_wire_form(kind: type[r.Reply], data
 def test_every_event_round_trips_through_its_wire_form(kind: type[ev.Event], data: st.DataObject) -> None:
     fields = {"step": st.none() | st.sampled_from(list(ev.ProgressStep)),
               "msg": st.text(max_size=20).filter(lambda m: not m.startswith("waiting up to"))}
-    hints = typing.get_type_hints(kind, vars(ev))
-    event = data.draw(st.builds(kind, **{f.name: fields[f.name] if f.name in fields else strategy(hints[f.name])
-                                         for f in dataclasses.fields(kind)}))
+    hints = hints_of(kind)
+    event = data.draw(st.builds(kind, **{name: fields[name] if name in fields else strategy(hints[name])
+                                         for name in field_names(kind)}))
     wire = dict(event.to_wire(), id=7)  # as the helper sends it: with the request's id
     assert wire["event"] == kind.KIND
     assert ev.event_from_wire(wire) == event

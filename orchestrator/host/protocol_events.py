@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
-from .protocol import ProtocolError, Wire
+from .protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from .protocol import Wire
 
 
 class ProgressStep(str, enum.Enum):

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
-from .protocol import ProtocolError, Wire
+from .protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from .protocol import Wire
 
 T = TypeVar("T", bound="Reply")
 
