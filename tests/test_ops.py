@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.host import dispatch
+from orchestrator.host import protocol as p
 from orchestrator.shell import ops
 
 HOLDER = {"user": "u", "pid": 1}
@@ -74,8 +75,12 @@ def test_every_builder_has_samples() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_builder_binds_to_the_helper_function(name: str) -> None:
+def test_builder_sends_a_request_the_helper_takes(name: str) -> None:
+    # parse_request is what the helper reads a line with; tests/test_protocol.py holds each
+    # request type to the helper function's signature
     for op in SAMPLES[name]:
+        assert op.name == name
+        assert p.parse_request(op.wire()) == op.request  # ProtocolError names a bad op or argument
         assert op.name in dispatch.OPS, f"{op.name!r} is no helper op"
         # every op takes the helper's session first; TypeError names the bad argument
         inspect.signature(dispatch.find_op(op.name)).bind(None, **op.args)
@@ -86,7 +91,9 @@ def test_builder_binds_to_the_helper_function(name: str) -> None:
 
 def test_a_batch_reads_each_answer_with_its_own_op() -> None:
     record = {"by": "controller", "ok": True, "completed": True, "files": [{"path": "/x", "action": "restored"}]}
-    batch = ops.batch([ops.mark("/m"), ops.restore_release("/r", "controller")])
-    marked, restored = batch.parse([True, record])
+    mark = ops.mark("/m")
+    batch = ops.batch([mark, ops.restore_release("/r", "controller")])
+    marked, restored = batch.parse([True, record])  # in order, and by the op that asked:
+    assert batch.parse([True, record])[mark] is True
     assert marked is True
     assert restored.ok and restored.files[0].action == "restored"

@@ -179,8 +179,9 @@ def test_a_batch_answer_is_read_step_by_step_with_the_step_named() -> None:
     from orchestrator.shell import ops
     from orchestrator.shell.replies import Malformed
 
-    op = ops.batch([ops.sha256(["/a"]), ops.run(["true"])])
-    assert op.read([{"/a": None}, {"rc": 0, "stdout": "", "stderr": ""}])[1]["rc"] == 0
+    run = ops.run(["true"])
+    op = ops.batch([ops.sha256(["/a"]), run])
+    assert op.read([{"/a": None}, {"rc": 0, "stdout": "", "stderr": ""}])[run]["rc"] == 0
     with pytest.raises(Malformed, match=r"result\[1\] \(run\)\.rc is the string '0', expected an integer"):
         op.read([{"/a": None}, {"rc": "0", "stdout": "", "stderr": ""}])
     with pytest.raises(Malformed, match="cannot be read"):

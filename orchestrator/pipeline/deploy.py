@@ -63,6 +63,7 @@ from orchestrator.errors import (
     PreflightRefusedError,
     RemoteError,
 )
+from orchestrator.host.protocol_events import health_began
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
@@ -165,11 +166,12 @@ class Deployment:
                             mask=[str(v) for v in secret_values(self.plan.vars, self.plan.playbook.secret_names)])
         manifest = dict(self._manifest(), watchdog_budget=budget)
         self.backup_sent = True
+        arm = ops.release_arm(self.state_dir, self.release_dir)
         armed = self.session.batch([
             ops.release_create(self.state_dir, self.release_id, manifest, files, restore=spec),
             ops.put_json(self._journal_path(), self._journal("backed_up")),
-            ops.release_arm(self.state_dir, self.release_dir),
-        ])[-1]
+            arm,
+        ])[arm]
         self.deadline = float(armed.get("fires_at") or self.deadline)
         self.release_created = True
         self.reached = Step.ARMED
@@ -184,15 +186,18 @@ class Deployment:
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
                  "after": s.file.new_sha256} for s in self.staged]
         changed = self.plan.changed_files
+        readback = ops.read([f.path for f in changed], with_data=False)
         if wire:
             steps += [ops.commit(wire, self.release_dir),
                       ops.put_json(self._journal_path(), self._journal("committed")),
-                      ops.read([f.path for f in changed], with_data=False)]
+                      readback]
         change = self.plan.server
         preflight = change.preflight if change is not None and change.restart else None
+        parser_check = None
         if preflight:
-            steps.append(ops.preflight(preflight, cwd=change.after_cwd, env=change.after_env,  # type: ignore[union-attr]
-                                       replace_env=change.replace_env, timeout=self._preflight_timeout()))  # type: ignore[union-attr]
+            parser_check = ops.preflight(preflight, cwd=change.after_cwd, env=change.after_env,  # type: ignore[union-attr]
+                                         replace_env=change.replace_env, timeout=self._preflight_timeout())  # type: ignore[union-attr]
+            steps.append(parser_check)
         if not steps:
             return
         self.reached = Step.COMMITTING if wire else self.reached
@@ -212,7 +217,7 @@ class Deployment:
             self._stop("commit")
         if wire:
             self.reporter.step(self.label, f"committed {len(wire)} file(s)")
-            for f, info in zip(changed, results[2], strict=True):
+            for f, info in zip(changed, results[readback], strict=True):
                 if info.get("sha256") != f.new_sha256:
                     raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
                                       f"planned {f.new_sha256}")
@@ -221,8 +226,8 @@ class Deployment:
                 text = f.plan.result
                 ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
-        if preflight:
-            result: PreflightResult = results[-1]
+        if parser_check is not None:
+            result: PreflightResult = results[parser_check]
             if not result.ok:
                 raise PreflightRefusedError(self._redact(result.refusal()))
             self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
@@ -243,13 +248,13 @@ class Deployment:
             # drain first; a failing hook stops the batch here: nothing is stopped
             steps += [ops.mark(f"{self.release_dir}/drained"), ops.run_ok(change.before_stop, timeout=hook_timeout)]
         gate = self.gate
-        baseline_at = len(steps)
+        baseline: list[ops.Op] = []
         if gate is not None and gate.to_probe:
             # the gate's baseline: the server as it runs now (drained, like the new one will be measured)
-            steps += gate.baseline_ops()
+            baseline = gate.baseline_ops()
+            steps += baseline
             self.reporter.step(self.label, f"gate: probing the running server before the stop "
                                            f"({', '.join(p.label for p in gate.to_probe)})")
-        baseline_end = len(steps)
         steps.append(ops.mark(f"{self.release_dir}/server.touched"))
         if change.manager == "commands":
             if change.before is not None and change.stop:
@@ -266,20 +271,21 @@ class Deployment:
         shown = " ".join(self._shown_argv(change.after_argv) or [])
         self.reporter.step(self.label, f"restarting the server: {shown}")
         health = self._health_wire(for_restore=False)
-        health_at = len(steps)
+        health_op = None
         if health is not None:
             # In the same round trip: poll health while watching the process just started.
-            steps.append(ops.health_wait(health, pid="started"))
-        after_at = len(steps)
+            health_op = ops.health_wait(health, pid="started")
+            steps.append(health_op)
+        after: list[ops.Op] = []
         if gate is not None:
-            steps += gate.after_ops()  # still in the same round trip: the new server, once healthy
-        after_end = len(steps)
+            after = gate.after_ops()  # still in the same round trip: the new server, once healthy
+            steps += after
         if change.after_healthy and gate is None:
             steps.append(ops.run_ok(change.after_healthy, timeout=hook_timeout))
         self.reached = Step.RESTARTING
 
         def on_event(ev: dict[str, Any]) -> None:
-            if health is not None and "health" not in self._phases_started and _health_began(ev):
+            if health is not None and "health" not in self._phases_started and health_began(ev):
                 self._stop("restart")  # the server is started: the health wait begins
                 self._start("health")
             self.reporter.progress(self.label, ev)
@@ -289,13 +295,13 @@ class Deployment:
         finally:
             self._stop("restart")
             self._stop("health")
-        if health is not None:
-            got = results[health_at]
+        if health_op is not None:
+            got = results[health_op]
             stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
             self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
         if gate is not None:
-            gate.take_baseline(results[baseline_at:baseline_end])
-            gate.take_after(results[after_at:after_end])
+            gate.take_baseline(results.each(baseline))
+            gate.take_after(results.each(after))
             self.judge_gate()
             if change.after_healthy:
                 # only a server that passed the gate goes back behind the router
@@ -683,11 +689,6 @@ def flag_change_report(change: ServerChange | None) -> dict[str, Any]:
     absent on one side is null) and ``flag_changes_text``, the lines people read (secrets masked)."""
     return {"flag_changes": list(change.flag_fields) if change else [],
             "flag_changes_text": list(change.flag_changes) if change else []}
-
-
-def _health_began(event: dict[str, Any]) -> bool:
-    """The helper's health wait has begun: its first event says what it waits for."""
-    return event.get("event") == "health" or str(event.get("msg", "")).startswith("waiting up to")
 
 
 def deploy_host(

@@ -124,7 +124,8 @@ class GateRun:
             if on_reprobe is not None:
                 on_reprobe(labels)
             again = [p for p in self.spec.probes if p.label in labels]
-            self.take_after(session.batch(self.after_ops(again), on_event=on_event), again)
+            reprobe = self.after_ops(again)
+            self.take_after(session.batch(reprobe, on_event=on_event).each(reprobe), again)
             done += 1
         left = any(c.verdict == "inconclusive" for c in checks)
         self.outcome = GateOutcome(step, tuple(checks), self.baseline, done,
@@ -196,7 +197,8 @@ def probe_now(session: HostSession, release_dir: str, manifest: Mapping[str, Any
         if isinstance(entry, dict) and isinstance(entry.get("result"), dict):
             recorded[str(entry.get("label"))] = ProbeResult.from_json(entry["result"])
     run = GateRun(spec, before=recorded, recorded_in=str(manifest.get("id")))
-    run.take_after(session.batch(run.after_ops(), on_event=on_event))
+    probes = run.after_ops()
+    run.take_after(session.batch(probes, on_event=on_event).each(probes))
     return run.judge(session, on_event)
 
 

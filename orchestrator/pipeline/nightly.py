@@ -446,11 +446,10 @@ class Night:
     # ------------------------------------------------ build and patch: nothing live
 
     def build(self) -> None:
-        prepared, created, _ = self.session.batch([
-            ops.nightly_prepare(self.builds_dir, self.name),
-            ops.release_create(self.state_dir, self.name, self.record(), []),
-            self.journal("building"),
-        ])
+        prepare = ops.nightly_prepare(self.builds_dir, self.name)
+        create = ops.release_create(self.state_dir, self.name, self.record(), [])
+        got = self.session.batch([prepare, create, self.journal("building")])
+        prepared, created = got[prepare], got[create]
         self.prepared = True
         self.seq = created.get("seq") if isinstance(created, dict) else None
         self.previous_build = prepared.current
@@ -575,13 +574,15 @@ class Night:
         """What runs now, read again just before the switch (a build takes a while):
         the process's own argv, cwd and environment — or, when nothing runs, the
         command line the current release started. The switch back starts it."""
-        steps = [ops.server_find(self.pidfile, self.port)]
+        find = ops.server_find(self.pidfile, self.port)
+        steps = [find]
         current = current_release_dir(self.state)
-        if current:
-            steps.append(ops.get_json(f"{current}/restore.json"))
+        spec = ops.get_json(f"{current}/restore.json") if current else None
+        if spec is not None:
+            steps.append(spec)
         got = self.session.batch(steps)
-        self.running = got[0]
-        started = (got[1] or {}).get("started") if len(got) > 1 else None
+        self.running = got[find]
+        started = (got[spec] or {}).get("started") if spec is not None else None
         self.last_started = started if started and started.get("argv") else None
         if self.running and self.running.get("argv"):
             r = self.running
@@ -621,13 +622,14 @@ class Night:
         restore = restore_spec(self.name, "night", self.restore_plan(previous), budget=budget,
                                started=new_start.to_wire())
         self.arm_sent = True
+        arm = ops.release_arm(self.state_dir, self.release_dir)
         armed = self.session.batch([
             ops.release_update(self.state_dir, self.name,
                                dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
             ops.put_json(f"{self.release_dir}/restore.json", restore),
             self.journal("armed"),
-            ops.release_arm(self.state_dir, self.release_dir),
-        ])[-1]
+            arm,
+        ])[arm]
         self.deadline = float(armed.get("fires_at") or self.deadline)
         self.reached = Step.ARMED
         self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
@@ -641,17 +643,18 @@ class Night:
         if running and running.get("pid"):
             steps.append(ops.server_stop(running["pid"], running.get("pgid"), self.server.stop_timeout,
                                          self.port, self.server.free_timeout))
+        healthy = ops.health_wait(health_wire(self.health, for_restore=False), pid="started")
         steps += [
             ops.nightly_link_swap(self.link, self.name, self.previous_build),
             ops.server_start(new_start.argv, new_start.cwd, new_start.env, self.server_log, self.pidfile,
                              new_start.replace_env),
-            ops.health_wait(health_wire(self.health, for_restore=False), pid="started"),
+            healthy,
         ]
         shown = " ".join(redact_argv(new_start.argv, self.secret_list))
         stop = f"stop the old server (pid {running['pid']}), " if running and running.get("pid") else ""
         self.reporter.step(self.label, f"switching: {stop}current -> {self.name}, start {shown}")
         self.reached = Step.RESTARTING
-        got = self.session.batch(steps, on_event=self._events())[-1]
+        got = self.session.batch(steps, on_event=self._events())[healthy]
         stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
         self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
 
@@ -690,6 +693,7 @@ class Night:
         seqs = dict(self.build_seqs, **({self.name: self.seq} if self.seq is not None else {}))
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
                                        self.spec.keep_builds, complete, seqs)
+        prune = ops.nightly_prune(self.builds_dir, prune_builds)
         answer = self.session.run(ops.confirm_release(self.release_dir, [
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {
@@ -698,7 +702,7 @@ class Night:
                 "steps": self.clock.steps(self.session.host_time) if self.clock else []}),
             ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
             self.journal("confirmed", finished=True),
-            ops.nightly_prune(self.builds_dir, prune_builds),
+            prune,
             ops.release_prune(self.state_dir, prune_releases),
             self.log_op(f"night {self.name} is current"),
             ops.lock_release(self.state_dir),
@@ -710,7 +714,7 @@ class Night:
                     f"{self.label}: {why}; the watchdog is switching night {self.name} back but left no record; "
                     f"run `orch status --host {self.label}`"))
             return self.restored(RemoteError(why), why, answer.restored)
-        removed = answer.results[4]
+        removed = answer.results[prune]
         if removed:
             self.reporter.step(self.label, f"pruned {len(removed)} old build(s): {', '.join(removed)}")
         for rid, paths in pruning.held.items():

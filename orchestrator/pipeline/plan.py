@@ -306,18 +306,19 @@ def make_plan(
     port = health_port(_early_string(pb.health.base_url if pb.health else None, early, renderer))
     pidfile = _early_pidfile(target, pb, early, renderer)
     manager = pb.server.manager if pb.server else None
-    steps = [
-        ops.read_host(paths, packages=packages, python=pb.server.python if pb.server else None,
-                      pidfile=pidfile if manager == "process" else None,
-                      port=port if manager == "process" else None, follow=_follow(pb, early, renderer)),
-    ]
+    read_host = ops.read_host(paths, packages=packages, python=pb.server.python if pb.server else None,
+                              pidfile=pidfile if manager == "process" else None,
+                              port=port if manager == "process" else None, follow=_follow(pb, early, renderer))
+    steps = [read_host]
+    spec = None
     if current_release_dir and manager == "process":
         # what the current release started, in case nothing runs now (same round trip)
-        steps.append(ops.get_json(f"{current_release_dir}/restore.json"))
+        spec = ops.get_json(f"{current_release_dir}/restore.json")
+        steps.append(spec)
     results = session.batch(steps)
-    host = results[0]
+    host = results[read_host]
     running = host.get("server")  # the process read_host found by the pidfile or the port
-    last_started = (results[1] or {}).get("started") if len(results) > 1 else None
+    last_started = (results[spec] or {}).get("started") if spec is not None else None
     facts = Facts.from_wire(host.get("facts"))
     variables = merge_vars(
         pb.vars, target.vars, cli_vars, {"python": python, "facts": facts.as_var(), **facts.root_vars()}
@@ -704,8 +705,9 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
             staged_info = session.run(stage)
             results = session.run(ops.validate(validate_checks(plan, staged_info), token, keep_staged=keep))
         else:
-            staged_info, results = session.batch([stage, ops.validate(validate_checks(plan, None), token,
-                                                                      keep_staged=keep)])
+            check = ops.validate(validate_checks(plan, None), token, keep_staged=keep)
+            answers = session.batch([stage, check])
+            staged_info, results = answers[stage], answers[check]
     except BaseException as e:
         done = (e.details.get("done") or []) if isinstance(e, RemoteStepError) else []
         staged_info = staged_info or (done[0] if done else [])

@@ -49,5 +49,6 @@ def run_probe(
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ProbeResult:
     """Probe ``base_url`` as ``config`` says, every round in one round trip."""
-    answers = session.batch(probe_ops(base_url, config, body, headers), on_event=on_event)
-    return read_probe(config, answers)
+    rounds = probe_ops(base_url, config, body, headers)
+    answers = session.batch(rounds, on_event=on_event)
+    return read_probe(config, answers.each(rounds))

@@ -252,9 +252,10 @@ def undo_releases(
     ]
     if server is not None:
         steps.append(ops.mark(f"{release_dir}/server.touched"))
-    steps.append(ops.restore_release(release_dir, "rollback"))
+    restore = ops.restore_release(release_dir, "rollback")
+    steps.append(restore)
     started = session.host_time()
-    record: RestoreRecord = session.batch(steps, on_event=_events(reporter, label))[-1]
+    record: RestoreRecord = session.batch(steps, on_event=_events(reporter, label))[restore]
     finished = session.host_time()
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))

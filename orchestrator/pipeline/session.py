@@ -22,7 +22,7 @@ from orchestrator.core.secrets import Masker
 from orchestrator.core.target import HostTarget
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import Agent, EventHandler
-from orchestrator.shell.ops import Op
+from orchestrator.shell.ops import BatchResults, Op
 from orchestrator.shell.replies import Malformed
 from orchestrator.shell.transport import Transport, open_transport
 
@@ -104,9 +104,11 @@ class HostSession:
         except Malformed as e:  # one line naming the host and what was wrong; the link is not used again
             raise self.agent.malformed(op.name, e) from None
 
-    def batch(self, steps: Sequence[Op], on_event: EventHandler | None = None) -> list[Any]:
-        """Several typed ops in one round trip, run in order until the first failure."""
-        return list(self.run(ops.batch(steps), on_event))
+    def batch(self, steps: Sequence[Op], on_event: EventHandler | None = None) -> BatchResults:
+        """Several typed ops in one round trip, run in order until the first failure;
+        each answer read by the ``Op`` that asked for it (``results[op]``)."""
+        answers: BatchResults = self.run(ops.batch(steps), on_event)
+        return answers
 
     def host_time(self) -> float:
         """The host's wall clock now, as its helper's hello gave it, moved on by this

@@ -1,17 +1,19 @@
 """The helper's operations, typed on the controller's side.
 
-Each function here builds one request for the host-side helper
-(``orchestrator/host``, whose op table, ``host.dispatch.OPS``, names the
-function that does it). The
-pipeline never writes a request as a dict literal: it calls these, so a
+Each function here builds one request for the host-side helper from its
+type in ``orchestrator.host.protocol`` (the one definition of every request,
+shared with the helper, which refuses an unknown op or field in one line).
+The pipeline never writes a request as a dict literal: it calls these, so a
 wrong op name or a misspelt argument fails in a unit test
-(``tests/test_ops.py`` binds every builder's arguments to the helper
+(``tests/test_protocol.py`` holds every request type to the helper
 function's signature), not on a host in the middle of a deploy.
 
 ``HostSession.run(op)`` sends one op (one round trip); ``HostSession.batch(
 [op, op, …])`` sends several in one round trip, run in order on the host
-until the first failure. An op's ``parse`` turns the wire answer into a
-typed value where the pipeline reads it field by field.
+until the first failure, and answers ``BatchResults``: each answer read by
+the ``Op`` that asked for it (``results[op]``), never by its position. An
+op's ``parse`` turns the wire answer into a typed value where the pipeline
+reads it field by field.
 
 Every op also has a ``shape``: what the controller reads of its answer
 (``shell.replies``). ``Op.read`` checks the answer against it before
@@ -22,11 +24,13 @@ line), never a traceback in the middle of a fleet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.restore import RestoreRecord
+from orchestrator.host import protocol as p
+from orchestrator.host.protocol_replies import Builds, ConfirmReply, PreparedBuild
 from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed, Number, Opt, check
 
 Wire = dict[str, Any]
@@ -49,18 +53,32 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Op:
-    """One request: the helper op's name, its keyword arguments, and how to read its answer."""
+    """One request (its type from ``host.protocol``) and how to read its answer.
 
-    name: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-    parse: Callable[[Any], Any] = field(default=_as_is, compare=False, repr=False)
-    shape: Any = field(default=ANY, compare=False, repr=False)
+    Compared and hashed by identity: the ``Op`` a batch was built with is the
+    key its answer is read by (``BatchResults``).
+    """
+
+    request: p.Request
+    parse: Callable[[Any], Any] = field(default=_as_is, repr=False)
+    shape: Any = field(default=ANY, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The helper op this runs."""
+        return self.request.OP
+
+    @property
+    def args(self) -> Wire:
+        """The arguments as sent (optional ones left at None are not: the helper's default applies)."""
+        args: Wire = self.request.to_wire()["args"]
+        return args
 
     def wire(self) -> Wire:
         """The step as the helper's ``batch`` takes it."""
-        return {"op": self.name, "args": dict(self.args)}
+        return self.request.to_wire()
 
     def read(self, answer: Any, where: str = "result") -> Any:
         """The answer checked against ``shape``, then parsed; ``Malformed`` if it is not usable."""
@@ -73,16 +91,57 @@ class Op:
             raise Malformed(f"{where} cannot be read ({type(e).__name__}: {e})") from None
 
 
-def _op(name: str, parse: Callable[[Any], Any] = _as_is, shape: Any = ANY, **args: Any) -> Op:
-    # Arguments left at None are not sent: the helper's own default applies.
-    return Op(name, {k: v for k, v in args.items() if v is not None}, parse, shape)
+class BatchResults:
+    """The answers of a batch, each read by the ``Op`` that asked for it.
+
+    Indexing by position tied the pipeline to the order it built a batch in
+    (``results[2]``, ``baseline_at``): a step added in front silently read the
+    wrong answer. An ``Op`` not in the batch is a ``KeyError`` naming it.
+    Iterating gives the answers in order (``a, b = session.batch([a_op, b_op])``).
+    """
+
+    def __init__(self, steps: Sequence[Op], answers: Sequence[Any]) -> None:
+        self._steps = list(steps)
+        self._answers = list(answers)
+
+    def _index(self, step: Op) -> int:
+        for i, s in enumerate(self._steps):
+            if s is step:
+                return i
+        raise KeyError(f"{step.name} is not a step of this batch")
+
+    def __getitem__(self, step: Op) -> Any:
+        if not isinstance(step, Op):
+            raise TypeError(f"a batch's answers are read by their Op, not by {type(step).__name__}")
+        i = self._index(step)
+        if i >= len(self._answers):
+            raise KeyError(f"{step.name} has no answer (the batch stopped before it)")
+        return self._answers[i]
+
+    def each(self, steps: Sequence[Op]) -> list[Any]:
+        """The answers of ``steps`` (a part of the batch), in their order."""
+        return [self[s] for s in steps]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._answers)
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def __bool__(self) -> bool:
+        return bool(self._answers)
 
 
-def _read_all(steps: Sequence[Op], results: list[Any], where: str) -> list[Any]:
+def _op(request: p.Request, parse: Callable[[Any], Any] = _as_is, shape: Any = ANY) -> Op:
+    return Op(request, parse, shape)
+
+
+def _read_all(steps: Sequence[Op], results: list[Any], where: str) -> BatchResults:
     """Each step's answer read by its own op; as many answers as steps."""
     if len(results) != len(steps):
         raise Malformed(f"{where} has {len(results)} answers for {len(steps)} steps")
-    return [s.read(r, f"{where}[{i}] ({s.name})") for i, (s, r) in enumerate(zip(steps, results, strict=True))]
+    return BatchResults(steps, [s.read(r, f"{where}[{i}] ({s.name})")
+                                for i, (s, r) in enumerate(zip(steps, results, strict=True))])
 
 
 # ---------------------------------------------------------------- state, lock, records
@@ -90,34 +149,33 @@ def _read_all(steps: Sequence[Op], results: list[Any], where: str) -> list[Any]:
 
 def open_state(state_dir: str, holder: Wire | None = None) -> Op:
     """Create the state dir, take the lock (``holder``), read the records: one round trip."""
-    return _op("open_state", shape={"root": str, "lock": Opt(LOCK), "state": STATE}, state_dir=state_dir,
-               holder=holder)
+    return _op(p.OpenState(state_dir, holder), shape={"root": str, "lock": Opt(LOCK), "state": STATE})
 
 
 def state_read(state_dir: str) -> Op:
     """Everything history/status/rollback need; creates nothing."""
-    return _op("state_read", shape=STATE, state_dir=state_dir)
+    return _op(p.StateRead(state_dir), shape=STATE)
 
 
 def lock_acquire(state_dir: str, holder: Wire, replace_token: str | None = None) -> Op:
-    return _op("lock_acquire", shape=LOCK, state_dir=state_dir, holder=holder, replace_token=replace_token)
+    return _op(p.LockAcquire(state_dir, holder, replace_token), shape=LOCK)
 
 
 def lock_release(state_dir: str) -> Op:
-    return _op("lock_release", state_dir=state_dir)
+    return _op(p.LockRelease(state_dir))
 
 
 def get_json(path: str) -> Op:
-    return _op("get_json", shape=Opt(dict), path=path)  # every record orch reads back is an object
+    return _op(p.GetJson(path), shape=Opt(dict))  # every record orch reads back is an object
 
 
 def put_json(path: str, value: Any) -> Op:
-    return Op("put_json", {"path": path, "value": value})
+    return _op(p.PutJson(path, value))  # a None ``value`` is sent: it is required
 
 
 def mark(path: str) -> Op:
     """An empty marker file (creating one needs no data blocks on a full disk)."""
-    return _op("mark", path=path)
+    return _op(p.Mark(path))
 
 
 # ---------------------------------------------------------------- files
@@ -128,37 +186,37 @@ def read_host(paths: Sequence[str], *, packages: Sequence[str] = (), python: str
               follow: Sequence[Wire] | None = None) -> Op:
     """Facts (installed packages, for the server's interpreter), then the files (their
     paths may hold fact markers), then the modules an ``add_flag`` follows."""
-    return _op("read_host", shape=READ_HOST, paths=list(paths), packages=list(packages), python=python, pidfile=pidfile,
-               port=port, follow=list(follow) if follow is not None else None)
+    return _op(p.ReadHost(list(paths), packages=list(packages), python=python, pidfile=pidfile, port=port,
+                          follow=list(follow) if follow is not None else None), shape=READ_HOST)
 
 
 def read(paths: Sequence[str], *, with_data: bool = True) -> Op:
-    return _op("read", shape=ListOf(FILE), paths=list(paths), with_data=with_data)
+    return _op(p.Read(list(paths), with_data=with_data), shape=ListOf(FILE))
 
 
 def sha256(paths: Sequence[str]) -> Op:
-    return _op("sha256", shape=DictOf(Opt(str)), paths=list(paths))
+    return _op(p.Sha256(list(paths)), shape=DictOf(Opt(str)))
 
 
 def stage(files: Sequence[Wire], token: str, *, clean_stale: bool = False) -> Op:
     """``files``: ``{"path", "data" (bytes: sent as blob lines)}``; staged beside the real file."""
-    return _op("stage", shape=ListOf({"staged": str}), files=list(files), token=token, clean_stale=clean_stale)
+    return _op(p.Stage(list(files), token, clean_stale=clean_stale), shape=ListOf({"staged": str}))
 
 
 def validate(checks: Sequence[Wire], token: str, *, keep_staged: bool = True) -> Op:
     """``checks``: ``{"target", "argvs", "python"}``; run on the staged copies of ``token``
     (removed afterwards unless ``keep_staged``)."""
-    return _op("validate", shape=ListOf({**RUN, "target": str, "argv": ListOf(str)}), checks=list(checks),
-               token=token, keep_staged=keep_staged)
+    return _op(p.Validate(list(checks), token, keep_staged=keep_staged),
+               shape=ListOf({**RUN, "target": str, "argv": ListOf(str)}))
 
 
 def remove(paths: Sequence[str]) -> Op:
-    return _op("remove", paths=list(paths))
+    return _op(p.Remove(list(paths)))
 
 
 def commit(files: Sequence[Wire], release_dir: str | None) -> Op:
     """``files``: ``{"path", "staged", "before", "after"}``; compare-and-swap on ``before``."""
-    return _op("commit", files=list(files), release_dir=release_dir)
+    return _op(p.Commit(list(files), release_dir))
 
 
 # ---------------------------------------------------------------- releases and restores
@@ -168,26 +226,25 @@ def release_create(state_dir: str, release_id: str, manifest: Wire, files: Seque
                    restore: Wire | None = None) -> Op:
     """Back up into a new release; the host adds its next ``seq`` to the manifest and
     answers ``{"root", "seq"}``."""
-    return _op("release_create", state_dir=state_dir, release_id=release_id, manifest=manifest,
-               files=list(files), restore=restore)
+    return _op(p.ReleaseCreate(state_dir, release_id, manifest, list(files), restore))
 
 
 def release_update(state_dir: str, release_id: str, fields: Wire) -> Op:
-    return _op("release_update", state_dir=state_dir, release_id=release_id, fields=fields)
+    return _op(p.ReleaseUpdate(state_dir, release_id, fields))
 
 
 def release_prune(state_dir: str, remove: Sequence[str]) -> Op:
-    return _op("release_prune", state_dir=state_dir, remove=list(remove))
+    return _op(p.ReleasePrune(state_dir, list(remove)))
 
 
 def release_log(state_dir: str, release_id: str, text: str) -> Op:
-    return _op("release_log", state_dir=state_dir, release_id=release_id, text=text)
+    return _op(p.ReleaseLog(state_dir, release_id, text))
 
 
 def release_arm(state_dir: str, release_dir: str) -> Op:
     """Start the release's watchdog (its restore plan is already on disk); answers with
     ``fires_at``, the host's wall time at which it acts unless confirmed (host clock)."""
-    return _op("release_arm", state_dir=state_dir, release_dir=release_dir)
+    return _op(p.ReleaseArm(state_dir, release_dir))
 
 
 def restore_release(release_dir: str, by: str, *, within: float | None = None, reason: str | None = None,
@@ -198,8 +255,8 @@ def restore_release(release_dir: str, by: str, *, within: float | None = None, r
     this restore up; ``until`` is the older absolute form, kept for callers
     that have one.
     """
-    return _op("restore_release", RestoreRecord.from_wire, dict, release_dir=release_dir, by=by, until=until,
-               reason=reason, within=within)
+    return _op(p.RestoreRelease(release_dir, by, until=until, reason=reason, within=within),
+               RestoreRecord.from_wire, dict)
 
 
 @dataclass(frozen=True)
@@ -207,59 +264,57 @@ class ConfirmAnswer:
     confirmed: bool
     restored: RestoreRecord | None
     claimed_by: str | None
-    results: list[Any] = field(default_factory=list)  # once confirmed: each step's answer, parsed
+    results: BatchResults = field(default_factory=lambda: BatchResults([], []))  # once confirmed: by step
 
 
 def confirm_release(release_dir: str, steps: Sequence[Op]) -> Op:
     """Claim the release as confirmed and run ``steps`` — unless a restore got there first."""
     def parse(data: Wire) -> ConfirmAnswer:
-        restored = data.get("restored")
-        results = data.get("results") or []
+        reply = ConfirmReply.from_wire(data)
+        results = reply.results or []
         return ConfirmAnswer(
-            bool(data.get("confirmed")),
-            RestoreRecord.from_wire(restored) if restored else None,
-            (data.get("claim") or {}).get("by"),
-            _read_all(steps, results, "result.results") if results else [],
+            bool(reply.confirmed),
+            RestoreRecord.from_wire(reply.restored) if reply.restored else None,
+            (reply.claim or {}).get("by"),
+            _read_all(steps, results, "result.results") if results else BatchResults(steps, []),
         )
 
     shape = {"confirmed": Opt(bool), "restored": Opt(dict), "claim": Opt({"by": Opt(str)}), "results": Opt(list)}
-    return _op("confirm_release", parse, shape, release_dir=release_dir, steps=[s.wire() for s in steps])
+    return _op(p.ConfirmRelease(release_dir, [s.wire() for s in steps]), parse, shape)
 
 
 # ---------------------------------------------------------------- servers
 
 
 def server_find(pidfile: str | None, port: int | None) -> Op:
-    return _op("server_find", shape=Opt(PROCESS), pidfile=pidfile, port=port)
+    return _op(p.ServerFind(pidfile, port), shape=Opt(PROCESS))
 
 
 def process(pid: int) -> Op:
-    return _op("process", shape=Opt(PROCESS), pid=pid)
+    return _op(p.Process(pid), shape=Opt(PROCESS))
 
 
 def server_stop(pid: int, pgid: int | None, stop_timeout: float, port: int | None, free_timeout: float) -> Op:
-    return _op("server_stop", pid=pid, pgid=pgid, stop_timeout=stop_timeout, port=port,
-               free_timeout=free_timeout)
+    return _op(p.ServerStop(pid, pgid, stop_timeout, port, free_timeout))
 
 
 def server_start(argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None, log: str | None,
                  pidfile: str | None, replace_env: bool) -> Op:
-    return _op("server_start", argv=list(argv), cwd=cwd, env=dict(env or {}), log=log, pidfile=pidfile,
-               replace_env=replace_env)
+    return _op(p.ServerStart(list(argv), cwd, dict(env or {}), log, pidfile, replace_env))
 
 
 def run(argv: Sequence[str], *, timeout: float = 600.0, cwd: str | None = None) -> Op:
     """A command whose exit code is data (``{"rc", "stdout", "stderr"}``)."""
-    return _op("run", shape=RUN, argv=list(argv), timeout=timeout, cwd=cwd)
+    return _op(p.Run(list(argv), cwd=cwd, timeout=timeout), shape=RUN)
 
 
 def run_ok(argv: Sequence[str], *, timeout: float = 600.0) -> Op:
     """A user's server command that must succeed (``commands`` manager)."""
-    return _op("run_ok", argv=list(argv), timeout=timeout)
+    return _op(p.RunOk(list(argv), timeout=timeout))
 
 
 def commands_start(start: Sequence[str], pid_cmd: Sequence[str] | None) -> Op:
-    return _op("commands_start", start=list(start), pid_cmd=list(pid_cmd) if pid_cmd else None)
+    return _op(p.CommandsStart(list(start), list(pid_cmd) if pid_cmd else None))
 
 
 def preflight(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str] | None, replace_env: bool,
@@ -267,105 +322,65 @@ def preflight(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str] | 
     """The server's own argument parser on the new command line; nothing is started."""
     from orchestrator.core.preflight import PreflightResult
 
-    return _op("preflight", PreflightResult.from_wire, dict, argv=list(argv), cwd=cwd, env=dict(env or {}),
-               replace_env=replace_env, timeout=timeout)
+    return _op(p.Preflight(list(argv), cwd=cwd, env=dict(env or {}), replace_env=replace_env, timeout=timeout),
+               PreflightResult.from_wire, dict)
 
 
 def health_wait(health: Wire, *, pid: int | str | None = None, log: str | None = None) -> Op:
     """Poll ``health`` (``base_url``, ``checks``, ``timeout``, ``interval``, ``stable_for``);
     ``pid="started"`` watches the server started earlier in the same batch."""
-    return _op("health_wait", shape=HEALTH, pid=pid, log=log, **health)
+    return _op(p.HealthWait(pid=pid, log=log, **health), shape=HEALTH)
 
 
 def batch(steps: Sequence[Op]) -> Op:
-    """Several ops in one round trip; each answer read by its own op's ``parse``."""
-    def parse(results: list[Any]) -> list[Any]:
+    """Several ops in one round trip; each answer read by its own op's ``parse``, kept by its op."""
+    def parse(results: list[Any]) -> BatchResults:
         return _read_all(steps, results, "result")
 
-    return Op("batch", {"steps": [s.wire() for s in steps]}, parse, list)
+    return _op(p.Batch([s.wire() for s in steps]), parse, list)
 
 
 # ---------------------------------------------------------------- nightly builds, the probe
 
-
-@dataclass(frozen=True)
-class Builds:
-    """A host's ``builds_dir``: its builds, oldest first, and where ``current`` points."""
-
-    builds_dir: str
-    current: str | None
-    builds: list[str]
-    complete: list[str] | None = None  # confirmed builds (None: an older helper did not say)
-    seqs: dict[str, int] = field(default_factory=dict)  # each build's ``seq``, where its manifest has one
-
-
-def _builds(data: Wire) -> Builds:
-    complete = data.get("complete")
-    return Builds(data["builds_dir"], data.get("current"), list(data.get("builds") or []),
-                  list(complete) if complete is not None else None, dict(data.get("seqs") or {}))
-
-
-@dataclass(frozen=True)
-class PreparedBuild:
-    """A new build's place, made ready while the old build serves."""
-
-    builds_dir: str
-    build_dir: str
-    current: str | None
-    builds: list[str]
-    log: str
-    complete: list[str] | None = None  # confirmed builds (None: an older helper did not say)
-    seqs: dict[str, int] = field(default_factory=dict)  # each build's ``seq``, where its manifest has one
-
-
-def _prepared(data: Wire) -> PreparedBuild:
-    complete = data.get("complete")
-    return PreparedBuild(data["builds_dir"], data["build_dir"], data.get("current"),
-                         list(data.get("builds") or []), data["log"],
-                         list(complete) if complete is not None else None, dict(data.get("seqs") or {}))
-
-
 def nightly_prepare(builds_dir: str, build: str) -> Op:
     """Make ``builds_dir`` and its ``logs/``; the new build's dir must not exist yet."""
-    return _op("nightly_prepare", _prepared, dict, builds_dir=builds_dir, build=build)
+    return _op(p.NightlyPrepare(builds_dir, build), PreparedBuild.from_wire, dict)
 
 
 def nightly_builds(builds_dir: str) -> Op:
     """The builds and the ``current`` link; reads only."""
-    return _op("nightly_builds", _builds, dict, builds_dir=builds_dir)
+    return _op(p.NightlyBuilds(builds_dir), Builds.from_wire, dict)
 
 
 def nightly_fetch_git(repo: str, commit: str, builds_dir: str, build: str, log: str) -> Op:
     """A mirror cache on the host, then exactly ``commit`` checked out into the build."""
-    return _op("nightly_fetch_git", repo=repo, commit=commit, builds_dir=builds_dir, build=build, log=log)
+    return _op(p.NightlyFetchGit(repo, commit, builds_dir, build, log))
 
 
 def nightly_pip(builds_dir: str, build: str, requirements: str, python: str, pip_args: Sequence[str],
                 log: str) -> Op:
     """A fresh venv in the build and ``pip install --require-hashes`` of ``requirements`` (its text)."""
-    return _op("nightly_pip", builds_dir=builds_dir, build=build, requirements=requirements, python=python,
-               pip_args=list(pip_args), log=log)
+    return _op(p.NightlyPip(builds_dir, build, requirements, python, list(pip_args), log))
 
 
 def nightly_run(argv: Sequence[str], cwd: str, log: str) -> Op:
     """One ``install`` command in the build, its output streamed and logged."""
-    return _op("nightly_run", argv=list(argv), cwd=cwd, log=log)
+    return _op(p.NightlyRun(list(argv), cwd, log=log))
 
 
 def nightly_remove_build(builds_dir: str, build: str) -> Op:
     """Remove a half-built build (never the one ``current`` points to)."""
-    return _op("nightly_remove_build", builds_dir=builds_dir, build=build)
+    return _op(p.NightlyRemoveBuild(builds_dir, build))
 
 
 def nightly_prune(builds_dir: str, remove: Sequence[str]) -> Op:
     """Remove old builds and their logs (never the one ``current`` points to)."""
-    return _op("nightly_prune", builds_dir=builds_dir, remove=list(remove))
+    return _op(p.NightlyPrune(builds_dir, list(remove)))
 
 
 def nightly_link_swap(link: str, to: str | None, expect: str | None) -> Op:
-    """Point ``link`` at ``to`` only if it points at ``expect`` now (None: no link)."""
-    return Op("nightly_link_swap", {"link": link, "to": to, "expect": expect})  # None is meant here
-
+    """Point ``link`` at ``to`` only if it points at ``expect`` now (None: no link; sent as such)."""
+    return _op(p.NightlyLinkSwap(link, to, expect))
 
 
 # ---------------------------------------------------------------- the probe (performance gate, nightly)
@@ -377,6 +392,5 @@ def probe_http(base_url: str, path: str, body: Any, *, requests: int, concurrenc
     """One round of a probe: ``warmup`` requests not counted, the greedy request alone
     (``greedy_body``, whose whole answer comes back), then ``requests`` POSTs of ``body``
     at ``concurrency``; answers the raw samples (``core.probe.round_from_wire`` sums them up)."""
-    return Op("probe_http", {"base_url": base_url, "path": path, "body": body, "requests": requests,
-                             "concurrency": concurrency, "timeout": timeout, "headers": dict(headers or {}),
-                             "warmup": warmup, "greedy_body": greedy_body}, _as_is, dict)
+    return _op(p.ProbeHttp(base_url, path, body, requests, concurrency, timeout, headers=dict(headers or {}),
+                           warmup=warmup, greedy_body=greedy_body), _as_is, dict)

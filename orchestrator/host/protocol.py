@@ -1,0 +1,575 @@
+"""What crosses the wire between orch and its helper on a host, defined once.
+
+Every request the controller may send is a type here, named by the helper op it
+runs (``OP``) and with exactly that op's arguments (names, types, defaults: the
+helper function's signature, checked by ``tests/test_protocol.py``). The
+controller builds its requests from these types (``shell/ops.py``) and the
+helper reads each line with ``parse_request``, so a misspelt op or argument is
+refused in one line naming both, before anything runs, on either side.
+
+The replies the controller reads field by field (``protocol_replies``) and the
+events the helper sends while an op runs (``protocol_events``) are types too,
+each with ``to_wire``/``from_wire``. Readers ignore fields they do not know (a
+newer helper may say more) and take the documented default for a field an older
+helper did not send.
+
+Standard library only, Python 3.8 syntax: this module is shipped to the host.
+"""
+
+from __future__ import annotations
+
+import types
+
+TYPE_CHECKING = False  # what ``typing.TYPE_CHECKING`` says, without importing typing on the host
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from dataclasses import dataclass as message
+    from typing import Any, ClassVar, TypeVar
+
+    Wire = dict[str, Any]
+    R = TypeVar("R", bound="Request")
+else:
+    def message(frozen=True):
+        """``dataclass(frozen=True)`` as the type checker sees it; at run time a plain class
+        decorator. The helper parses every request with these types: building 44
+        dataclasses (and importing ``dataclasses`` and ``typing``) cost each helper start
+        about 45 ms of host CPU, this module as it is about 7 (both on a busy 2-core box)."""
+        return _message
+
+LOG_TAIL_LINES = 40
+"""Lines of a server's log the helper sends back by default (``log_tail``)."""
+
+MISSING = object()
+"""A field's default when it has none: the argument is required."""
+
+
+class ProtocolError(ValueError):
+    """A request or reply that does not fit its type; the message is one line naming the op and field."""
+
+
+class Field:
+    """One argument of a request: its name and its default (``MISSING``: required)."""
+
+    __slots__ = ("name", "default")
+
+    def __init__(self, name: str, default: Any) -> None:
+        self.name = name
+        self.default = default
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+
+def fields_of(kind: Any) -> tuple[Field, ...]:
+    """The arguments of a request type (or of a request), in the helper function's order."""
+    found: tuple[Field, ...] = getattr(kind, "__fields__", ())
+    return found
+
+
+def _message(cls: Any) -> Any:
+    """A frozen value class from the annotations of ``cls`` (``ClassVar`` ones excepted):
+    ``__init__`` by position or keyword, ``==``, ``repr``; assignment refused."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    cls.__fields__ = tuple(Field(name, cls.__dict__.get(name, MISSING)) for name, hint in annotations.items()
+                           if not str(hint).startswith("ClassVar"))
+    return cls
+
+
+class Message:
+    """What ``_message`` gives every request at run time."""
+
+    __fields__: ClassVar[tuple[Field, ...]] = ()
+
+    if not TYPE_CHECKING:
+        def __init__(self, *args, **kwargs):
+            fields = self.__fields__
+            name = type(self).__name__
+            if len(args) > len(fields):
+                raise TypeError("%s() takes %d arguments, %d given" % (name, len(fields), len(args)))
+            values = {f.name: a for f, a in zip(fields, args)}
+            known = {f.name for f in fields}
+            for key, value in kwargs.items():
+                if key not in known or key in values:
+                    raise TypeError("%s() got an unexpected or repeated argument %r" % (name, key))
+                values[key] = value
+            for f in fields:
+                if f.name not in values:
+                    if f.required:
+                        raise TypeError("%s() missing required argument %r" % (name, f.name))
+                    values[f.name] = f.default
+            for key, value in values.items():
+                object.__setattr__(self, key, value)
+
+        def __setattr__(self, key, value):
+            raise AttributeError("%s is frozen: cannot assign %r" % (type(self).__name__, key))
+
+        def __eq__(self, other):
+            return type(other) is type(self) and all(
+                getattr(self, f.name) == getattr(other, f.name) for f in self.__fields__)
+
+        def __hash__(self):
+            return hash((type(self),) + tuple(getattr(self, f.name) for f in self.__fields__))
+
+        def __repr__(self):
+            return "%s(%s)" % (type(self).__name__,
+                               ", ".join("%s=%r" % (f.name, getattr(self, f.name)) for f in self.__fields__))
+
+
+class Request(Message):
+    """One request: ``OP`` names the helper op, the fields are its arguments."""
+
+    OP: ClassVar[str] = ""
+
+    def arguments(self) -> Wire:
+        """Every argument, defaults included: what the helper calls its function with."""
+        return {f.name: getattr(self, f.name) for f in fields_of(self)}
+
+    def to_wire(self) -> Wire:
+        """The request as a line carries it. An optional argument left at None is not sent
+        (the helper's own default applies, as the builders always did); a required one is
+        sent as given, None included (``nightly_link_swap``'s "no link")."""
+        args = {}
+        for f in fields_of(self):
+            value = getattr(self, f.name)
+            if value is None and not f.required:
+                continue
+            args[f.name] = list(value) if isinstance(value, tuple) else value
+        return {"op": self.OP, "args": args}
+
+    @classmethod
+    def from_wire(cls: type[R], wire: Mapping[str, Any]) -> R:
+        """The request a line carries; ``ProtocolError`` if it is not one of this type."""
+        request = parse_request(wire)
+        if not isinstance(request, cls):
+            raise ProtocolError("op %r: expected %r" % (request.OP, cls.OP))
+        return request
+
+
+# ---------------------------------------------------------------- the session
+
+
+@message(frozen=True)
+class Hello(Request):
+    OP: ClassVar[str] = "hello"
+
+
+@message(frozen=True)
+class Bye(Request):
+    OP: ClassVar[str] = "bye"
+
+
+@message(frozen=True)
+class Batch(Request):
+    """Several requests (each one's wire form) run in order until the first failure."""
+
+    OP: ClassVar[str] = "batch"
+    steps: list[Wire]
+
+
+# ---------------------------------------------------------------- files
+
+
+@message(frozen=True)
+class Read(Request):
+    OP: ClassVar[str] = "read"
+    paths: list[str]
+    with_data: bool = True
+
+
+@message(frozen=True)
+class Sha256(Request):
+    OP: ClassVar[str] = "sha256"
+    paths: list[str]
+
+
+@message(frozen=True)
+class Stage(Request):
+    OP: ClassVar[str] = "stage"
+    files: list[Wire]
+    token: str
+    clean_stale: bool = False
+
+
+@message(frozen=True)
+class Run(Request):
+    OP: ClassVar[str] = "run"
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    timeout: float = 600.0
+    stdin: bytes | None = None  # sent as blob lines
+
+
+@message(frozen=True)
+class Validate(Request):
+    OP: ClassVar[str] = "validate"
+    checks: list[Wire]
+    token: str
+    keep_staged: bool = True
+    timeout: float = 600.0
+
+
+@message(frozen=True)
+class Remove(Request):
+    OP: ClassVar[str] = "remove"
+    paths: list[str]
+
+
+@message(frozen=True)
+class Commit(Request):
+    OP: ClassVar[str] = "commit"
+    files: list[Wire]
+    release_dir: str | None = None
+
+
+@message(frozen=True)
+class ReadHost(Request):
+    OP: ClassVar[str] = "read_host"
+    paths: list[str]
+    packages: Sequence[str] = ()
+    python: str | None = None
+    pidfile: str | None = None
+    port: int | None = None
+    follow: list[Wire] | None = None
+    timeout: float = 60.0
+
+
+@message(frozen=True)
+class Preflight(Request):
+    OP: ClassVar[str] = "preflight"
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    replace_env: bool = False
+    timeout: float = 120.0
+
+
+# ---------------------------------------------------------------- state, lock, records
+
+
+@message(frozen=True)
+class StateInit(Request):
+    OP: ClassVar[str] = "state_init"
+    state_dir: str
+
+
+@message(frozen=True)
+class LockAcquire(Request):
+    OP: ClassVar[str] = "lock_acquire"
+    state_dir: str
+    holder: Wire
+    replace_token: str | None = None
+
+
+@message(frozen=True)
+class OpenState(Request):
+    OP: ClassVar[str] = "open_state"
+    state_dir: str
+    holder: Wire | None = None
+    replace_token: str | None = None
+
+
+@message(frozen=True)
+class LockRelease(Request):
+    OP: ClassVar[str] = "lock_release"
+    state_dir: str
+
+
+@message(frozen=True)
+class GetJson(Request):
+    OP: ClassVar[str] = "get_json"
+    path: str
+    default: Any = None
+
+
+@message(frozen=True)
+class PutJson(Request):
+    OP: ClassVar[str] = "put_json"
+    path: str
+    value: Any
+
+
+@message(frozen=True)
+class StateRead(Request):
+    OP: ClassVar[str] = "state_read"
+    state_dir: str
+
+
+@message(frozen=True)
+class Mark(Request):
+    OP: ClassVar[str] = "mark"
+    path: str
+
+
+# ---------------------------------------------------------------- releases and restores
+
+
+@message(frozen=True)
+class ReleaseCreate(Request):
+    OP: ClassVar[str] = "release_create"
+    state_dir: str
+    release_id: str
+    manifest: Wire
+    files: list[Wire]
+    restore: Wire | None = None
+
+
+@message(frozen=True)
+class ReleaseUpdate(Request):
+    OP: ClassVar[str] = "release_update"
+    state_dir: str
+    release_id: str
+    fields: Wire
+
+
+@message(frozen=True)
+class ReleasePrune(Request):
+    OP: ClassVar[str] = "release_prune"
+    state_dir: str
+    remove: list[str]
+
+
+@message(frozen=True)
+class ReleaseLog(Request):
+    OP: ClassVar[str] = "release_log"
+    state_dir: str
+    release_id: str
+    text: str
+
+
+@message(frozen=True)
+class ReleaseArm(Request):
+    OP: ClassVar[str] = "release_arm"
+    state_dir: str
+    release_dir: str
+    python: str | None = None
+
+
+@message(frozen=True)
+class RestoreRelease(Request):
+    OP: ClassVar[str] = "restore_release"
+    release_dir: str
+    by: str
+    until: float | None = None
+    reason: str | None = None
+    within: float | None = None
+
+
+@message(frozen=True)
+class ConfirmRelease(Request):
+    """Claim the release as confirmed, then run ``steps`` (each one's wire form)."""
+
+    OP: ClassVar[str] = "confirm_release"
+    release_dir: str
+    steps: list[Wire]
+
+
+# ---------------------------------------------------------------- servers
+
+
+@message(frozen=True)
+class ServerFind(Request):
+    OP: ClassVar[str] = "server_find"
+    pidfile: str | None = None
+    port: int | None = None
+
+
+@message(frozen=True)
+class Process(Request):
+    OP: ClassVar[str] = "process"
+    pid: int
+
+
+@message(frozen=True)
+class ServerStop(Request):
+    OP: ClassVar[str] = "server_stop"
+    pid: int
+    pgid: int | None = None
+    stop_timeout: float = 30.0
+    port: int | None = None
+    free_timeout: float = 120.0
+
+
+@message(frozen=True)
+class ServerStart(Request):
+    OP: ClassVar[str] = "server_start"
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    log: str | None = None
+    pidfile: str | None = None
+    replace_env: bool = False
+
+
+@message(frozen=True)
+class RunOk(Request):
+    OP: ClassVar[str] = "run_ok"
+    argv: list[str]
+    timeout: float = 600.0
+
+
+@message(frozen=True)
+class CommandsStart(Request):
+    OP: ClassVar[str] = "commands_start"
+    start: list[str]
+    pid_cmd: list[str] | None = None
+    timeout: float = 600.0
+
+
+@message(frozen=True)
+class HealthWait(Request):
+    """``pid="started"``: the server started earlier in the same batch."""
+
+    OP: ClassVar[str] = "health_wait"
+    base_url: str
+    checks: list[Wire]
+    timeout: float
+    interval: float
+    pid: int | str | None = None
+    log: str | None = None
+    stable_for: float = 0.0
+
+
+@message(frozen=True)
+class LogTail(Request):
+    OP: ClassVar[str] = "log_tail"
+    path: str
+    lines: int = LOG_TAIL_LINES
+
+
+@message(frozen=True)
+class ProbeHttp(Request):
+    OP: ClassVar[str] = "probe_http"
+    base_url: str
+    path: str
+    body: Any
+    requests: int
+    concurrency: int
+    timeout: float
+    headers: dict[str, str] | None = None
+    warmup: int = 0
+    greedy_body: Wire | None = None
+
+
+# ---------------------------------------------------------------- nightly builds
+
+
+@message(frozen=True)
+class NightlyPrepare(Request):
+    OP: ClassVar[str] = "nightly_prepare"
+    builds_dir: str
+    build: str
+
+
+@message(frozen=True)
+class NightlyBuilds(Request):
+    OP: ClassVar[str] = "nightly_builds"
+    builds_dir: str
+
+
+@message(frozen=True)
+class NightlyFetchGit(Request):
+    OP: ClassVar[str] = "nightly_fetch_git"
+    repo: str
+    commit: str
+    builds_dir: str
+    build: str
+    log: str
+    timeout: float = 3600.0
+
+
+@message(frozen=True)
+class NightlyPip(Request):
+    OP: ClassVar[str] = "nightly_pip"
+    builds_dir: str
+    build: str
+    requirements: str
+    python: str
+    pip_args: list[str]
+    log: str
+    timeout: float = 3600.0
+
+
+@message(frozen=True)
+class NightlyRun(Request):
+    OP: ClassVar[str] = "nightly_run"
+    argv: list[str]
+    cwd: str
+    env: dict[str, str] | None = None
+    log: str | None = None
+    timeout: float = 3600.0
+
+
+@message(frozen=True)
+class NightlyRemoveBuild(Request):
+    OP: ClassVar[str] = "nightly_remove_build"
+    builds_dir: str
+    build: str
+
+
+@message(frozen=True)
+class NightlyPrune(Request):
+    OP: ClassVar[str] = "nightly_prune"
+    builds_dir: str
+    remove: list[str]
+
+
+@message(frozen=True)
+class NightlyLinkSwap(Request):
+    """Point ``link`` at ``to`` only if it points at ``expect`` now (None: no link; sent as such)."""
+
+    OP: ClassVar[str] = "nightly_link_swap"
+    link: str
+    to: str | None
+    expect: str | None
+
+
+REQUEST_TYPES: tuple[type[Request], ...] = (
+    Hello, Bye, Batch, Read, Sha256, Stage, Run, Validate, Remove, Commit, ReadHost, Preflight,
+    StateInit, LockAcquire, OpenState, LockRelease, GetJson, PutJson, StateRead, Mark,
+    ReleaseCreate, ReleaseUpdate, ReleasePrune, ReleaseLog, ReleaseArm, RestoreRelease, ConfirmRelease,
+    ServerFind, Process, ServerStop, ServerStart, RunOk, CommandsStart, HealthWait, LogTail, ProbeHttp,
+    NightlyPrepare, NightlyBuilds, NightlyFetchGit, NightlyPip, NightlyRun, NightlyRemoveBuild, NightlyPrune,
+    NightlyLinkSwap,
+)
+REQUESTS: Mapping[str, type[Request]] = types.MappingProxyType({t.OP: t for t in REQUEST_TYPES})
+"""Every op the helper runs, by name."""
+
+NESTED: tuple[type[Request], ...] = (Batch, ConfirmRelease)
+"""Requests that carry other requests (``steps``): each step is checked with its parent."""
+
+
+def parse_request(line: Mapping[str, Any], where: str = "") -> Request:
+    """The request a line (``{"op", "args"}``; other keys such as ``id`` ignored) carries.
+
+    An unknown op, an unknown argument or a missing one is a ``ProtocolError``
+    whose message is one line naming the op and the argument; the steps of a
+    batch are checked too, so nothing of a bad batch runs.
+    """
+    if not isinstance(line, dict):
+        raise ProtocolError("%srequest is not an object" % where)
+    name = line.get("op")
+    kind = REQUESTS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ProtocolError("%sunknown op %r" % (where, name))
+    args = line.get("args")
+    args = {} if args is None else args
+    if not isinstance(args, dict):
+        raise ProtocolError("%sop %r: args is not an object" % (where, name))
+    fields = fields_of(kind)
+    known = {f.name for f in fields}
+    for key in args:
+        if key not in known:
+            raise ProtocolError("%sop %r: unknown field %r" % (where, name, key))
+    for f in fields:
+        if f.required and f.name not in args:
+            raise ProtocolError("%sop %r: missing field %r" % (where, name, f.name))
+    request = kind(**args)
+    if isinstance(request, NESTED):
+        steps = request.steps  # type: ignore[attr-defined]
+        if not isinstance(steps, list):
+            raise ProtocolError("%sop %r: steps is not a list" % (where, name))
+        for i, step in enumerate(steps):
+            parse_request(step, "%s%s.steps[%d]: " % (where, name, i))
+    return request
