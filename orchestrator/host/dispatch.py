@@ -86,6 +86,17 @@ def load_all():
         __import__(module, globals(), {}, ["__name__"], 1)
 
 
+def check_request(request):
+    """Refuse, in one line naming the op and the field, a request that its type in
+    ``protocol`` does not describe (a batch's steps included): nothing of it runs."""
+    from .protocol import ProtocolError, parse_request
+
+    try:
+        parse_request(request)
+    except ProtocolError as e:
+        raise AgentError("protocol", str(e))
+
+
 def serve(s, stdin):
     """Answer requests until ``bye`` or the end of the controller (see ``Session``)."""
     ticker = threading.Thread(target=s.background, daemon=True)
@@ -108,6 +119,7 @@ def serve(s, stdin):
         rid = request.get("id")
         s.current_id = rid
         try:
+            check_request(request)
             fn = find_op(request.get("op"))
             if fn is None:
                 raise AgentError("protocol", "unknown op %r" % request.get("op"))

@@ -229,7 +229,7 @@ def op_health_wait(s, base_url, checks, timeout, interval, pid=None, log=None, s
         if not ok:
             raise AgentError("health_timeout", "not healthy: %s" % last, polls=1, last=last)
         return {"elapsed": 0.0, "polls": 1, "last": last, "stable_for": 0.0}
-    s.event("progress", msg="waiting up to %.0f s for %s to be healthy" % (timeout, base_url))
+    s.event("progress", step="health_wait", msg="waiting up to %.0f s for %s to be healthy" % (timeout, base_url))
     start = time.monotonic()
     deadline = start + timeout
     last = said = ""
