@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import LinkLostError
+from orchestrator.errors import LinkLostError, OrchError
 from orchestrator.shell.agent_client import (
     BOOTSTRAP,
     HELPER_ARCHIVE,
@@ -30,8 +31,11 @@ from orchestrator.shell.agent_client import (
 )
 from orchestrator.shell.transport import open_transport
 
-# GPU boxes run old Pythons: the helper must run on whatever python3 they have.
-INTERPRETERS = sorted({sys.executable, *glob.glob("/root/.pyenv/versions/3.[6-9]*/bin/python3")})
+# GPU boxes run old Pythons: the helper must run on whatever python3 (3.8+) they have.
+PYENV = glob.glob("/root/.pyenv/versions/3.*/bin/python3")
+INTERPRETERS = sorted({sys.executable, *(p for p in PYENV if not re.search(r"/3\.[67]\.", p))})
+"""The hosts' Pythons the helper runs on: 3.8 and newer (the host package's floor)."""
+TOO_OLD = sorted(p for p in PYENV if re.search(r"/3\.[67]\.", p))
 
 
 def start(python: str = sys.executable) -> Agent:
@@ -96,6 +100,15 @@ def test_a_helper_sent_as_an_archive_runs_from_memory_under_its_package_s_file_n
     lines = out.stdout.decode().splitlines()
     assert lines[0] == '{"send": true}', out
     assert lines[1].split() == ["orchestrator/host/main.py", "orchestrator/host/files.py"], out
+
+
+@pytest.mark.parametrize("python", TOO_OLD)
+def test_a_host_python_older_than_3_8_is_refused_in_one_line(python: str) -> None:
+    with pytest.raises(OrchError) as refused:
+        start(python)
+    said = str(refused.value)
+    assert "orch's helper needs 3.8 or newer" in said and python in said, said
+    assert "Traceback" not in said and "SyntaxError" not in said, said
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)

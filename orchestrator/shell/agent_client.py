@@ -80,9 +80,13 @@ READY_MAGIC = "ORCH-AGENT-READY"
 # lazy import (and the watchdog) and could never be removed (the helper leaves
 # by ``os._exit``). Code compiled from memory is named
 # ``orchestrator/host/<module>.py``. The helper then keeps the archive for next
-# time. Python 3.6 syntax.
+# time. Python 3.6 syntax, so that an older interpreter is told in one line that it is too old
+# (the package needs 3.8).
 BOOTSTRAP = """\
 import os, sys
+if sys.version_info < (3, 8):
+    sys.stderr.write("orch-helper: the host's Python is %s (%s); orch's helper needs 3.8 or newer: set python: in the inventory\\n" % (sys.version.split()[0], sys.executable))
+    sys.exit(3)
 def kept(state, hid):
     try:
         here = os.path.join(os.path.abspath(os.path.expanduser(state)), 'helper')
