@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.restore import RestoreRecord
+from orchestrator.errors import RecordFormatError
+from orchestrator.host.records import HostRecords, Lock, UnknownRecordFormat
+from orchestrator.host.restore_plan import RestoreRecord
 from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed, Number, Opt, check
 
 Wire = dict[str, Any]
@@ -68,6 +70,8 @@ class Op:
             return self.parse(answer)
         except Malformed:
             raise
+        except UnknownRecordFormat as e:  # a newer orch's record: refused by name, never misread
+            raise RecordFormatError(str(e)) from None
         except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
             raise Malformed(f"{where} cannot be read ({type(e).__name__}: {e})") from None
 
@@ -87,19 +91,47 @@ def _read_all(steps: Sequence[Op], results: list[Any], where: str) -> list[Any]:
 # ---------------------------------------------------------------- state, lock, records
 
 
+@dataclass(frozen=True)
+class LockAnswer:
+    """``lock_acquire``'s answer: taken (with this run's token), or refused naming the holder."""
+
+    acquired: bool
+    token: str | None = None
+    holder: Lock | None = None
+
+
+def _lock_answer(data: Wire) -> LockAnswer:
+    return LockAnswer(bool(data["acquired"]), data.get("token"), Lock.from_wire(data.get("holder")))
+
+
+@dataclass(frozen=True)
+class OpenedState:
+    """``open_state``'s answer: the state dir, the lock (if one was asked for), the records."""
+
+    root: str
+    lock: LockAnswer | None
+    state: HostRecords
+
+
+def _opened(data: Wire) -> OpenedState:
+    lock = data.get("lock")
+    return OpenedState(str(data["root"]), _lock_answer(lock) if lock is not None else None,
+                       HostRecords.from_wire(data["state"]))
+
+
 def open_state(state_dir: str, holder: Wire | None = None) -> Op:
     """Create the state dir, take the lock (``holder``), read the records: one round trip."""
-    return _op("open_state", shape={"root": str, "lock": Opt(LOCK), "state": STATE}, state_dir=state_dir,
-               holder=holder)
+    return _op("open_state", _opened, shape={"root": str, "lock": Opt(LOCK), "state": STATE},
+               state_dir=state_dir, holder=holder)
 
 
 def state_read(state_dir: str) -> Op:
-    """Everything history/status/rollback need; creates nothing."""
-    return _op("state_read", shape=STATE, state_dir=state_dir)
+    """Everything history/status/rollback need; creates nothing (parsed: ``HostRecords``)."""
+    return _op("state_read", HostRecords.from_wire, shape=STATE, state_dir=state_dir)
 
 
 def lock_acquire(state_dir: str, holder: Wire, replace_token: str | None = None) -> Op:
-    return _op("lock_acquire", shape=LOCK, state_dir=state_dir, holder=holder, replace_token=replace_token)
+    return _op("lock_acquire", _lock_answer, shape=LOCK, state_dir=state_dir, holder=holder, replace_token=replace_token)
 
 
 def lock_release(state_dir: str) -> Op:
