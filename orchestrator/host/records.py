@@ -189,12 +189,11 @@ class Journal:
         step = self.step.value if isinstance(self.step, JournalStep) else self.step
         wire: dict[str, Any] = {"format": FORMAT, "release": self.release, "kind": self.kind, "step": step,
                                 "finished": self.finished, "time": self.since, "controller": self.controller}
-        if self.playbook is not None:
-            wire["playbook"] = self.playbook
-        if self.kind == "night":
+        optional = {"playbook": self.playbook, "builds_dir": self.builds_dir, "previous_build": self.previous_build,
+                    "drift": list(self.drift) if self.drift is not None else None}
+        if self.kind == "night":  # a night's journal says where its builds are, even before there is one
             wire.update(builds_dir=self.builds_dir, previous_build=self.previous_build)
-        if self.drift is not None:
-            wire["drift"] = list(self.drift)
+        wire.update((k, v) for k, v in optional.items() if v is not None)
         return wire
 
     def moved_to(self, step: JournalStep, *, finished: bool = False, since: float | None = None) -> Journal:
