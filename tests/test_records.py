@@ -25,6 +25,7 @@ from orchestrator.host.records import (
     Manifest,
     ReleaseFile,
     ServerProcess,
+    ServerSpec,
     StatePaths,
     UnknownRecordFormat,
     WatchdogRecord,
@@ -74,7 +75,7 @@ processes = st.builds(ServerProcess, pid=pids, argv=st.none() | words, cwd=maybe
 release_files = st.builds(ReleaseFile, path=text, n=st.none() | st.integers(0, 99), existed=st.booleans(),
                           mode=st.none() | st.integers(0, 0o7777), uid=pids, gid=pids, sha256_before=maybe_text,
                           sha256_after=maybe_text)
-EXTRA_KEYS = st.sampled_from(["vars", "timings", "gate", "host", "masked_names", "orch_version", "to"])
+EXTRA_KEYS = st.sampled_from(["vars", "host", "masked_names", "orch_version", "to", "patched"])
 manifests = st.builds(
     Manifest, id=text.filter(bool), kind=st.sampled_from(["deploy", "night", "rollback"]),
     seq=st.none() | st.integers(1, 10**6), created=seconds, finished=maybe_seconds, duration=maybe_seconds,
@@ -83,7 +84,8 @@ manifests = st.builds(
     health=st.none() | json_object, server_before=st.none() | processes, server_after=st.none() | processes,
     drift_kept=st.lists(json_object, max_size=2), probe=st.none() | json_object, builds_dir=maybe_text,
     restarted=st.booleans(), link=st.none() | json_object, undid=words, undone_by=maybe_text,
-    source=st.none() | json_object, extra=st.dictionaries(EXTRA_KEYS, small_json, max_size=3))
+    source=st.none() | json_object, timings=st.none() | st.dictionaries(text, seconds, max_size=3),
+    gate=st.none() | json_object, extra=st.dictionaries(EXTRA_KEYS, small_json, max_size=3))
 host_records = st.builds(HostRecords, root=text, exists=st.booleans(), journal=st.none() | journals,
                          state=st.builds(AppliedState, words), lock=st.none() | locks,
                          releases=st.lists(manifests, max_size=3), watchdog=st.none() | watchdogs,
@@ -131,7 +133,10 @@ restore_records = st.builds(
 ROUND_TRIPS = [
     (journals, Journal.from_wire), (locks, Lock.from_wire), (watchdogs, WatchdogRecord.from_wire),
     (st.builds(AppliedState, words), AppliedState.from_wire), (processes, ServerProcess.from_wire),
-    (release_files, ReleaseFile.from_wire), (manifests, Manifest.from_wire), (host_records, HostRecords.from_wire),
+    (release_files, ReleaseFile.from_wire),
+    (st.builds(ServerSpec, manager=st.sampled_from(["process", "commands"]), pidfile=maybe_text, log=maybe_text,
+               port=st.none() | st.integers(1, 65535), stop_timeout=maybe_seconds), ServerSpec.from_wire),
+    (manifests, Manifest.from_wire), (host_records, HostRecords.from_wire),
     (starts, ServerStart.from_wire), (server_targets(), ServerTarget.from_wire), (plans, RestorePlan.from_wire),
     (specs, RestoreSpec.from_wire), (outcomes, FileOutcome.from_wire), (restore_records, RestoreRecord.from_wire),
 ]
@@ -168,6 +173,9 @@ def test_records_of_earlier_versions_read_with_their_documented_defaults() -> No
     assert (old.kind, old.seq, old.created, old.flag_changes, old.server_before) == ("deploy", None, 0.0, [], None)
     assert old.order == (0, 0, "20260101T000000000-aaaa")  # before any numbered release
     assert old.playbook_name == "p.yaml" and old.files[0].existed is True and old.files[0].mode is None
+    assert old.process_server is None and old.health_checks == [] and old.recorded_probes == []
+    spec = Manifest.from_wire({"id": "b", "server_spec": {"pidfile": "/p", "port": 30000}})  # before "manager"
+    assert spec.process_server == ServerSpec("process", "/p", None, 30000, None)
     assert AppliedState.from_wire(None).applied == [] and AppliedState.from_wire({}).current is None
     state = HostRecords.from_wire({"root": "/s", "state": {"applied": ["a"]}, "releases": [{"id": "a"}]})
     assert (state.exists, state.journal, state.lock, state.watchdog, state.host_time) == (True, None, None, None, None)
@@ -196,8 +204,8 @@ def test_unknown_fields_are_ignored_and_a_manifest_keeps_them_for_its_rewrite() 
     assert ServerProcess.from_wire({"pid": 3, "cgroup": "/x"}) == ServerProcess(pid=3)
     record = RestoreRecord.from_wire({"by": "watchdog", "ok": True, "new_field": 1})
     assert record == RestoreRecord.from_wire({"by": "watchdog", "ok": True})
-    manifest = Manifest.from_wire({"id": "R", "timings": {"stage": 1.5}, "a_newer_field": [1]})
-    assert manifest.extra == {"timings": {"stage": 1.5}, "a_newer_field": [1]}
+    manifest = Manifest.from_wire({"id": "R", "vars": {"tp": 2}, "a_newer_field": [1]})
+    assert manifest.extra == {"vars": {"tp": 2}, "a_newer_field": [1]}
     assert manifest.to_wire()["a_newer_field"] == [1]
 
 

@@ -193,7 +193,7 @@ def draw_release(out: Output, view: ReleaseView) -> None:
     if health.get("checks"):
         checks = ", ".join(f"{c.get('method', 'GET')} {c.get('path')}" for c in health["checks"])
         rows.append(("health", f"{checks} at {health.get('base_url')}"))
-    timings = m.extra.get("timings") or {}
+    timings = m.timings or {}
     if timings:
         rows.append(("timings", ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())))
     title = f"release {view.release} on {view.host}" + (" (current)" if view.current else "")
@@ -201,8 +201,8 @@ def draw_release(out: Output, view: ReleaseView) -> None:
     width = max(len(label) for label, _ in rows)
     for label, value in rows:  # folded on a terminal, whole through a pipe: never cut
         out.line(f"  {label:<{width}}  {value}")
-    if isinstance(m.extra.get("gate"), dict):
-        draw_gate(out, view.host, GateOutcome.from_json(m.extra["gate"]))
+    if m.gate is not None:
+        draw_gate(out, view.host, GateOutcome.from_json(m.gate))
     for f in view.files:
         if f.before is None or f.after is None:
             continue

@@ -380,6 +380,33 @@ class ReleaseFile:
                 "gid": self.gid, "sha256_before": self.sha256_before, "sha256_after": self.sha256_after}
 
 
+def _checks(health: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [dict(c) for c in (health or {}).get("checks") or [] if isinstance(c, dict)]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """A release's ``server_spec``: how its server is managed and found (manager default
+    "process"; the rest None when absent)."""
+
+    manager: str = "process"
+    pidfile: str | None = None
+    log: str | None = None
+    port: int | None = None
+    stop_timeout: float | None = None
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any] | None) -> ServerSpec | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(str(data.get("manager") or "process"), data.get("pidfile"), data.get("log"),
+                   _opt_int(data.get("port")), _opt_float(data.get("stop_timeout")))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"manager": self.manager, "pidfile": self.pidfile, "log": self.log, "port": self.port,
+                "stop_timeout": self.stop_timeout}
+
+
 @dataclass(frozen=True)
 class RecordedProbe:
     """One probe's figures in a release's ``probe`` record: its key (what it sent), label, result."""
@@ -391,7 +418,7 @@ class RecordedProbe:
 
 _MANIFEST_TYPED = ("id", "kind", "seq", "created", "finished", "duration", "outcome", "error", "restored_by",
                    "playbook", "files", "flag_changes", "server_spec", "health", "server_before", "server_after",
-                   "drift_kept", "probe", "builds_dir", "format", "restarted", "link", "undid", "undone_by", "source")
+                   "drift_kept", "probe", "builds_dir", "format", "restarted", "link", "undid", "undone_by", "source", "timings", "gate")
 
 
 @dataclass(frozen=True)
@@ -430,6 +457,8 @@ class Manifest:
     undid: list[str] = field(default_factory=list)  # a rollback's: the releases it undid
     undone_by: str | None = None  # a release a later rollback undid: that rollback
     source: dict[str, Any] | None = None  # a night's: the git commit or pip set it built
+    timings: dict[str, float] | None = None  # seconds per step of the run
+    gate: dict[str, Any] | None = None  # the performance gate's verdicts (``core.gate.GateOutcome``)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -454,6 +483,8 @@ class Manifest:
             link=data.get("link") if isinstance(data.get("link"), dict) else None,
             undid=[str(r) for r in data.get("undid") or []], undone_by=data.get("undone_by"),
             source=data.get("source") if isinstance(data.get("source"), dict) else None,
+            timings=data.get("timings") if isinstance(data.get("timings"), dict) else None,
+            gate=data.get("gate") if isinstance(data.get("gate"), dict) else None,
             extra={k: v for k, v in data.items() if k not in _MANIFEST_TYPED},
         )
 
@@ -469,7 +500,7 @@ class Manifest:
             "server_after": self.server_after.to_wire() if self.server_after else None,
             "drift_kept": list(self.drift_kept), "probe": self.probe, "builds_dir": self.builds_dir,
             "restarted": self.restarted, "link": self.link, "undid": list(self.undid), "undone_by": self.undone_by,
-            "source": self.source,
+            "source": self.source, "timings": self.timings, "gate": self.gate,
         })
         return wire
 
@@ -483,6 +514,17 @@ class Manifest:
         """Sort key: the host's ``seq`` (the order it made releases in), never a clock;
         releases recorded before ``seq`` existed come first, by id."""
         return (1, self.seq, self.id) if self.seq is not None else (0, 0, self.id)
+
+    @property
+    def health_checks(self) -> list[dict[str, Any]]:
+        """The release's health checks (``health.checks``), each a copy; none: empty."""
+        return _checks(self.health)
+
+    @property
+    def process_server(self) -> ServerSpec | None:
+        """Where the release's ``process`` server is looked for (None: another manager, or none)."""
+        spec = ServerSpec.from_wire(self.server_spec)
+        return spec if spec is not None and spec.manager == "process" else None
 
     @property
     def recorded_probes(self) -> list[RecordedProbe]:

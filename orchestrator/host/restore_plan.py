@@ -166,6 +166,11 @@ class RestorePlan:
                    health=data.get("health") if isinstance(data.get("health"), dict) else None,
                    always=bool(data.get("always")), on_success=list(data.get("on_success") or []))
 
+    @property
+    def health_checks(self) -> list[dict[str, Any]]:
+        """The health checks a restore sends (headers unmasked), each a copy; none: empty."""
+        return [dict(c) for c in (self.health or {}).get("checks") or [] if isinstance(c, dict)]
+
     def to_wire(self) -> dict[str, Any]:
         return {"files": [f.to_wire() for f in self.files], "links": [link.to_wire() for link in self.links],
                 "server": self.server.to_wire() if self.server else None, "health": self.health,

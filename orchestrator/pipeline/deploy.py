@@ -167,7 +167,7 @@ class Deployment:
             ops.put_json(self._journal_path(), self._journal(JournalStep.BACKED_UP)),
             ops.release_arm(self.state_dir, self.release_dir),
         ])[-1]
-        self.deadline = float(armed.get("fires_at") or self.deadline)
+        self.deadline = armed or self.deadline
         self.release_created = True
         self.reached = Step.ARMED
         self._stop("backup")
@@ -482,8 +482,8 @@ class Deployment:
     def _reason(self, cause: BaseException) -> str:
         if isinstance(cause, KeyboardInterrupt):
             return "interrupted (Ctrl-C)"
-        if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
-            self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
+        if isinstance(cause, RemoteStepError) and cause.log_tail:
+            self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         return self._redact(str(cause))
 
     # ---------------------------------------------------------------- the gate

@@ -180,13 +180,12 @@ def health_as_sent(session: HostSession, root: str, manifest: Manifest) -> dict[
     masked record is all there is.
     """
     health = dict(manifest.health or {})
-    checks = [dict(c) for c in health.get("checks") or []]
+    checks = manifest.health_checks
     if not any(c.get("headers") for c in checks):
         return health
     spec = session.run(ops.get_json(StatePaths(root).restore(manifest.id)))
     session.options.masker.learn(spec)  # the real values: masked wherever they show from now on
-    plan = RestoreSpec.from_wire(spec).plan if spec else None
-    sent = ((plan.health if plan else None) or {}).get("checks") or []
+    sent = RestoreSpec.from_wire(spec).plan.health_checks if spec else []
     if len(sent) == len(checks):
         for check, real in zip(checks, sent, strict=True):
             if (real.get("method"), real.get("path")) == (check.get("method"), check.get("path")):
@@ -208,13 +207,13 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
         options.masker.declare_recorded(m.to_wire() for m in state.releases)
         current = state.current
         # the newest release that knew the server says where to look for it
-        spec = next((m.server_spec for m in state.newest_first() if m.server_spec), None)
+        spec = next((m for m in state.newest_first() if m.server_spec), None)
         health_from = next((m for m in state.newest_first() if m.health), None)
         health_spec = health_as_sent(session, state.root, health_from) if health_from else None
         server: ServerProcess | None = None
-        process_server = bool(spec and spec.get("manager", "process") == "process")
-        if spec and process_server:
-            server = ServerProcess.from_wire(session.run(ops.server_find(spec.get("pidfile"), spec.get("port"))))
+        process_server = spec.process_server if spec else None
+        if process_server is not None:
+            server = ServerProcess.from_wire(session.run(ops.server_find(process_server.pidfile, process_server.port)))
         health, healthy = "unknown (no health checks recorded)", None
         if health_spec:
             try:
@@ -250,7 +249,7 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             drift=drift,
             journal=state.open_journal,
             lock=state.lock,
-            server_expected=process_server,
+            server_expected=process_server is not None,
             state_dir_exists=state.exists,
             gate=gate,
             gate_note=gate_note,
@@ -296,7 +295,7 @@ class ReleaseView:
             "argv_before": redact_argv((m.server_before.argv if m.server_before else None) or []),
             "argv_after": redact_argv((m.server_after.argv if m.server_after else None) or []),
             "flag_changes": list(m.flag_changes),
-            "timings": m.extra.get("timings"), "gate": m.extra.get("gate"),
+            "timings": m.timings, "gate": m.gate,
         }
 
 

@@ -438,7 +438,7 @@ class Night:
             self.journal(JournalStep.BUILDING),
         ])
         self.prepared = True
-        self.seq = created.get("seq") if isinstance(created, dict) else None
+        self.seq = created
         self.previous_build = prepared.current
         self.existing_builds = list(prepared.builds)
         self.complete_builds = None if prepared.complete is None else list(prepared.complete)
@@ -527,8 +527,8 @@ class Night:
             reason = "interrupted (Ctrl-C) before the switch; nothing live was touched"
         else:
             reason = self._redact(str(cause))
-            if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
-                self.reporter.server_log(self.label, "build output (last lines)", cause.details["log_tail"])
+            if isinstance(cause, RemoteStepError) and cause.log_tail:
+                self.reporter.server_log(self.label, "build output (last lines)", cause.log_tail)
         self.reporter.warn(self.label, f"night failed before the switch: {reason}")
         if not self.prepared:  # nothing was made on the host
             return self.result(v.outcome, v.exit_code, reason)
@@ -610,11 +610,11 @@ class Night:
         armed = self.session.batch([
             ops.release_update(self.state_dir, self.name,
                                dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
-            ops.put_json(f"{self.release_dir}/restore.json", restore),
+            ops.put_json(StatePaths(self.state_dir).restore(self.name), restore),
             self.journal(JournalStep.ARMED),
             ops.release_arm(self.state_dir, self.release_dir),
         ])[-1]
-        self.deadline = float(armed.get("fires_at") or self.deadline)
+        self.deadline = armed or self.deadline
         self.reached = Step.ARMED
         self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
                                        "the night is confirmed")
@@ -713,8 +713,8 @@ class Night:
             reason = "interrupted (Ctrl-C)"
         else:
             reason = self._redact(str(cause))
-            if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
-                self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
+            if isinstance(cause, RemoteStepError) and cause.log_tail:
+                self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         if isinstance(cause, LinkLostError):
             v = verdict(cause, self.reached)
             reason += (f" during night {self.name}; the host-side watchdog switches it back by itself at "

@@ -76,6 +76,16 @@ class Op:
             raise Malformed(f"{where} cannot be read ({type(e).__name__}: {e})") from None
 
 
+def _number_at(key: str, kind: type[int] | type[float]) -> Callable[[Any], Any]:
+    """A parse that reads one number of an answer (None where it is absent or not a number)."""
+    def parse(data: Any) -> int | float | None:
+        value = data.get(key) if isinstance(data, dict) else None
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
+        return kind(value) if ok else None
+
+    return parse
+
+
 def _op(name: str, parse: Callable[[Any], Any] = _as_is, shape: Any = ANY, **args: Any) -> Op:
     # Arguments left at None are not sent: the helper's own default applies.
     return Op(name, {k: v for k, v in args.items() if v is not None}, parse, shape)
@@ -198,8 +208,8 @@ def commit(files: Sequence[Wire], release_dir: str | None) -> Op:
 def release_create(state_dir: str, release_id: str, manifest: Wire, files: Sequence[Wire],
                    restore: Wire | None = None) -> Op:
     """Back up into a new release; the host adds its next ``seq`` to the manifest and
-    answers ``{"root", "seq"}``."""
-    return _op("release_create", state_dir=state_dir, release_id=release_id, manifest=manifest,
+    answers ``{"root", "seq"}``: read as the ``seq`` (None from a helper that kept none)."""
+    return _op("release_create", _number_at("seq", int), state_dir=state_dir, release_id=release_id, manifest=manifest,
                files=list(files), restore=restore)
 
 
@@ -217,8 +227,9 @@ def release_log(state_dir: str, release_id: str, text: str) -> Op:
 
 def release_arm(state_dir: str, release_dir: str) -> Op:
     """Start the release's watchdog (its restore plan is already on disk); answers with
-    ``fires_at``, the host's wall time at which it acts unless confirmed (host clock)."""
-    return _op("release_arm", state_dir=state_dir, release_dir=release_dir)
+    ``fires_at``, the host's wall time at which it acts unless confirmed (host clock): read
+    as that time (None if the helper did not say)."""
+    return _op("release_arm", _number_at("fires_at", float), state_dir=state_dir, release_dir=release_dir)
 
 
 def restore_release(release_dir: str, by: str, *, within: float | None = None, reason: str | None = None,
