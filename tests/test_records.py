@@ -6,6 +6,7 @@ naming the record and the version — at the boundary too, as an ``orch`` error 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ from orchestrator.host.restore_plan import (
     ServerTarget,
 )
 from orchestrator.shell import ops
+from tests.fixtures.sandbox import Sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ROOT / "orchestrator" / "host"
@@ -297,3 +299,24 @@ def test_host_modules_are_python_38_and_standard_library_only(module: Path) -> N
         for name in names:
             top = name.split(".")[0]
             assert top in sys.stdlib_module_names or name.startswith("orchestrator.host"), (module.name, name)
+
+
+# ---------------------------------------------------------------- end to end: a newer orch's state dir
+
+
+def test_a_state_dir_written_in_an_unknown_format_is_refused_by_name_and_left_as_is(sandbox: Sandbox) -> None:
+    """The real CLI over sshd: ``status``, ``history`` and ``rollback`` refuse a journal a newer
+    orch wrote (format 9), exit 2, one line naming the record and the version; nothing changes."""
+    sandbox.state_dir.mkdir(parents=True)
+    journal = sandbox.state_dir / "journal.json"
+    journal.write_text(json.dumps({"format": 9, "release": "R", "kind": "deploy", "step": "committed",
+                                   "finished": False, "time": 1.0}))
+    (sandbox.state_dir / "state.json").write_text(json.dumps({"applied": []}))
+    before = journal.read_bytes()
+    for command in ("status", "history", "rollback"):
+        proc = sandbox.orch(command, "--host", "gpu")
+        said = [line for line in (proc.stdout + proc.stderr).splitlines() if "record format" in line]
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert len(said) == 1 and "journal.json: record format 9 is not one this orch reads" in said[0], said
+    assert journal.read_bytes() == before
+    assert not (sandbox.state_dir / "lock.json").exists()  # the refusing run gave its lock back
