@@ -97,7 +97,7 @@ def take_over_lock(
     Returns the new lock's token.
     """
     label = session.target.name
-    lock = refused.holder or LockRecord()  # gone since: the empty lock's heartbeat is fresh, nobody's
+    lock = refused.holder or LockRecord()  # the lock vanished before the helper read it: held; a retry takes it
     who = describe_holder(lock)
     pid = lock.pid or 0
     decision = take_over_decision(
