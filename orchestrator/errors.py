@@ -109,6 +109,12 @@ class ContentChangedError(RefusedError):
     """A target changed on the host after it was planned: the commit refused, nothing was written."""
 
 
+class RecordFormatError(RefusedError):
+    """A record on the host (journal, lock, manifest, restore plan …) is in a format this
+    orch does not read: a newer orch wrote it. Refused, never misread; one line names the
+    record and its version (``host.records.UnknownRecordFormat``, raised at the boundary)."""
+
+
 class RemoteError(OrchError):
     """A step on the host failed. Which exit code it means depends on the step."""
 

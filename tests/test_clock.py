@@ -29,6 +29,7 @@ import yaml
 from orchestrator.core.nightly import builds_to_prune
 from orchestrator.core.releases import ordered_ids, prune_candidates, resolve_release
 from orchestrator.errors import ConfigError
+from orchestrator.host.records import Manifest
 from orchestrator.pipeline.nightly_report import load_nights
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sandbox import (
@@ -354,13 +355,14 @@ def test_records_of_earlier_versions_come_first_by_id_then_the_hosts_sequence() 
     release with one; those with one follow ``seq`` whatever their ids say."""
     old1, old2 = "20261129T100000000-aaaa", "20261130T100000000-bbbb"
     late_stamp, early_stamp = "20261201T120000000-cccc", "20261201T110000000-dddd"  # made in this order
-    manifests = [{"id": early_stamp, "seq": 2}, {"id": old2}, {"id": late_stamp, "seq": 1}, {"id": old1}]
+    manifests = [Manifest.from_wire(m) for m in
+                 ({"id": early_stamp, "seq": 2}, {"id": old2}, {"id": late_stamp, "seq": 1}, {"id": old1})]
     order = ordered_ids(manifests)
     assert order == [old1, old2, late_stamp, early_stamp]
     assert prune_candidates(order, applied=[old2, early_stamp], keep=2) == [old1, late_stamp]
     # "the latest" that a wrong --to names are the newest by sequence
     with pytest.raises(ConfigError) as refused:
-        resolve_release("nope", [], {m["id"]: m for m in manifests})
+        resolve_release("nope", [], {m.id: m for m in manifests})
     assert f"the latest: {early_stamp}, {late_stamp}, {old2}" in str(refused.value)
 
 

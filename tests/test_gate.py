@@ -32,6 +32,7 @@ from orchestrator.core.probe import ProbeFigures, ProbeResult
 from orchestrator.core.rendering import render_playbook
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError
+from orchestrator.host.records import Manifest
 from orchestrator.pipeline.gate import GateRun, gate_from_spec_record, recorded_results
 
 HEAD = """\
@@ -342,7 +343,7 @@ def test_the_baseline_comes_from_the_record_only_for_the_server_it_measured() ->
     run = gate_run()
     run.take_after(CLEAR)
     probe = run.spec.probes[0]
-    manifest = {"id": "R1", "server_after": {"argv": ["python", "-m", "x"]}, **_record_of(run)}
+    manifest = Manifest.from_wire({"id": "R1", "server_after": {"argv": ["python", "-m", "x"]}, **_record_of(run)})
     assert set(recorded_results(manifest, ["python", "-m", "x"])) == {probe.key}
     assert recorded_results(manifest, ["python", "-m", "x", "--other"]) == {}  # restarted by hand since
     recorded = GateRun.for_deploy(run.spec, manifest, ["python", "-m", "x"], force_baseline=False)

@@ -45,7 +45,7 @@ from orchestrator.core.releases import (
     prune_candidates,
     rollback_target,
 )
-from orchestrator.core.restore import RestoreRecord
+from orchestrator.core.restore import RestoreRecord, describe_restore
 from orchestrator.core.schedule import (
     add_entry,
     check_schedule,
@@ -54,6 +54,7 @@ from orchestrator.core.schedule import (
     remove_entry,
 )
 from orchestrator.errors import ConfigError
+from orchestrator.host.records import Manifest
 from orchestrator.standin import TREE, launch_argv, launch_env, make_tree
 from tests.fixtures.sandbox import wait_healthy
 from tests.fixtures.sshd import free_port
@@ -369,10 +370,10 @@ def test_relative_to_build_and_pruning_never_current_or_previous() -> None:
     assert builds_to_prune(names[:2], names[1], None, keep=5) == []
 
 
-def night_record(rid: str, before: str | None, **fields: object) -> dict[str, object]:
-    return {"id": rid, "kind": "night", "outcome": "deployed", "files": [], "restarted": True,
-            "link": {"path": "/opt/builds/current", "before": before, "after": rid},
-            "server_before": {"argv": ["python3", "-m", "x"]}, **fields}
+def night_record(rid: str, before: str | None, **fields: object) -> Manifest:
+    return Manifest.from_wire({"id": rid, "kind": "night", "outcome": "deployed", "files": [], "restarted": True,
+                               "link": {"path": "/opt/builds/current", "before": before, "after": rid},
+                               "server_before": {"argv": ["python3", "-m", "x"]}, **fields})
 
 
 def test_rolling_back_nights_switches_current_back_one_night_at_a_time() -> None:
@@ -385,8 +386,9 @@ def test_rolling_back_nights_switches_current_back_one_night_at_a_time() -> None
     first = rollback_target(["n1"], releases, "/s/releases")
     assert first.links == (LinkState("/opt/builds/current", None, "n1"),)  # no link before the first night
     # a deploy on top of a night: its files, and the night's link, in one target
-    deploy = {"id": "d4", "kind": "deploy", "outcome": "deployed", "restarted": False,
-              "files": [{"path": "/opt/builds/current/x.py", "n": 0, "sha256_before": "a", "sha256_after": "b"}]}
+    deploy = Manifest.from_wire({
+        "id": "d4", "kind": "deploy", "outcome": "deployed", "restarted": False,
+        "files": [{"path": "/opt/builds/current/x.py", "n": 0, "sha256_before": "a", "sha256_after": "b"}]})
     both = rollback_target(["n1", "n2", "d4"], {**releases, "d4": deploy}, "/s/releases", to="n1")
     assert [f.path for f in both.files] == ["/opt/builds/current/x.py"]
     assert both.links == (LinkState("/opt/builds/current", "n1", "n2"),)
@@ -417,12 +419,12 @@ def test_a_restore_record_names_the_link_it_switched_back() -> None:
         "links": [{"path": "/b/current", "target": "n1", "action": "restored", "was": "n2"}],
         "server": {"action": "restarted", "pid": 7}, "health": {"elapsed": 1.0}})
     assert record.changed_anything
-    assert record.describe() == ("/b/current points at n1 again; the previous server was restarted (pid 7) "
+    assert describe_restore(record) == ("/b/current points at n1 again; the previous server was restarted (pid 7) "
                                  "and is healthy")
     removed = RestoreRecord.from_wire({"by": "controller", "ok": True, "completed": True, "files": [],
                                        "links": [{"path": "/b/current", "target": None, "action": "removed",
                                                   "was": "n1"}]})
-    assert removed.describe() == "/b/current removed (there was none before)"
+    assert describe_restore(removed) == "/b/current removed (there was none before)"
 
 
 def test_the_probe_is_bounded_for_the_watchdogs_deadline() -> None:

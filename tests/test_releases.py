@@ -9,17 +9,18 @@ import pytest
 from orchestrator.core.outcomes import error_exit_code
 from orchestrator.core.releases import describe_release, rollback_target, rollback_to
 from orchestrator.errors import ConfigError, RefusedError
+from orchestrator.host.records import Manifest
 
 
-def release(rid: str, **fields: Any) -> dict[str, Any]:
-    return {"id": rid, "kind": "deploy", "outcome": "deployed", "files": [], **fields}
+def release(rid: str, **fields: Any) -> Manifest:
+    return Manifest.from_wire({"id": rid, "kind": "deploy", "outcome": "deployed", "files": [], **fields})
 
 
 RELEASES = {
     "20260101T000000000-aaaa": release("20260101T000000000-aaaa", undone_by="20260101T000002000-cccc"),
     "20260101T000001000-bbbb": release("20260101T000001000-bbbb", outcome="rolled_back"),
-    "20260101T000002000-cccc": {"id": "20260101T000002000-cccc", "kind": "rollback", "outcome": "done",
-                                "undid": ["20260101T000000000-aaaa"]},
+    "20260101T000002000-cccc": Manifest.from_wire({"id": "20260101T000002000-cccc", "kind": "rollback",
+                                                   "outcome": "done", "undid": ["20260101T000000000-aaaa"]}),
 }
 
 
@@ -72,8 +73,8 @@ def test_a_release_holding_drift_is_held_not_pruned_and_does_not_shift_the_cap()
 
     ids = ["r1", "r2", "r3", "r4", "r5"]
     applied = ["r3", "r5"]
-    holding = drift_kept([{"id": "r1", "drift_kept": [{"path": "/a.py", "copy": "/s/r1/files/0.drift"}]},
-                          {"id": "r2", "drift_kept": []}])
+    holding = drift_kept([release("r1", drift_kept=[{"path": "/a.py", "copy": "/s/r1/files/0.drift"}]),
+                          release("r2", drift_kept=[])])
     assert holding == {"r1": ["/a.py"]}
     plan = prune_plan(ids, applied, keep=3, holding=holding)
     assert plan.remove == ["r2", "r4"] and plan.held == {"r1": ["/a.py"]}

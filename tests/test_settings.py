@@ -22,6 +22,7 @@ import pytest
 from orchestrator.core.releases import resolve_release
 from orchestrator.core.settings import ConfigFile, resolve_settings
 from orchestrator.errors import ConfigError
+from orchestrator.host.records import Manifest
 from tests.fixtures.sshd import free_port
 
 INVENTORY = """\
@@ -205,7 +206,7 @@ def test_a_var_file_is_read_under_the_yaml_budgets_and_must_be_a_mapping(home: P
 
 def test_to_takes_a_full_id_a_unique_prefix_or_the_printed_suffix() -> None:
     ids = ["20261201T101010123-ba72", "20261201T111111456-c0de", "20261202T090909789-ba7f"]
-    releases: dict[str, dict[str, Any]] = {rid: {"id": rid, "seq": n} for n, rid in enumerate(ids, 1)}
+    releases = {rid: Manifest.from_wire({"id": rid, "seq": n}) for n, rid in enumerate(ids, 1)}
     assert resolve_release("20261201T101010123-ba72", [], releases) == "20261201T101010123-ba72"
     assert resolve_release("20261202", [], releases) == "20261202T090909789-ba7f"
     assert resolve_release("ba72", [], releases) == "20261201T101010123-ba72"

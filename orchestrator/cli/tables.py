@@ -171,31 +171,29 @@ def draw_release(out: Output, view: ReleaseView) -> None:
     from orchestrator.core.regions import text_changes, view_ranges
 
     m = view.manifest
-    playbook = m.get("playbook")
     rows = [
-        ("kind", str(m.get("kind") or "?")),
-        ("playbook", str(playbook.get("name") if isinstance(playbook, dict) else playbook or "-")),
-        ("when", fmt_time(float(m.get("created") or 0), full=True)),
+        ("kind", m.kind),
+        ("playbook", m.playbook_name or "-"),
+        ("when", fmt_time(m.created, full=True)),
         ("outcome", view.outcome),
     ]
-    if m.get("restored_by"):
-        rows.append(("restored by", str(m["restored_by"])))
-    if m.get("error"):
-        rows.append(("error", str(m["error"])))
+    if m.restored_by:
+        rows.append(("restored by", str(m.restored_by)))
+    if m.error:
+        rows.append(("error", str(m.error)))
     for f in view.files:
         rows.append(("file", f.path))
         rows.append(("  sha256 before", f.sha256_before or "(did not exist)"))
         rows.append(("  sha256 after", f.sha256_after or "(removed)"))
-    for side in ("before", "after"):
-        argv = (m.get(f"server_{side}") or {}).get("argv")
-        if argv:
-            rows.append((f"argv {side}", " ".join(redact_argv(argv))))
-    rows.extend(("flag", change) for change in m.get("flag_changes") or [])
-    health = m.get("health") or {}
+    for side, server in (("before", m.server_before), ("after", m.server_after)):
+        if server is not None and server.argv:
+            rows.append((f"argv {side}", " ".join(redact_argv(server.argv))))
+    rows.extend(("flag", change) for change in m.flag_changes)
+    health = m.health or {}
     if health.get("checks"):
         checks = ", ".join(f"{c.get('method', 'GET')} {c.get('path')}" for c in health["checks"])
         rows.append(("health", f"{checks} at {health.get('base_url')}"))
-    timings = m.get("timings") or {}
+    timings = m.timings or {}
     if timings:
         rows.append(("timings", ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())))
     title = f"release {view.release} on {view.host}" + (" (current)" if view.current else "")
@@ -203,8 +201,8 @@ def draw_release(out: Output, view: ReleaseView) -> None:
     width = max(len(label) for label, _ in rows)
     for label, value in rows:  # folded on a terminal, whole through a pipe: never cut
         out.line(f"  {label:<{width}}  {value}")
-    if isinstance(m.get("gate"), dict):
-        draw_gate(out, view.host, GateOutcome.from_json(m["gate"]))
+    if m.gate is not None:
+        draw_gate(out, view.host, GateOutcome.from_json(m.gate))
     for f in view.files:
         if f.before is None or f.after is None:
             continue
@@ -220,8 +218,8 @@ def status_lines(s: HostStatus) -> list[tuple[str, str]]:
     current = s.current or ("none (orch never deployed here)" if not s.state_dir_exists else "none")
     rows = [("current release", current + (f" ({s.playbook})" if s.playbook else ""))]
     if s.server:
-        rows.append(("server", f"pid {s.server.get('pid')} (found by {s.server.get('found_by')})"))
-        rows.append(("argv", " ".join(redact_argv(s.server.get("argv") or []))))
+        rows.append(("server", f"pid {s.server.pid} (found by {s.server.found_by})"))
+        rows.append(("argv", " ".join(redact_argv(s.server.argv or []))))
     else:
         rows.append(("server", "not running" if s.server_expected else "not known to orch"))
     rows.append(("health", s.health))
@@ -229,8 +227,7 @@ def status_lines(s: HostStatus) -> list[tuple[str, str]]:
     if s.view is not None and s.view.busy:
         rows.append((s.view.state.value.replace("_", " "), s.view.words()))
     if s.lock:
-        rows.append(("lock", f"held by {s.lock.get('user')}@{s.lock.get('controller')} "
-                             f"pid {s.lock.get('pid')}"))
+        rows.append(("lock", f"held by {s.lock.who} pid {s.lock.pid}"))
     if s.gate_note:
         rows.append(("probe", s.gate_note))
     elif s.gate is not None:

@@ -46,6 +46,7 @@ from orchestrator.core.models import (
 )
 from orchestrator.core.probe import ProbeConfig
 from orchestrator.errors import ConfigError
+from orchestrator.host.records import Manifest
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -485,10 +486,10 @@ def probe_changes(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
 # ------------------------------------------------- history and status helpers
 
 
-def record_source(record: Mapping[str, Any]) -> str | None:
+def record_source(record: Manifest) -> str | None:
     """A host record's source column: ``git 3f2a…`` / ``pip N packages``, None for deploys."""
-    source = record.get("source")
-    if not isinstance(source, dict):
+    source = record.source
+    if source is None:
         return None
     try:
         return SourceRecord.model_validate(source).label
@@ -496,10 +497,10 @@ def record_source(record: Mapping[str, Any]) -> str | None:
         return None
 
 
-def record_tokens_per_s(record: Mapping[str, Any]) -> float | None:
+def record_tokens_per_s(record: Manifest) -> float | None:
     """A host record's probe tokens/s (the median), where it has a probe."""
-    probe = record.get("probe")
-    summary = probe.get("summary") if isinstance(probe, dict) else None
+    probe = record.probe
+    summary = probe.get("summary") if probe is not None else None
     value = summary.get("output_tokens_per_s") if isinstance(summary, dict) else None
     return float(value) if isinstance(value, int | float) else None
 

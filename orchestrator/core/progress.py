@@ -26,9 +26,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-# The helper renews its lock's heartbeat every 5 s, and only while it heard its
-# controller within the last 12 s: a heartbeat older than this means nobody steers it.
-FRESH_HEARTBEAT_SECONDS = 20.0
+from orchestrator.host.records import FRESH_HEARTBEAT_SECONDS as FRESH_HEARTBEAT_SECONDS
+from orchestrator.host.records import HostRecords, Journal, Lock, WatchdogRecord
 
 
 class HostState(str, Enum):
@@ -38,74 +37,9 @@ class HostState(str, Enum):
     UNFINISHED = "unfinished"
 
 
-@dataclass(frozen=True)
-class JournalRecord:
-    """The host's journal: the last run's release, kind and step (its time on its controller's clock)."""
-
-    release: str | None
-    kind: str
-    step: str | None
-    since: float | None
-    finished: bool
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any] | None) -> JournalRecord | None:
-        if not data:
-            return None
-        return cls(release=data.get("release"), kind=str(data.get("kind") or "deploy"), step=data.get("step"),
-                   since=_number(data.get("time")), finished=bool(data.get("finished")))
-
-
-@dataclass(frozen=True)
-class LockRecord:
-    """The host's lock as another run sees it: who holds it, whether its helper lives, the heartbeat's age."""
-
-    user: str
-    controller: str
-    controller_id: str | None
-    pid: int | None
-    command: str
-    started: float | None
-    token: str | None
-    helper_pid: int | None
-    helper_alive: bool
-    heartbeat_age: float
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any] | None) -> LockRecord | None:
-        if not data:
-            return None
-        pid, helper = data.get("pid"), data.get("agent_pid")
-        return cls(user=str(data.get("user", "?")), controller=str(data.get("controller", "?")),
-                   controller_id=data.get("controller_id"), pid=int(pid) if pid else None,
-                   command=str(data.get("command") or "a run"), started=_number(data.get("started")),
-                   token=data.get("token"), helper_pid=int(helper) if helper else None,
-                   helper_alive=bool(data.get("agent_alive")),
-                   heartbeat_age=float(data.get("heartbeat_age") or 0.0))
-
-    @property
-    def hears_controller(self) -> bool:
-        """The helper lives and its heartbeat is fresh: its controller still steers it."""
-        return self.helper_alive and self.heartbeat_age <= FRESH_HEARTBEAT_SECONDS
-
-    @property
-    def who(self) -> str:
-        return f"{self.user}@{self.controller}"
-
-
-@dataclass(frozen=True)
-class WatchdogRecord:
-    """The journal's release's watchdog: alive (pid + start time), and when it acts (host clock)."""
-
-    release: str
-    alive: bool
-    acts_at: float | None
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any] | None) -> WatchdogRecord | None:
-        if not data or not data.get("release"):
-            return None
-        return cls(release=str(data["release"]), alive=bool(data.get("alive")), acts_at=_number(data.get("acts_at")))
+# The host's records, defined once in ``host.records``; named here as the view has always named them.
+JournalRecord = Journal
+LockRecord = Lock
 
 
 @dataclass(frozen=True)
@@ -206,13 +140,12 @@ def host_view(
                     open_journal.since)
 
 
-def view_of_state(host: str, state: dict[str, Any], own_token: str | None = None) -> HostView:
+def view_of_state(host: str, state: HostRecords, own_token: str | None = None) -> HostView:
     """``host_view`` over a ``state_read`` answer; ``own_token``: the lock this run holds, not another's."""
-    lock = LockRecord.from_wire(state.get("lock"))
+    lock = state.lock
     if lock is not None and own_token is not None and lock.token == own_token:
         lock = None
-    return host_view(host, JournalRecord.from_wire(state.get("journal")), lock,
-                     WatchdogRecord.from_wire(state.get("watchdog")))
+    return host_view(host, state.journal, lock, state.watchdog)
 
 
 class TakeOver(str, Enum):
@@ -248,10 +181,3 @@ def clock(when: float | None) -> str:
 def _kind_of(command: str) -> str:
     word = command.split()[0] if command.split() else "deploy"
     return "night" if word == "nightly" else word
-
-
-def _number(value: Any) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None

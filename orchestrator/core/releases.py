@@ -19,10 +19,14 @@ import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 from orchestrator.core.outcomes import Outcome
 from orchestrator.errors import ConfigError, RefusedError
+from orchestrator.host.records import Manifest, ReleaseFile, ServerProcess
+
+# defined once, with the restore plan they belong to; re-exported for the pipeline
+from orchestrator.host.restore_plan import FileState as FileState
+from orchestrator.host.restore_plan import LinkState as LinkState
 
 
 def new_release_id(now: datetime, suffix: str) -> str:
@@ -35,66 +39,19 @@ def new_release_id(now: datetime, suffix: str) -> str:
     return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}-{suffix}"
 
 
-def release_order(manifest: dict[str, Any]) -> tuple[int, int, str]:
+def release_order(manifest: Manifest) -> tuple[int, int, str]:
     """Sort key of a release: the order the host made them in, never a clock.
 
     ``seq`` is the host's sequence number, taken under its lock when the
     release is created. Releases recorded by versions before it have none:
     they come first, by id (their time stamp) as those versions ordered them.
     """
-    seq = manifest.get("seq")
-    if isinstance(seq, int) and not isinstance(seq, bool):
-        return (1, seq, str(manifest.get("id", "")))
-    return (0, 0, str(manifest.get("id", "")))
+    return manifest.order
 
 
-def ordered_ids(manifests: Iterable[dict[str, Any]]) -> list[str]:
+def ordered_ids(manifests: Iterable[Manifest]) -> list[str]:
     """Release ids, oldest first (``release_order``)."""
-    return [m["id"] for m in sorted(manifests, key=release_order)]
-
-
-@dataclass(frozen=True)
-class FileState:
-    """One file as a restore should leave it: ``source`` None means absent.
-
-    ``expect`` is the content orch left there (the sha256 the release
-    wrote): anything else found at restore time is drift, saved before it
-    is replaced. ``n`` numbers the file's copies in its release.
-    """
-
-    path: str
-    source: str | None
-    sha256: str | None
-    mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
-    expect: str | None = None
-    n: int | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "source": self.source,
-            "sha256": self.sha256,
-            "mode": self.mode,
-            "uid": self.uid,
-            "gid": self.gid,
-            "expect": self.expect,
-            "n": self.n,
-        }
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """A symlink as a restore should leave it (a night's ``current``):
-    pointing at ``target``, or absent when ``target`` is None."""
-
-    path: str
-    target: str | None
-    expect: str | None  # where orch pointed it
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"path": self.path, "target": self.target, "expect": self.expect}
+    return [m.id for m in sorted(manifests, key=release_order)]
 
 
 @dataclass(frozen=True)
@@ -103,28 +60,27 @@ class TargetState:
 
     undo: tuple[str, ...]  # release ids undone, newest first
     files: tuple[FileState, ...]
-    server_before: dict[str, Any] | None  # the server record to restart, or None
+    server_before: ServerProcess | None  # the server record to restart, or None
     restart: bool
     new_applied: tuple[str, ...] = field(default_factory=tuple)
     links: tuple[LinkState, ...] = field(default_factory=tuple)
 
 
-def file_state(release_root: str, entry: dict[str, Any], side: str) -> FileState:
+def file_state(release_root: str, entry: ReleaseFile, side: str) -> FileState:
     """Where the ``side`` ("before"/"after") copy of a manifest file entry lives."""
-    existed = entry.get("existed", True) if side == "before" else True
-    if not existed:
-        return FileState(entry["path"], None, None)
+    if side == "before" and not entry.existed:
+        return FileState(entry.path, None, None)
     return FileState(
-        path=entry["path"],
-        source=posixpath.join(release_root, "files", f"{entry['n']}.{side}"),
-        sha256=entry[f"sha256_{side}"],
-        mode=entry.get("mode"),
-        uid=entry.get("uid"),
-        gid=entry.get("gid"),
+        path=entry.path,
+        source=posixpath.join(release_root, "files", f"{entry.n}.{side}"),
+        sha256=entry.sha256_before if side == "before" else entry.sha256_after,
+        mode=entry.mode,
+        uid=entry.uid,
+        gid=entry.gid,
     )
 
 
-def resolve_release(ref: str, applied: list[str], releases: dict[str, dict[str, Any]]) -> str:
+def resolve_release(ref: str, applied: list[str], releases: dict[str, Manifest]) -> str:
     """A full id, a unique prefix, or the suffix every view prints (``ba72``); else exit 2.
 
     A string that is the prefix of one release and the suffix of another is
@@ -143,7 +99,7 @@ def resolve_release(ref: str, applied: list[str], releases: dict[str, dict[str, 
     raise ConfigError(f"{ref!r} names several releases: {', '.join(hits)}", key="--to")
 
 
-def describe_release(manifest: dict[str, Any], applied: list[str]) -> str:
+def describe_release(manifest: Manifest, applied: list[str]) -> str:
     """What became of a release, in the words ``orch history`` prints.
 
     ``current``, ``deployed`` (in effect, under the current one), ``undone by
@@ -151,45 +107,45 @@ def describe_release(manifest: dict[str, Any], applied: list[str]) -> str:
     for a rollback record, ``undid R…``. Never "deployed" for a release that
     is no longer in effect.
     """
-    outcome = manifest.get("outcome", "?")
-    if manifest.get("kind") == "night":
+    outcome = manifest.outcome or "?"
+    if manifest.kind == "night":
         return _describe_night(manifest, applied)
-    if manifest.get("kind") == "rollback":
+    if manifest.kind == "rollback":
         if outcome == "done":
-            return "undid " + ", ".join(manifest.get("undid", []))
+            return "undid " + ", ".join(manifest.undid)
         return outcome.replace("_", " ")
     if outcome == "deployed":
-        if applied and manifest["id"] == applied[-1]:
+        if applied and manifest.id == applied[-1]:
             return "current"
-        if manifest.get("undone_by"):
-            return f"undone by {manifest['undone_by']}"
-        if manifest["id"] not in applied:
+        if manifest.undone_by:
+            return f"undone by {manifest.undone_by}"
+        if manifest.id not in applied:
             return "not in effect"
         return "deployed"
     if outcome == Outcome.ROLLED_BACK:
-        return "rolled back (watchdog)" if manifest.get("restored_by") == "watchdog" else "rolled back"
+        return "rolled back (watchdog)" if manifest.restored_by == "watchdog" else "rolled back"
     return outcome.replace("_", " ")
 
 
-def _describe_night(manifest: dict[str, Any], applied: list[str]) -> str:
+def _describe_night(manifest: Manifest, applied: list[str]) -> str:
     """A night in the same words, but for nights: ``good`` (in effect under the current
     one), ``switched back`` (by its own run, the watchdog, or ``orch rollback``)."""
-    outcome = manifest.get("outcome", "?")
+    outcome = manifest.outcome or "?"
     if outcome == "deployed":
-        if applied and manifest["id"] == applied[-1]:
+        if applied and manifest.id == applied[-1]:
             return "current"
-        if manifest.get("undone_by"):
-            return f"undone by {manifest['undone_by']}"
-        return "good" if manifest["id"] in applied else "not in effect"
+        if manifest.undone_by:
+            return f"undone by {manifest.undone_by}"
+        return "good" if manifest.id in applied else "not in effect"
     if outcome == Outcome.ROLLED_BACK:
-        by = manifest.get("restored_by")
+        by = manifest.restored_by
         return "switched back" + (f" ({by})" if by in ("watchdog", "rollback") else "")
     if outcome == Outcome.ROLLBACK_FAILED:
         return "switch back failed"
     return outcome.replace("_", " ")
 
 
-def rollback_to(ref: str, applied: list[str], releases: dict[str, dict[str, Any]]) -> str:
+def rollback_to(ref: str, applied: list[str], releases: dict[str, Manifest]) -> str:
     """The release ``--to ref`` names, checked to be in effect; exit 2 otherwise, in every state.
 
     Checked before anything else a rollback does, so an unknown or undone
@@ -207,7 +163,7 @@ def rollback_to(ref: str, applied: list[str], releases: dict[str, dict[str, Any]
 
 def rollback_target(
     applied: list[str],
-    releases: dict[str, dict[str, Any]],
+    releases: dict[str, Manifest],
     releases_dir: str,
     to: str | None = None,
 ) -> TargetState:
@@ -232,21 +188,21 @@ def rollback_target(
         raise RefusedError(f"release {missing[0]} has been pruned from the host; cannot undo it")
     files: dict[str, FileState] = {}
     links: dict[str, LinkState] = {}
-    server_before: dict[str, Any] | None = None
+    server_before: ServerProcess | None = None
     restart = False
     for rid in undo:  # newest first: older releases overwrite, the oldest wins
         manifest = releases[rid]
         root = posixpath.join(releases_dir, rid)
-        for entry in manifest.get("files", []):
-            files[entry["path"]] = file_state(root, entry, "before")
-        link = manifest.get("link")  # a night: builds_dir/current, before and after its switch
+        for entry in manifest.files:
+            files[entry.path] = file_state(root, entry, "before")
+        link = manifest.link  # a night: builds_dir/current, before and after its switch
         if link:
             newest = links.get(link["path"])
             expect = newest.expect if newest else link.get("after")  # where the newest night left it
             links[link["path"]] = LinkState(link["path"], link.get("before"), expect)
-        if manifest.get("restarted"):
+        if manifest.restarted:
             restart = True
-            server_before = manifest.get("server_before")
+            server_before = manifest.server_before
     remaining = tuple(applied[: len(applied) - len(undo)])
     return TargetState(tuple(undo), tuple(files.values()), server_before, restart, remaining,
                        tuple(links.values()))
@@ -260,9 +216,9 @@ class PrunePlan:
     held: dict[str, list[str]] = field(default_factory=dict)  # release -> paths whose drift it keeps
 
 
-def drift_kept(manifests: list[dict[str, Any]]) -> dict[str, list[str]]:
+def drift_kept(manifests: list[Manifest]) -> dict[str, list[str]]:
     """Releases that keep a drift copy still needed (``state_read``'s ``drift_kept``): id -> paths."""
-    return {m["id"]: [d["path"] for d in m["drift_kept"]] for m in manifests if m.get("drift_kept")}
+    return {m.id: m.drift_kept_paths for m in manifests if m.drift_kept}
 
 
 def prune_plan(

@@ -51,6 +51,7 @@ from orchestrator.core.restore import (
     RestoreRecord,
     ServerStart,
     ServerTarget,
+    describe_restore,
     restore_spec,
 )
 from orchestrator.core.secrets import MASKED_NAMES, Masker, redact, secret_values
@@ -64,6 +65,14 @@ from orchestrator.errors import (
     RemoteError,
 )
 from orchestrator.host.protocol_events import health_began
+from orchestrator.host.records import (
+    AppliedState,
+    HostRecords,
+    Journal,
+    JournalStep,
+    ServerProcess,
+    StatePaths,
+)
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
@@ -97,7 +106,7 @@ class Deployment:
     plan: HostPlan
     staged: list[Staged]
     state_dir: str
-    state: dict[str, Any]
+    state: HostRecords
     reporter: Reporter
     release_id: str = ""
     release_dir: str = ""
@@ -130,7 +139,7 @@ class Deployment:
         self.started_at = self.session.host_time()
         self.release_id = new_release_id(datetime.fromtimestamp(self.started_at, timezone.utc),
                                          secrets.token_hex(2))
-        self.release_dir = f"{self.state_dir}/releases/{self.release_id}"
+        self.release_dir = StatePaths(self.state_dir).release(self.release_id)
         try:
             self.gate = self._gate_run()
             self.back_up_and_arm()
@@ -169,10 +178,10 @@ class Deployment:
         arm = ops.release_arm(self.state_dir, self.release_dir)
         armed = self.session.batch([
             ops.release_create(self.state_dir, self.release_id, manifest, files, restore=spec),
-            ops.put_json(self._journal_path(), self._journal("backed_up")),
+            ops.put_json(self._journal_path(), self._journal(JournalStep.BACKED_UP)),
             arm,
         ])[arm]
-        self.deadline = float(armed.get("fires_at") or self.deadline)
+        self.deadline = armed or self.deadline
         self.release_created = True
         self.reached = Step.ARMED
         self._stop("backup")
@@ -189,7 +198,7 @@ class Deployment:
         readback = ops.read([f.path for f in changed], with_data=False)
         if wire:
             steps += [ops.commit(wire, self.release_dir),
-                      ops.put_json(self._journal_path(), self._journal("committed")),
+                      ops.put_json(self._journal_path(), self._journal(JournalStep.COMMITTED)),
                       readback]
         change = self.plan.server
         preflight = change.preflight if change is not None and change.restart else None
@@ -243,7 +252,7 @@ class Deployment:
         spec = self._server_target()
         assert spec is not None
         hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
-        steps = [ops.put_json(self._journal_path(), self._journal("restarting"))]
+        steps = [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING))]
         if change.before_stop:
             # drain first; a failing hook stops the batch here: nothing is stopped
             steps += [ops.mark(f"{self.release_dir}/drained"), ops.run_ok(change.before_stop, timeout=hook_timeout)]
@@ -255,7 +264,7 @@ class Deployment:
             steps += baseline
             self.reporter.step(self.label, f"gate: probing the running server before the stop "
                                            f"({', '.join(p.label for p in gate.to_probe)})")
-        steps.append(ops.mark(f"{self.release_dir}/server.touched"))
+        steps.append(ops.mark(StatePaths(self.state_dir).server_touched(self.release_id)))
         if change.manager == "commands":
             if change.before is not None and change.stop:
                 steps.append(ops.run_ok(change.stop, timeout=spec.stop_timeout + 60))
@@ -263,8 +272,8 @@ class Deployment:
             steps.append(ops.commands_start(change.start or [], pid_cmd))
         else:
             before = change.before
-            if before is not None and before.get("pid"):
-                steps.append(ops.server_stop(before["pid"], before.get("pgid"), spec.stop_timeout, spec.port,
+            if before is not None and before.pid:
+                steps.append(ops.server_stop(before.pid, before.pgid, spec.stop_timeout, spec.port,
                                              spec.free_timeout))
             steps.append(ops.server_start(change.after_argv or [], change.after_cwd, change.after_env, spec.log,
                                           spec.pidfile, change.replace_env))
@@ -324,10 +333,10 @@ class Deployment:
         """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""
         self.reached = Step.CONFIRMING
         self._start("confirm")
-        applied = list(self.state.get("state", {}).get("applied", [])) + [self.release_id]
-        releases = ordered_ids(self.state.get("releases", [])) + [self.release_id]  # its seq is the newest
+        applied = self.state.applied + [self.release_id]
+        releases = ordered_ids(self.state.releases) + [self.release_id]  # its seq is the newest
         keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
-        pruning = prune_plan(releases, applied, keep, drift_kept(self.state.get("releases", [])))
+        pruning = prune_plan(releases, applied, keep, drift_kept(self.state.releases))
         prune = pruning.remove
         finished = self.session.host_time()
         gate_records = []
@@ -338,8 +347,8 @@ class Deployment:
                 "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
                 "timings": self.timings, "steps": self._steps(), **self._gate_fields()}),
             *gate_records,
-            ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
-            ops.put_json(self._journal_path(), self._journal("confirmed", finished=True)),
+            ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
+            ops.put_json(self._journal_path(), self._journal(JournalStep.CONFIRMED, finished=True)),
             ops.release_prune(self.state_dir, prune),
             self._log_op(f"release {self.release_id} is current"),
             ops.lock_release(self.state_dir),
@@ -433,7 +442,7 @@ class Deployment:
         files = [f.path for f in self.plan.changed_files]
         label = self.label
         if record is not None:
-            done = record.describe([f.path for f in self.plan.changed_files])
+            done = describe_restore(record, [f.path for f in self.plan.changed_files])
             if self.commit_written:
                 done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
             if record.ok and v.outcome == Outcome.ROLLED_BACK:
@@ -484,14 +493,14 @@ class Deployment:
                     "finished": finished, "timings": self.timings, "steps": self._steps(),
                     "duration": round(finished - self.started_at, 3), **self._gate_fields(),
                     **({"outcome": Outcome.FAILED} if outcome == Outcome.FAILED else {})}),
-                self._log_op(f"restore: {record.describe()}"),
+                self._log_op(f"restore: {describe_restore(record)}"),
             ])
 
     def _reason(self, cause: BaseException) -> str:
         if isinstance(cause, KeyboardInterrupt):
             return "interrupted (Ctrl-C)"
-        if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
-            self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
+        if isinstance(cause, RemoteStepError) and cause.log_tail:
+            self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         return self._redact(str(cause))
 
     # ---------------------------------------------------------------- the gate
@@ -503,10 +512,8 @@ class Deployment:
         change = self.plan.server
         if spec is None or change is None or not change.restart:
             return None
-        applied = self.state.get("state", {}).get("applied") or []
-        current = next((m for m in self.state.get("releases", []) if applied and m.get("id") == applied[-1]), None)
-        running = self._shown_argv((change.before or {}).get("argv"))
-        return GateRun.for_deploy(spec, current, running, running=change.before is not None,
+        running = self._shown_argv(change.before.argv if change.before else None)
+        return GateRun.for_deploy(spec, self.state.current, running, running=change.before is not None,
                                   force_baseline=self.force_baseline)
 
     def _gate_fields(self) -> dict[str, Any]:
@@ -526,7 +533,8 @@ class Deployment:
     def _restore_plan(self) -> RestorePlan:
         """What the watchdog, the automatic rollback or ``orch rollback`` restores: complete from the start."""
         files = [
-            FileState(f.path, f"{self.release_dir}/files/{f.index}.before", f.remote.sha256, f.remote.mode,
+            FileState(f.path, StatePaths(self.state_dir).copy(self.release_id, f.index, "before"), f.remote.sha256,
+                      f.remote.mode,
                       f.remote.uid, f.remote.gid, expect=f.new_sha256, n=f.index)
             for f in self.plan.changed_files
         ]
@@ -542,10 +550,10 @@ class Deployment:
         if rendered is None or change is None:
             return None
         target = self.session.target
-        before = change.before or {}
+        before = change.before or ServerProcess()
         start = None
-        if change.manager == "process" and before.get("argv"):
-            start = ServerStart(list(before["argv"]), before.get("cwd"), dict(before.get("env") or {}), True)
+        if change.manager == "process" and before.argv:
+            start = ServerStart(list(before.argv), before.cwd, dict(before.env), True)
         hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
         return ServerTarget(
             manager=change.manager,
@@ -555,8 +563,8 @@ class Deployment:
             port=change.port,
             stop_timeout=rendered.stop_timeout,
             free_timeout=rendered.free_timeout,
-            before_pid=before.get("pid"),
-            before_starttime=before.get("starttime"),
+            before_pid=before.pid,
+            before_starttime=before.starttime,
             stop_cmd=list(change.stop or []) if change.manager == "commands" else None,
             start_cmd=list(change.restore_start or []) if change.manager == "commands" and change.before else None,
             pid_cmd=list(rendered.pid or []) if rendered.pid else None,
@@ -614,9 +622,8 @@ class Deployment:
                             if server is not None else None),
             "health": health,
             "server_before": (
-                {"argv": self._shown_argv(before.get("argv")), "cwd": before.get("cwd"),
-                 "env": before.get("env"), "pid": before.get("pid"),
-                 "found_by": before.get("found_by")}
+                {"argv": self._shown_argv(before.argv), "cwd": before.cwd, "env": before.env, "pid": before.pid,
+                 "found_by": before.found_by}
                 if before else None
             ),
             "server_after": (
@@ -637,13 +644,12 @@ class Deployment:
             "outcome": "in_progress",
         })
 
-    def _journal(self, step: str, finished: bool = False) -> dict[str, Any]:
-        return {"release": self.release_id, "kind": "deploy", "playbook": self.plan.playbook.name,
-                "step": step, "finished": finished, "time": self.session.host_time(),
-                "controller": lock_holder("deploy")}
+    def _journal(self, step: JournalStep, finished: bool = False) -> dict[str, Any]:
+        return Journal(self.release_id, "deploy", step, self.session.host_time(), finished,
+                       playbook=self.plan.playbook.name, controller=lock_holder("deploy")).to_wire()
 
     def _journal_path(self) -> str:
-        return f"{self.state_dir}/journal.json"
+        return StatePaths(self.state_dir).journal
 
     def _log_op(self, last: str) -> ops.Op:
         """The op that writes this run's log into the release (made safe by ``RunLog.text``)."""
@@ -754,8 +760,8 @@ def _deploy_in_session(
         state_dir, state = open_state(session, f"deploy {loaded.display}", options.break_lock, reporter)
     try:
         refuse_busy(label, state)
-        if state["journal"] and state["journal"].get("step") == "restored_by_watchdog":
-            reporter.note(label, f"the watchdog restored release {state['journal'].get('release')} earlier")
+        if state.journal is not None and state.journal.step == JournalStep.RESTORED_BY_WATCHDOG:
+            reporter.note(label, f"the watchdog restored release {state.journal.release} earlier")
         with clock.step("plan"):
             plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state), state=state)
         plan.teach(options.masker)

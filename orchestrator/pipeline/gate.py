@@ -33,6 +33,7 @@ from orchestrator.core.gate import (
 from orchestrator.core.models import GateProbe, GateRules
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.rendering import RenderedGate, RenderedProbe
+from orchestrator.host.records import Manifest
 from orchestrator.pipeline.probe import probe_ops, read_probe
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
@@ -56,7 +57,7 @@ class GateRun:
     nothing_running: bool = False  # no server ran before the deploy: no baseline but a record's
 
     @classmethod
-    def for_deploy(cls, spec: RenderedGate, current: Mapping[str, Any] | None, running_argv: list[str] | None,
+    def for_deploy(cls, spec: RenderedGate, current: Manifest | None, running_argv: list[str] | None,
                    *, running: bool = True, force_baseline: bool = False) -> GateRun:
         """The baseline from ``current`` (the current release's manifest) where it holds a
         probe of the server running now (``running_argv``, as manifests show it) with the
@@ -65,12 +66,12 @@ class GateRun:
         server the current release started, and a probe without one has no baseline."""
         run = cls(spec, nothing_running=not running)
         if not running:  # the current release's own server is the one that is gone
-            running_argv = ((current or {}).get("server_after") or {}).get("argv")
+            running_argv = current.server_after.argv if current and current.server_after else None
         recorded = {} if force_baseline else recorded_results(current, running_argv)
         for probe in spec.probes:
             if probe.key in recorded:
                 run.before[probe.label] = recorded[probe.key]
-                run.recorded_in = str((current or {}).get("id"))
+                run.recorded_in = str(current.id if current else None)
             elif running:
                 run.to_probe.append(probe)
         return run
@@ -155,19 +156,15 @@ class GateRun:
         }
 
 
-def recorded_results(manifest: Mapping[str, Any] | None, running_argv: list[str] | None) -> dict[str, ProbeResult]:
+def recorded_results(manifest: Manifest | None, running_argv: list[str] | None) -> dict[str, ProbeResult]:
     """A release's recorded probe results by probe key — only if that release started
     the server that runs now (a server restarted by hand since is another server)."""
-    if not manifest or not isinstance(manifest.get("probe"), dict):
+    if manifest is None or manifest.probe is None:
         return {}
-    started = (manifest.get("server_after") or {}).get("argv")
+    started = manifest.server_after.argv if manifest.server_after else None
     if running_argv is None or started != running_argv:
         return {}
-    found = {}
-    for entry in manifest["probe"].get("probes") or []:
-        if isinstance(entry, dict) and entry.get("key") and isinstance(entry.get("result"), dict):
-            found[str(entry["key"])] = ProbeResult.from_json(entry["result"])
-    return found
+    return {p.key: ProbeResult.from_json(p.result) for p in manifest.recorded_probes if p.key}
 
 
 def gate_from_spec_record(data: Mapping[str, Any]) -> RenderedGate:
@@ -182,21 +179,18 @@ def gate_from_spec_record(data: Mapping[str, Any]) -> RenderedGate:
                         "pass" if data.get("on_inconclusive") == "pass" else "fail")
 
 
-def probe_now(session: HostSession, release_dir: str, manifest: Mapping[str, Any],
+def probe_now(session: HostSession, release_dir: str, manifest: Manifest,
               on_event: Callable[[dict[str, Any]], None] | None = None) -> GateOutcome | str:
     """``orch status --probe``: probe the server now and judge it against the release's
     record, by the release's own rules. Returns the outcome, or why there is none."""
-    if not isinstance(manifest.get("probe"), dict):
-        return f"release {manifest.get('id')} has no recorded probe (its playbook has no gate:)"
+    if manifest.probe is None:
+        return f"release {manifest.id} has no recorded probe (its playbook has no gate:)"
     data = session.run(ops.get_json(f"{release_dir}/{SPEC_FILE}"))
     if not isinstance(data, dict):
-        return f"release {manifest.get('id')} has no {SPEC_FILE}: nothing says what to send"
+        return f"release {manifest.id} has no {SPEC_FILE}: nothing says what to send"
     spec = gate_from_spec_record(data)
-    recorded = {}
-    for entry in manifest["probe"].get("probes") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("result"), dict):
-            recorded[str(entry.get("label"))] = ProbeResult.from_json(entry["result"])
-    run = GateRun(spec, before=recorded, recorded_in=str(manifest.get("id")))
+    recorded = {p.label: ProbeResult.from_json(p.result) for p in manifest.recorded_probes}
+    run = GateRun(spec, before=recorded, recorded_in=manifest.id)
     probes = run.after_ops()
     run.take_after(session.batch(probes, on_event=on_event).each(probes))
     return run.judge(session, on_event)

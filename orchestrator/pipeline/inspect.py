@@ -23,6 +23,15 @@ from orchestrator.core.progress import HostView, view_of_state
 from orchestrator.core.releases import describe_release, release_order
 from orchestrator.core.secrets import redact_argv
 from orchestrator.core.target import HostTarget
+from orchestrator.host.records import (
+    HostRecords,
+    Journal,
+    Lock,
+    Manifest,
+    ServerProcess,
+    StatePaths,
+)
+from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.gate import probe_now
 from orchestrator.pipeline.nightly_drift import night_drift
 from orchestrator.pipeline.session import ConnectOptions, HostSession
@@ -50,26 +59,26 @@ class HistoryRow:
         return dict(self.__dict__)
 
 
-def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
-    applied = list(state["state"].get("applied", []))
+def history_rows(state: HostRecords) -> list[HistoryRow]:
+    applied = state.applied
     rows = []
-    for m in sorted(state["releases"], key=release_order):  # the host's order, not the time stamps
-        kept = [d["path"] for d in m.get("drift_kept") or []]
+    for m in sorted(state.releases, key=release_order):  # the host's order, not the time stamps
+        kept = m.drift_kept_paths
         outcome = describe_release(m, applied)
         if kept:  # the only copy of what a person wrote: this release is not pruned while it holds it
             outcome += f"; drift kept: {', '.join(kept)}"
         rows.append(
             HistoryRow(
-                id=m["id"],
-                when=float(m.get("created", 0)),
-                kind=m.get("kind", "deploy"),
-                playbook=(m.get("playbook") or {}).get("name", "?"),
-                files=[f["path"] for f in m.get("files", [])],
-                flag_changes=list(m.get("flag_changes", [])),
+                id=m.id,
+                when=m.created,
+                kind=m.kind,
+                playbook=m.playbook_name or "?",
+                files=[f.path for f in m.files],
+                flag_changes=list(m.flag_changes),
                 outcome=outcome,
-                duration=m.get("duration"),
-                current=bool(applied and m["id"] == applied[-1]),
-                error=m.get("error"),
+                duration=m.duration,
+                current=bool(applied and m.id == applied[-1]),
+                error=m.error,
                 source=record_source(m),
                 tokens_per_s=record_tokens_per_s(m),
                 drift_kept=kept,
@@ -78,11 +87,11 @@ def history_rows(state: dict[str, Any]) -> list[HistoryRow]:
     return rows
 
 
-def read_state(target: HostTarget, options: ConnectOptions) -> dict[str, Any]:
+def read_state(target: HostTarget, options: ConnectOptions) -> HostRecords:
     """The host's records (``state_read``: reads only, never creates the state dir)."""
     with HostSession(target, options) as session:
-        state = dict(session.run(ops.state_read(target.state_dir)))
-    options.masker.declare_recorded(state.get("releases") or [])
+        state: HostRecords = session.run(ops.state_read(target.state_dir))
+    options.masker.declare_recorded(m.to_wire() for m in state.releases)
     return state
 
 
@@ -105,8 +114,7 @@ class HostHistory:
 
 def host_history(target: HostTarget, options: ConnectOptions) -> HostHistory:
     state = read_state(target, options)
-    return HostHistory(target.name, str(state.get("root") or target.state_dir),
-                       bool(state.get("exists", True)), history_rows(state))
+    return HostHistory(target.name, state.root or target.state_dir, state.exists, history_rows(state))
 
 
 @dataclass
@@ -114,12 +122,12 @@ class HostStatus:
     host: str
     current: str | None
     playbook: str | None
-    server: dict[str, Any] | None
+    server: ServerProcess | None
     health: str
     healthy: bool | None
     drift: list[str] = field(default_factory=list)
-    journal: dict[str, Any] | None = None
-    lock: dict[str, Any] | None = None
+    journal: Journal | None = None
+    lock: Lock | None = None
     server_expected: bool = False  # a release recorded a process server to look for
     state_dir_exists: bool = True
     gate: GateOutcome | None = None  # --probe: the server now against the release's recorded probe
@@ -157,15 +165,17 @@ class HostStatus:
         data.pop("view", None)
         data["in_progress"] = self.view.to_json() if self.view is not None else None
         data["state_words"] = self.view.words() if self.view is not None and self.view.busy else None
+        data["journal"] = self.journal.to_wire() if self.journal else None
+        data["lock"] = self.lock.to_wire() if self.lock else None
         if self.server:
-            data["server"] = {k: v for k, v in self.server.items() if k != "env"}
-            data["server"]["argv"] = redact_argv(self.server.get("argv") or [])
+            data["server"] = {k: v for k, v in self.server.to_wire().items() if k != "env"}
+            data["server"]["argv"] = redact_argv(self.server.argv or [])
         data["problems"] = self.problems
         data["exit_code"] = self.exit_code
         return data
 
 
-def health_as_sent(session: HostSession, root: str, manifest: dict[str, Any]) -> dict[str, Any]:
+def health_as_sent(session: HostSession, root: str, manifest: Manifest) -> dict[str, Any]:
     """A release's health checks with their headers as the deploy sent them.
 
     The manifest is a record for people: its headers are masked. Where a check
@@ -173,13 +183,13 @@ def health_as_sent(session: HostSession, root: str, manifest: dict[str, Any]) ->
     restore sends them) has the same checks in the same order; without one, the
     masked record is all there is.
     """
-    health = dict(manifest["health"])
-    checks = [dict(c) for c in health.get("checks") or []]
+    health = dict(manifest.health or {})
+    checks = manifest.health_checks
     if not any(c.get("headers") for c in checks):
         return health
-    spec = session.run(ops.get_json(f"{root}/releases/{manifest['id']}/restore.json"))
+    spec = session.run(ops.get_json(StatePaths(root).restore(manifest.id)))
     session.options.masker.learn(spec)  # the real values: masked wherever they show from now on
-    sent = (((spec or {}).get("plan") or {}).get("health") or {}).get("checks") or []
+    sent = RestoreSpec.from_wire(spec).plan.health_checks if spec else []
     if len(sent) == len(checks):
         for check, real in zip(checks, sent, strict=True):
             if (real.get("method"), real.get("path")) == (check.get("method"), check.get("path")):
@@ -197,26 +207,17 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
     (``reporter``, if given, shows the probe's progress).
     """
     with HostSession(target, options) as session:
-        state = session.run(ops.state_read(target.state_dir))
-        options.masker.declare_recorded(state["releases"])
-        applied = list(state["state"].get("applied", []))
-        releases = {m["id"]: m for m in state["releases"]}
-        current = releases.get(applied[-1]) if applied else None
+        state: HostRecords = session.run(ops.state_read(target.state_dir))
+        options.masker.declare_recorded(m.to_wire() for m in state.releases)
+        current = state.current
         # the newest release that knew the server says where to look for it
-        spec = next(
-            (m.get("server_spec") for m in sorted(releases.values(), key=release_order, reverse=True)
-             if m.get("server_spec")),
-            None,
-        )
-        health_from = next(
-            (m for m in sorted(releases.values(), key=release_order, reverse=True) if m.get("health")),
-            None,
-        )
-        health_spec = (health_as_sent(session, state.get("root") or target.state_dir, health_from)
-                       if health_from else None)
-        server = None
-        if spec and spec.get("manager", "process") == "process":
-            server = session.run(ops.server_find(spec.get("pidfile"), spec.get("port")))
+        spec = next((m for m in state.newest_first() if m.server_spec), None)
+        health_from = next((m for m in state.newest_first() if m.health), None)
+        health_spec = health_as_sent(session, state.root, health_from) if health_from else None
+        server: ServerProcess | None = None
+        process_server = spec.process_server if spec else None
+        if process_server is not None:
+            server = ServerProcess.from_wire(session.run(ops.server_find(process_server.pidfile, process_server.port)))
         health, healthy = "unknown (no health checks recorded)", None
         if health_spec:
             try:
@@ -227,9 +228,8 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
                 health, healthy = f"NOT healthy: {reason}", False
         drift: list[str] = []
         if current:
-            files = current.get("files", [])
-            shas = session.run(ops.sha256([f["path"] for f in files]))
-            drift = [f["path"] for f in files if shas.get(f["path"]) != f["sha256_after"]]
+            shas = session.run(ops.sha256([f.path for f in current.files]))
+            drift = [f.path for f in current.files if shas.get(f.path) != f.sha256_after]
         drift += night_drift(session, state)
         gate: GateOutcome | None = None
         gate_note = None
@@ -239,22 +239,22 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             elif healthy is False:
                 gate_note = "not probed: the server is not healthy"
             else:
-                release_dir = f"{state.get('root') or target.state_dir}/releases/{current['id']}"
+                release_dir = state.paths.release(current.id)
                 events = (lambda ev: reporter.progress(target.name, ev)) if reporter is not None else None
                 found = probe_now(session, release_dir, current, events)
                 gate, gate_note = (found, None) if isinstance(found, GateOutcome) else (None, found)
         return HostStatus(
             host=target.name,
-            current=current["id"] if current else None,
-            playbook=(current.get("playbook") or {}).get("name") if current else None,
+            current=current.id if current else None,
+            playbook=current.playbook_name if current else None,
             server=server,
             health=health,
             healthy=healthy,
             drift=drift,
-            journal=state["journal"] if state["journal"] and not state["journal"].get("finished") else None,
-            lock=state["lock"],
-            server_expected=bool(spec and spec.get("manager", "process") == "process"),
-            state_dir_exists=bool(state.get("exists", True)),
+            journal=state.open_journal,
+            lock=state.lock,
+            server_expected=process_server is not None,
+            state_dir_exists=state.exists,
             gate=gate,
             gate_note=gate_note,
             view=view_of_state(target.name, state),
@@ -296,13 +296,12 @@ class FileBackups:
 class ReleaseView:
     """``orch history --release R`` on one host: the release's record and its files' copies.
 
-    ``manifest`` is the host's record as written (an untyped dict until the
-    records are typed); the view reads the fields it shows by name.
+    ``manifest`` is the host's record (``host.records.Manifest``).
     """
 
     host: str
     release: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     files: list[FileBackups]
     current: bool
     outcome: str  # in history's words (describe_release)
@@ -310,17 +309,14 @@ class ReleaseView:
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
         return {
-            "id": self.release, "kind": m.get("kind"), "current": self.current,
-            "playbook": (m.get("playbook") or {}).get("name") if isinstance(m.get("playbook"), dict)
-            else m.get("playbook"),
-            "outcome": self.outcome, "error": m.get("error"), "created": m.get("created"),
-            "restored_by": m.get("restored_by"),
+            "id": self.release, "kind": m.kind, "current": self.current, "playbook": m.playbook_name,
+            "outcome": self.outcome, "error": m.error, "created": m.created, "restored_by": m.restored_by,
             "files": [{"path": f.path, "sha256_before": f.sha256_before, "sha256_after": f.sha256_after}
                       for f in self.files],
-            "argv_before": redact_argv(((m.get("server_before") or {}).get("argv")) or []),
-            "argv_after": redact_argv(((m.get("server_after") or {}).get("argv")) or []),
-            "flag_changes": list(m.get("flag_changes") or []),
-            "timings": m.get("timings"), "gate": m.get("gate"),
+            "argv_before": redact_argv((m.server_before.argv if m.server_before else None) or []),
+            "argv_after": redact_argv((m.server_after.argv if m.server_after else None) or []),
+            "flag_changes": list(m.flag_changes),
+            "timings": m.timings, "gate": m.gate,
         }
 
 
@@ -342,24 +338,24 @@ def host_release(target: HostTarget, options: ConnectOptions, ref: str) -> Relea
     from orchestrator.errors import ConfigError
 
     with HostSession(target, options) as session:
-        state = dict(session.run(ops.state_read(target.state_dir)))
-        releases = {m["id"]: m for m in state.get("releases") or [] if isinstance(m, dict) and "id" in m}
-        applied = list((state.get("state") or {}).get("applied") or [])
+        state: HostRecords = session.run(ops.state_read(target.state_dir))
+        releases = state.by_id
+        applied = state.applied
         try:
             rid = resolve_release(ref, applied, releases)
         except ConfigError:
             return NoRelease(target.name, ref)
         manifest = releases[rid]
-        options.masker.declare_recorded([manifest])
-        spec = session.run(ops.get_json(f"{state.get('root') or target.state_dir}/releases/{rid}/restore.json"))
+        options.masker.declare_recorded([manifest.to_wire()])
+        spec = session.run(ops.get_json(state.paths.restore(rid)))
         options.masker.learn(spec)  # its env, argv, headers and secret values: masked in what follows
-        entries = [f for f in manifest.get("files") or [] if isinstance(f, dict)]
-        root = f"{state.get('root') or target.state_dir}/releases/{rid}/files"
-        paths = [f"{root}/{f.get('n')}.{side}" for f in entries for side in ("before", "after")]
+        entries = manifest.files
+        paths = [state.paths.copy(rid, f.n if f.n is not None else "None", side)
+                 for f in entries for side in ("before", "after")]
         infos = session.run(ops.read(paths)) if paths else []
     texts = [_text_of(info) for info in infos]
-    files = [FileBackups(str(f.get("path")), f.get("sha256_before"), f.get("sha256_after"),
-                         texts[2 * i], texts[2 * i + 1]) for i, f in enumerate(entries)]
+    files = [FileBackups(f.path, f.sha256_before, f.sha256_after, texts[2 * i], texts[2 * i + 1])
+             for i, f in enumerate(entries)]
     return ReleaseView(target.name, rid, manifest, files, bool(applied) and applied[-1] == rid,
                        describe_release(manifest, applied))
 

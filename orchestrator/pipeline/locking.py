@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
 
 from orchestrator.core.progress import (
     FRESH_HEARTBEAT_SECONDS,
@@ -25,6 +25,7 @@ from orchestrator.core.progress import (
     view_of_state,
 )
 from orchestrator.errors import LockHeldError, UnfinishedDeployError
+from orchestrator.host.records import HostRecords
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.session import HostSession, controller_id, lock_holder
 from orchestrator.shell import ops
@@ -44,34 +45,36 @@ def local_pid_alive(pid: int) -> bool:
 
 def open_state(
     session: HostSession, command: str, break_lock: bool, reporter: Reporter
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, HostRecords]:
     """State dir, lock and records in one round trip (a second one only to take over a lock).
 
     A lock held by a run in progress (its helper alive and hearing its
     controller) is refused in the words ``orch status`` prints, and never
     taken over. The records returned carry no lock of this run's own.
     """
-    got = session.run(ops.open_state(session.target.state_dir, lock_holder(command)))
-    root = got["root"]
-    token = got["lock"].get("token")
-    if not got["lock"]["acquired"]:
-        view = view_of_state(session.target.name, got["state"])
+    got: ops.OpenedState = session.run(ops.open_state(session.target.state_dir, lock_holder(command)))
+    root = got.root
+    assert got.lock is not None  # asked for: a holder was sent
+    token = got.lock.token
+    if not got.lock.acquired:
+        view = view_of_state(session.target.name, got.state)
         if view.state is HostState.IN_PROGRESS:
-            raise LockHeldError(f"{view.refusal()}; locked by {describe_holder(got['lock']['holder'])}")
-        token = take_over_lock(session, root, command, break_lock, reporter, got["lock"])
+            raise LockHeldError(f"{view.refusal()}; locked by {describe_holder(got.lock.holder)}")
+        token = take_over_lock(session, root, command, break_lock, reporter, got.lock)
         got = session.run(ops.open_state(root))
-    state = got["state"]
-    if state.get("lock") and state["lock"].get("token") == token:
-        state = dict(state, lock=None)  # our own: not another run's
+    state = got.state
+    if state.lock is not None and state.lock.token == token:
+        state = replace(state, lock=None)  # our own: not another run's
     return root, state
 
 
-def describe_holder(h: dict[str, Any]) -> str:
+def describe_holder(h: LockRecord | None) -> str:
     """Who holds the lock, and since when on the host's clock: ``taken`` is stamped by the
     helper there (the holder's ``started`` is its own controller's clock, hours off maybe)."""
-    since = datetime.fromtimestamp(float(h.get("taken") or h.get("started") or 0), timezone.utc).strftime("%H:%M:%S")
-    return (f"{h.get('user', '?')}@{h.get('controller', '?')} pid {h.get('pid', '?')} "
-            f"({h.get('command', '?')}, since {since} UTC, host clock)")
+    if h is None:
+        return "?@? pid ?"
+    since = datetime.fromtimestamp(h.since, timezone.utc).strftime("%H:%M:%S")
+    return f"{h.who} pid {h.pid or '?'} ({h.command}, since {since} UTC, host clock)"
 
 
 def take_over_lock(
@@ -80,7 +83,7 @@ def take_over_lock(
     command: str,
     break_lock: bool,
     reporter: Reporter,
-    refused: dict[str, Any],
+    refused: ops.LockAnswer,
 ) -> str | None:
     """The lock was held (``refused`` is the helper's answer): take it over, or fail fast naming who holds it.
 
@@ -94,13 +97,11 @@ def take_over_lock(
     Returns the new lock's token.
     """
     label = session.target.name
-    h = refused["holder"]
-    who = describe_holder(h)
-    lock = LockRecord.from_wire(h)
-    assert lock is not None
-    pid = int(h.get("pid") or 0)
+    lock = refused.holder or LockRecord()  # the lock vanished before the helper read it: held; a retry takes it
+    who = describe_holder(lock)
+    pid = lock.pid or 0
     decision = take_over_decision(
-        lock, same_controller=h.get("controller_id") == controller_id(),
+        lock, same_controller=lock.controller_id == controller_id(),
         holder_alive_here=bool(pid) and local_pid_alive(pid), break_lock=break_lock,
         stale_after=STALE_LOCK_SECONDS)
     age = lock.heartbeat_age
@@ -120,10 +121,11 @@ def take_over_lock(
             "ends; try again then (`orch status`)")
     else:
         raise LockHeldError(f"{label}: locked by {who}, heartbeat {age:.0f} s ago")
-    again = session.run(ops.lock_acquire(state_dir, lock_holder(command), replace_token=h.get("token")))
-    if not again["acquired"]:
+    again: ops.LockAnswer = session.run(ops.lock_acquire(state_dir, lock_holder(command),
+                                                         replace_token=lock.token))
+    if not again.acquired:
         raise LockHeldError(f"{label}: another run took the lock first; try again")
-    return str(again.get("token")) if again.get("token") else None
+    return again.token or None
 
 
 def release_lock(session: HostSession, state_dir: str) -> None:
@@ -134,13 +136,13 @@ def release_lock(session: HostSession, state_dir: str) -> None:
         session.run(ops.lock_release(state_dir))
 
 
-def current_release_dir(state: dict[str, Any]) -> str | None:
+def current_release_dir(state: HostRecords) -> str | None:
     """The current release's directory on the host, from a ``state_read`` answer."""
-    applied = state["state"].get("applied", [])
-    return f"{state['root']}/releases/{applied[-1]}" if applied else None
+    current = state.state.current
+    return state.paths.release(current) if current else None
 
 
-def refuse_busy(label: str, state: dict[str, Any]) -> HostView:
+def refuse_busy(label: str, state: HostRecords) -> HostView:
     """Refuse (exit 2) a host where a run is in progress, or left a release half-done
     (its controller gone, or nothing finishing it), in the words ``orch status`` prints.
     ``state``: a ``state_read`` answer without this run's own lock."""

@@ -85,6 +85,7 @@ from orchestrator.core.restore import (
     RestoreRecord,
     ServerStart,
     ServerTarget,
+    describe_restore,
     restore_spec,
 )
 from orchestrator.core.secrets import (
@@ -104,6 +105,15 @@ from orchestrator.errors import (
     RefusedError,
     RemoteError,
 )
+from orchestrator.host.records import (
+    AppliedState,
+    HostRecords,
+    Journal,
+    JournalStep,
+    ServerProcess,
+    StatePaths,
+)
+from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -240,7 +250,7 @@ class Night:
     clock: StepClock | None = None  # times the night's steps (``pipeline.timings``)
     reached: Step = Step.PLANNING
     state_dir: str = ""
-    state: dict[str, Any] = field(default_factory=dict)
+    state: HostRecords = field(default_factory=lambda: HostRecords(""))
     builds_dir: str = ""
     build_dir: str = ""
     log_path: str = ""
@@ -254,8 +264,8 @@ class Night:
     deadline: float = 0.0  # when the watchdog acts unless confirmed: the host's wall time (host clock)
     seq: int | None = None  # the host's sequence number of this night's release
     build_seqs: dict[str, int] = field(default_factory=dict)  # the builds already there, by their ``seq``
-    running: dict[str, Any] | None = None  # the server found just before arming
-    last_started: dict[str, Any] | None = None  # the command line the current release started
+    running: ServerProcess | None = None  # the server found just before arming
+    last_started: ServerProcess | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
     arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
@@ -281,7 +291,7 @@ class Night:
 
     @property
     def release_dir(self) -> str:
-        return f"{self.state_dir}/releases/{self.name}"
+        return StatePaths(self.state_dir).release(self.name)
 
     @property
     def link(self) -> str:
@@ -448,10 +458,10 @@ class Night:
     def build(self) -> None:
         prepare = ops.nightly_prepare(self.builds_dir, self.name)
         create = ops.release_create(self.state_dir, self.name, self.record(), [])
-        got = self.session.batch([prepare, create, self.journal("building")])
+        got = self.session.batch([prepare, create, self.journal(JournalStep.BUILDING)])
         prepared, created = got[prepare], got[create]
         self.prepared = True
-        self.seq = created.get("seq") if isinstance(created, dict) else None
+        self.seq = created
         self.previous_build = prepared.current
         self.existing_builds = list(prepared.builds)
         self.complete_builds = None if prepared.complete is None else list(prepared.complete)
@@ -540,8 +550,8 @@ class Night:
             reason = "interrupted (Ctrl-C) before the switch; nothing live was touched"
         else:
             reason = self._redact(str(cause))
-            if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
-                self.reporter.server_log(self.label, "build output (last lines)", cause.details["log_tail"])
+            if isinstance(cause, RemoteStepError) and cause.log_tail:
+                self.reporter.server_log(self.label, "build output (last lines)", cause.log_tail)
         self.reporter.warn(self.label, f"night failed before the switch: {reason}")
         if not self.prepared:  # nothing was made on the host
             return self.result(v.outcome, v.exit_code, reason)
@@ -554,7 +564,7 @@ class Night:
                 ops.nightly_remove_build(self.builds_dir, self.name),
                 ops.release_update(self.state_dir, self.name, {"outcome": Outcome.FAILED, "error": reason,
                                                                 "finished": self.session.host_time()}),
-                self.journal("failed", finished=True),
+                self.journal(JournalStep.FAILED, finished=True),
                 self.log_op(f"failed before the switch: {reason}"),
             ])
             self.reporter.step(self.label, f"removed the half-built {self.build_dir}; nothing running was touched")
@@ -581,16 +591,16 @@ class Night:
         if spec is not None:
             steps.append(spec)
         got = self.session.batch(steps)
-        self.running = got[find]
-        started = (got[spec] or {}).get("started") if spec is not None else None
-        self.last_started = started if started and started.get("argv") else None
-        if self.running and self.running.get("argv"):
-            r = self.running
-            return ServerStart(list(r["argv"]), r.get("cwd"), dict(r.get("env") or {}), True)
-        if self.last_started:
-            s = self.last_started
-            return ServerStart(list(s["argv"]), s.get("cwd"), dict(s.get("env") or {}),
-                               bool(s.get("replace_env", True)))
+        self.running = ServerProcess.from_wire(got[find])
+        recorded = RestoreSpec.from_wire(got[spec]) if spec is not None and got[spec] else None
+        started = ServerProcess.from_wire(recorded.started) if recorded else None
+        self.last_started = started if started and started.argv else None
+        r = self.running
+        if r is not None and r.argv:
+            return ServerStart(list(r.argv), r.cwd, dict(r.env), True)
+        s = self.last_started
+        if s is not None and s.argv:
+            return ServerStart(list(s.argv), s.cwd, dict(s.env), True if s.replace_env is None else s.replace_env)
         return None
 
     def new_start(self) -> ServerStart:
@@ -600,11 +610,11 @@ class Night:
     def restore_plan(self, previous: ServerStart | None) -> RestorePlan:
         """What the watchdog, this run's own failure path, or ``orch rollback`` restores:
         ``current`` back where it pointed, the previous command line, its health."""
-        running = self.running or {}
+        running = self.running or ServerProcess()
         server = ServerTarget(
             manager="process", start=previous, pidfile=self.pidfile, log=self.server_log, port=self.port,
             stop_timeout=self.server.stop_timeout, free_timeout=self.server.free_timeout,
-            before_pid=running.get("pid"), before_starttime=running.get("starttime"),
+            before_pid=running.pid, before_starttime=running.starttime,
         )
         return RestorePlan(
             links=[LinkState(self.link, self.previous_build, self.name)], server=server,
@@ -626,11 +636,11 @@ class Night:
         armed = self.session.batch([
             ops.release_update(self.state_dir, self.name,
                                dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
-            ops.put_json(f"{self.release_dir}/restore.json", restore),
-            self.journal("armed"),
+            ops.put_json(StatePaths(self.state_dir).restore(self.name), restore),
+            self.journal(JournalStep.ARMED),
             arm,
         ])[arm]
-        self.deadline = float(armed.get("fires_at") or self.deadline)
+        self.deadline = armed or self.deadline
         self.reached = Step.ARMED
         self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
                                        "the night is confirmed")
@@ -638,10 +648,10 @@ class Night:
     def switch(self) -> None:
         """Stop the old server, point ``current`` at the new build, start once, health and stability."""
         new_start = self.new_start()
-        steps = [self.journal("switching"), ops.mark(f"{self.release_dir}/server.touched")]
+        steps = [self.journal(JournalStep.SWITCHING), ops.mark(StatePaths(self.state_dir).server_touched(self.name))]
         running = self.running
-        if running and running.get("pid"):
-            steps.append(ops.server_stop(running["pid"], running.get("pgid"), self.server.stop_timeout,
+        if running and running.pid:
+            steps.append(ops.server_stop(running.pid, running.pgid, self.server.stop_timeout,
                                          self.port, self.server.free_timeout))
         healthy = ops.health_wait(health_wire(self.health, for_restore=False), pid="started")
         steps += [
@@ -651,7 +661,7 @@ class Night:
             healthy,
         ]
         shown = " ".join(redact_argv(new_start.argv, self.secret_list))
-        stop = f"stop the old server (pid {running['pid']}), " if running and running.get("pid") else ""
+        stop = f"stop the old server (pid {running.pid}), " if running and running.pid else ""
         self.reporter.step(self.label, f"switching: {stop}current -> {self.name}, start {shown}")
         self.reached = Step.RESTARTING
         got = self.session.batch(steps, on_event=self._events())[healthy]
@@ -662,7 +672,7 @@ class Night:
         config = self.spec.probe
         if config is None:
             return None
-        self.session.run(self.journal("probing"))
+        self.session.run(self.journal(JournalStep.PROBING))
         body = self.render_value(config.json_, ("probe", "json"), self.variables)
         headers = {k: str(self.render_value(v, ("probe", "headers", k), self.variables))
                    for k, v in config.headers.items()}
@@ -685,9 +695,9 @@ class Night:
         finished = self.session.host_time()
         self.manifest = self.manifest.model_copy(update={
             "finished": finished, "probe": probe.to_json() if probe else None})
-        applied = list(self.state["state"].get("applied", [])) + [self.name]
-        releases = ordered_ids(self.state.get("releases", [])) + [self.name]  # this night's seq is the newest
-        pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.get("releases", [])))
+        applied = self.state.applied + [self.name]
+        releases = ordered_ids(self.state.releases) + [self.name]  # this night's seq is the newest
+        pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.releases))
         prune_releases = pruning.remove
         complete = None if self.complete_builds is None else [*self.complete_builds, self.name]
         seqs = dict(self.build_seqs, **({self.name: self.seq} if self.seq is not None else {}))
@@ -700,8 +710,8 @@ class Night:
                 "outcome": "deployed", "probe": probe.to_json() if probe else None, "finished": finished,
                 "duration": round(finished - self.started, 3),
                 "steps": self.clock.steps(self.session.host_time) if self.clock else []}),
-            ops.put_json(f"{self.state_dir}/state.json", {"applied": applied}),
-            self.journal("confirmed", finished=True),
+            ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
+            self.journal(JournalStep.CONFIRMED, finished=True),
             prune,
             ops.release_prune(self.state_dir, prune_releases),
             self.log_op(f"night {self.name} is current"),
@@ -732,8 +742,8 @@ class Night:
             reason = "interrupted (Ctrl-C)"
         else:
             reason = self._redact(str(cause))
-            if isinstance(cause, RemoteStepError) and cause.details.get("log_tail"):
-                self.reporter.server_log(self.label, "server log (last 40 lines)", cause.details["log_tail"])
+            if isinstance(cause, RemoteStepError) and cause.log_tail:
+                self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         if isinstance(cause, LinkLostError):
             v = verdict(cause, self.reached)
             reason += (f" during night {self.name}; the host-side watchdog switches it back by itself at "
@@ -770,7 +780,7 @@ class Night:
     def restored(self, cause: BaseException, reason: str, record: RestoreRecord) -> NightResult:
         """The night's result from what the host recorded of its switch back."""
         v = verdict(cause, self.reached, record)
-        done = record.describe()
+        done = describe_restore(record)
         if record.log_tail:
             self.reporter.server_log(self.label, "server log, switch back (last 40 lines)", record.log_tail)
         for problem in record.record_errors:
@@ -825,7 +835,7 @@ class Night:
         after = redact_argv(new_start.argv, self.secret_list)
         # Flags compare with the command line the current release asked for, not with the
         # process's argv: an interpreter found through a shim (pyenv) shows its real path there.
-        asked = self.last_started["argv"] if self.last_started else (previous.argv if previous else None)
+        asked = self.last_started.argv if self.last_started else (previous.argv if previous else None)
         changes = flag_changes(redact_argv(asked, self.secret_list), after) if asked else []
         # Masker.record: every header value, the environments by the rule, known values anywhere
         return self.reporter.masker.record({
@@ -857,11 +867,11 @@ class Night:
             build=self.name, started=self.started, seq=self.seq,
         )
 
-    def journal(self, step: str, *, finished: bool = False) -> ops.Op:
-        return ops.put_json(f"{self.state_dir}/journal.json", {
-            "release": self.name, "kind": "night", "playbook": self.spec.name, "step": step,
-            "finished": finished, "time": self.session.host_time(), "controller": lock_holder("nightly"),
-            "builds_dir": self.builds_dir, "previous_build": self.previous_build})
+    def journal(self, step: JournalStep, *, finished: bool = False) -> ops.Op:
+        return ops.put_json(StatePaths(self.state_dir).journal, Journal(
+            self.name, "night", step, self.session.host_time(), finished, playbook=self.spec.name,
+            controller=lock_holder("nightly"), builds_dir=self.builds_dir,
+            previous_build=self.previous_build).to_wire())
 
     def log_op(self, last: str) -> ops.Op:
         """The op that writes this run's log into the release (secrets redacted)."""

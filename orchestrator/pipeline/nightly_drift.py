@@ -11,26 +11,26 @@ and its own drift check covers it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from orchestrator.core.nightly import NightManifest
+from orchestrator.host.records import HostRecords
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
 
 
-def night_drift(session: HostSession, state: dict[str, Any]) -> list[str]:
+def night_drift(session: HostSession, state: HostRecords) -> list[str]:
     """Paths (under ``builds_dir/current/``) whose sha256 is not the current night's.
 
     ``state``: the host's records, as ``state_read`` answers.
     """
-    applied: list[str] = list(state["state"].get("applied", []))
-    releases = {m["id"]: m for m in state["releases"]}
-    nights = [rid for rid in applied if releases.get(rid, {}).get("kind") == "night"]
-    if not nights or not releases[nights[-1]].get("builds_dir"):
+    applied = state.applied
+    releases = state.by_id
+    nights = [rid for rid in applied if rid in releases and releases[rid].kind == "night"]
+    builds_dir = releases[nights[-1]].builds_dir if nights else None
+    if not builds_dir:
         return []
-    current = f"{releases[nights[-1]]['builds_dir']}/current"
-    later = {f["path"] for rid in applied[applied.index(nights[-1]) + 1:]
-             for f in releases.get(rid, {}).get("files", [])}
+    current = f"{builds_dir}/current"
+    later = {f.path for rid in applied[applied.index(nights[-1]) + 1:] if rid in releases
+             for f in releases[rid].files}
     data = session.run(ops.get_json(f"{current}/manifest.json"))
     if not data:
         return []

@@ -66,6 +66,8 @@ from orchestrator.core.structure import check_structure
 from orchestrator.core.target import HostTarget
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
+from orchestrator.host.records import ServerProcess
+from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
@@ -139,7 +141,7 @@ class ServerChange:
     """The server's command line as it runs now and as it will run."""
 
     manager: str
-    before: dict[str, Any] | None  # recorded process: argv, cwd, env, pid, pgid, found_by
+    before: ServerProcess | None  # the process running now: argv, cwd, env, pid, pgid, found_by
     after_argv: list[str] | None
     after_cwd: str | None
     after_env: dict[str, str] | None
@@ -197,7 +199,7 @@ class HostPlan:
         masker.hide(secret_values(self.vars, self.playbook.secret_names))
         change = self.server
         if change is not None:
-            masker.learn({"before": change.before, "argv": change.after_argv, "env": change.after_env,
+            masker.learn({"before": change.before.to_wire() if change.before else None, "argv": change.after_argv, "env": change.after_env,
                           "start": change.start, "restore_start": change.restore_start, "stop": change.stop,
                           "before_stop": change.before_stop, "after_healthy": change.after_healthy})
         health = self.playbook.health
@@ -214,10 +216,10 @@ def health_port(base_url: str | None) -> int | None:
 
 def plan_server(
     server: RenderedServer | None,
-    running: dict[str, Any] | None,
+    running: ServerProcess | None,
     files_changed: bool,
     port: int | None,
-    last_started: dict[str, Any] | None = None,
+    last_started: ServerProcess | None = None,
 ) -> ServerChange | None:
     """Decide the new command line and whether the server must restart.
 
@@ -229,7 +231,7 @@ def plan_server(
     if server is None:
         return None
     if server.manager == "commands":
-        before_argv = running.get("argv") if running else None
+        before_argv = running.argv if running else None
         base = list(server.argv) if server.argv else (list(before_argv) if before_argv else None)
         after = apply_flags(base, server.flags) if base is not None else None
         restart = files_changed or running is None or (after is not None and after != before_argv)
@@ -240,12 +242,12 @@ def plan_server(
     # What runs now, or, when nothing does and there is no ``command``, what
     # the current release started: its command line, cwd and environment.
     recorded = running
-    if recorded is None and not server.argv and last_started and last_started.get("argv"):
+    if recorded is None and not server.argv and last_started and last_started.argv:
         recorded = last_started
     if server.argv:
         base = list(server.argv)
-    elif recorded is not None:
-        base = list(recorded["argv"])
+    elif recorded is not None and recorded.argv is not None:
+        base = list(recorded.argv)
     else:
         raise ConfigError(
             "no server is running (by pidfile or on the health port) and server.command is not set",
@@ -253,16 +255,15 @@ def plan_server(
         )
     after = apply_flags(base, server.flags)
     if recorded is not None:
-        env = dict(recorded.get("env") or {})
+        env = dict(recorded.env)
         env.update(server.env)
-        replace_env = True if running is not None else bool(recorded.get("replace_env"))
-        cwd = server.workdir or recorded.get("cwd")
+        replace_env = True if running is not None else bool(recorded.replace_env)
+        cwd = server.workdir or recorded.cwd
     else:
         env, replace_env, cwd = dict(server.env), False, server.workdir
-    before_argv = running["argv"] if running else []
+    before_argv = (running.argv or []) if running else []
     # a changed server.env is a change too: it only takes effect by a restart
-    env_changed = sorted(k for k, v in server.env.items() if running is not None
-                         and (running.get("env") or {}).get(k) != v)
+    env_changed = sorted(k for k, v in server.env.items() if running is not None and running.env.get(k) != v)
     restart = files_changed or running is None or after != before_argv or bool(env_changed)
     why = ("no server is running" if running is None else "files changed" if files_changed
            else f"environment changed: {', '.join(env_changed)}" if env_changed else "")
@@ -317,8 +318,9 @@ def make_plan(
         steps.append(spec)
     results = session.batch(steps)
     host = results[read_host]
-    running = host.get("server")  # the process read_host found by the pidfile or the port
-    last_started = (results[spec] or {}).get("started") if spec is not None else None
+    running = ServerProcess.from_wire(host.get("server"))  # what read_host found by the pidfile or the port
+    recorded = RestoreSpec.from_wire(results[spec]) if spec is not None and results[spec] else None
+    last_started = ServerProcess.from_wire(recorded.started) if recorded else None
     facts = Facts.from_wire(host.get("facts"))
     variables = merge_vars(
         pb.vars, target.vars, cli_vars, {"python": python, "facts": facts.as_var(), **facts.root_vars()}
@@ -353,7 +355,7 @@ def make_plan(
     if server is not None:
         # shown to people and kept in the history: secrets masked
         values = secret_values(variables, rendered.secret_names)
-        before_argv = (server.before or {}).get("argv") or []
+        before_argv = (server.before.argv if server.before else None) or []
         server.flag_changes = flag_changes(
             redact_argv(before_argv, values), redact_argv(server.after_argv or [], values)
         )
@@ -633,7 +635,7 @@ def render_server_commands(
         command = shlex.join(argv) if argv else ""
         return render_words(raw, {**variables, "command": command}, renderer, **where)
 
-    before_argv = change.before.get("argv") if change.before else None
+    before_argv = change.before.argv if change.before else None
     if change.manager == "commands":
         assert spec.start and spec.stop
         change.start = words("start", spec.start, change.after_argv)
@@ -646,18 +648,17 @@ def render_server_commands(
         change.restore_after_healthy = words("after_healthy", spec.after_healthy, before_argv or change.after_argv)
 
 
-def find_commands_server(session: HostSession, server: RenderedServer) -> dict[str, Any] | None:
+def find_commands_server(session: HostSession, server: RenderedServer) -> ServerProcess | None:
     """With the ``commands`` manager, ``pid`` (or ``status``) says what runs."""
     if server.pid:
         res = session.run(ops.run(server.pid, timeout=60.0))
         words = (res["stdout"] or "").split()
         if res["rc"] != 0 or not words or not words[0].isdigit():
             return None
-        record: dict[str, Any] | None = session.run(ops.process(int(words[0])))
-        return record
+        return ServerProcess.from_wire(session.run(ops.process(int(words[0]))))
     if server.status:
         res = session.run(ops.run(server.status, timeout=60.0))
-        return {"argv": None, "pid": None, "found_by": "status command"} if res["rc"] == 0 else None
+        return ServerProcess(found_by="status command") if res["rc"] == 0 else None
     return None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import posixpath
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,9 +30,11 @@ from orchestrator.core.releases import (
     rollback_target,
     rollback_to,
 )
-from orchestrator.core.restore import RestorePlan, RestoreRecord, ServerTarget, restore_spec
+from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_restore, restore_spec
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import OrchError, RefusedError
+from orchestrator.host.records import AppliedState, HostRecords, Journal, JournalStep, StatePaths
+from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
@@ -71,13 +74,13 @@ def _rollback_in_session(
     label = session.target.name
     with clock.step("lock"):
         state_dir, state = open_state(session, "rollback", options.break_lock, reporter)
-    options.masker.declare_recorded(state["releases"])
+    options.masker.declare_recorded(m.to_wire() for m in state.releases)
     try:
-        applied = list(state["state"].get("applied", []))
+        applied = state.applied
         # an unknown or undone --to is refused (exit 2) whatever the host's state
-        rid = rollback_to(to, applied, {r["id"]: r for r in state["releases"]}) if to else None
-        journal = state["journal"]
-        if journal and not journal.get("finished"):
+        rid = rollback_to(to, applied, state.by_id) if to else None
+        journal = state.open_journal
+        if journal is not None:
             with clock.step("rollback"):
                 return finish_unfinished(session, state_dir, journal, reporter)
         if rid is not None and rid == applied[-1]:
@@ -98,7 +101,7 @@ def report_restore(
     extra: dict[str, Any] | None = None,
 ) -> HostReport:
     """The rollback's report, from what the host recorded."""
-    done = record.describe(planned)
+    done = describe_restore(record, planned)
     for f in record.drift:
         reporter.warn(label, f"{f.path} had changed on the host (drift): that content is kept in {f.drift}")
     for problem in record.record_errors:
@@ -116,20 +119,21 @@ def report_restore(
 
 
 def finish_unfinished(
-    session: HostSession, state_dir: str, journal: dict[str, Any], reporter: Reporter
+    session: HostSession, state_dir: str, journal: Journal, reporter: Reporter
 ) -> HostReport:
     """The journal shows a run that died mid-way: run its release's restore plan."""
     label = session.target.name
-    rid = journal["release"]
-    release_dir = f"{state_dir}/releases/{rid}"
-    kind = journal.get("kind", "deploy")
-    reporter.step(label, f"finishing the unfinished {kind} {rid} (last step: {journal.get('step')})")
-    spec = session.run(ops.get_json(f"{release_dir}/restore.json"))
-    session.options.masker.learn(spec)  # its env, argv and headers: masked in what follows
-    if spec is None:
+    rid = str(journal.release)
+    paths = StatePaths(state_dir)
+    release_dir = paths.release(rid)
+    kind = journal.kind
+    reporter.step(label, f"finishing the unfinished {kind} {rid} (last step: {journal.step})")
+    wire = session.run(ops.get_json(paths.restore(rid)))
+    session.options.masker.learn(wire)  # its env, argv and headers: masked in what follows
+    if wire is None:
         # Died before its release was written: nothing was changed.
         remove_half_built(session, journal, reporter)
-        session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="abandoned", finished=True)))
+        session.run(ops.put_json(paths.journal, journal.moved_to(JournalStep.ABANDONED, finished=True).to_wire()))
         reporter.step(label, f"{kind} {rid} had not changed anything; journal closed")
         return HostReport.ended(label, UNCHANGED, release=rid)
     try:
@@ -138,33 +142,33 @@ def finish_unfinished(
     except RemoteStepError as e:
         if e.kind != "confirmed":
             raise
-        session.run(ops.put_json(f"{state_dir}/journal.json", dict(journal, step="confirmed", finished=True)))
+        session.run(ops.put_json(paths.journal, journal.moved_to(JournalStep.CONFIRMED, finished=True).to_wire()))
         reporter.warn(label, f"{rid} had been confirmed before its run ended; journal closed")
         return HostReport.ended(label, UNCHANGED, release=rid)
-    if record.ok and journal.get("step") == "armed":
+    if record.ok and journal.step == JournalStep.ARMED:
         remove_half_built(session, journal, reporter)  # armed, never switched: its build never ran
-    planned = [f["path"] for f in spec["plan"].get("files", [])]
+    planned = [f.path for f in RestoreSpec.from_wire(wire).plan.files]
     what = "finished" if kind == "rollback" else f"restored the state before {rid}"
     if record.already:
         what = f"{rid} had already been restored by the {record.by}"
     return report_restore(label, rid, record, reporter, planned, what)
 
 
-def remove_half_built(session: HostSession, journal: dict[str, Any], reporter: Reporter) -> None:
+def remove_half_built(session: HostSession, journal: Journal, reporter: Reporter) -> None:
     """A night that died before its switch leaves its build half-made: remove it (its log stays),
     so that it never takes the place of a good build under ``keep_builds``. The helper never
     removes the build ``current`` points to."""
-    builds_dir = journal.get("builds_dir")
-    if journal.get("kind") != "night" or not builds_dir:
+    builds_dir = journal.builds_dir
+    if journal.kind != "night" or not builds_dir or not journal.release:
         return
     label = session.target.name
     try:
-        removed = session.run(ops.nightly_remove_build(builds_dir, journal["release"]))
+        removed = session.run(ops.nightly_remove_build(builds_dir, journal.release))
     except RemoteStepError as e:
-        reporter.warn(label, f"could not remove the build of night {journal['release']}: {e.message}")
+        reporter.warn(label, f"could not remove the build of night {journal.release}: {e.message}")
         return
     if removed:
-        reporter.step(label, f"removed the half-built {builds_dir}/{journal['release']} (its log is kept)")
+        reporter.step(label, f"removed the half-built {builds_dir}/{journal.release} (its log is kept)")
 
 
 def refuse_pruned_builds(session: HostSession, links: Sequence[LinkState]) -> None:
@@ -182,12 +186,13 @@ def refuse_pruned_builds(session: HostSession, links: Sequence[LinkState]) -> No
 
 
 def undo_releases(
-    session: HostSession, state_dir: str, state: dict[str, Any], to: str | None, reporter: Reporter
+    session: HostSession, state_dir: str, state: HostRecords, to: str | None, reporter: Reporter
 ) -> HostReport:
     label = session.target.name
-    applied: list[str] = list(state["state"].get("applied", []))
-    releases = {r["id"]: r for r in state["releases"]}
-    releases_dir = f"{state_dir}/releases"
+    applied = state.applied
+    releases = state.by_id
+    paths_of = StatePaths(state_dir)
+    releases_dir = paths_of.releases
     if not applied:
         reporter.step(label, "nothing to roll back: no release is current (there is nothing before)")
         return HostReport.ended(label, UNCHANGED, notes=["nothing before"])
@@ -198,22 +203,24 @@ def undo_releases(
     live = session.run(ops.read(paths, with_data=False))  # the backups are copied on the host
     expected_after: dict[str, str] = {}
     for rid in reversed(target.undo):  # oldest first: the newest's "after" wins
-        for entry in releases[rid].get("files", []):
-            expected_after[entry["path"]] = entry["sha256_after"]
+        for entry in releases[rid].files:
+            expected_after[entry.path] = str(entry.sha256_after)
     rid = new_release_id(datetime.fromtimestamp(session.host_time(), timezone.utc), secrets.token_hex(2))
-    release_dir = f"{releases_dir}/{rid}"
+    release_dir = paths_of.release(rid)
     server = None
     health = None
     if target.restart:
         # The oldest undone release's restore.json says exactly what ran before
         # it (unmasked: the manifest is the masked record for people).
-        spec = session.run(ops.get_json(f"{releases_dir}/{target.undo[-1]}/restore.json"))
-        session.options.masker.learn(spec)  # its env, argv and headers: masked in what follows
-        if not spec or not spec["plan"].get("server"):
+        wire = session.run(ops.get_json(paths_of.restore(target.undo[-1])))
+        session.options.masker.learn(wire)  # its env, argv and headers: masked in what follows
+        recorded = RestoreSpec.from_wire(wire).plan if wire else None
+        if recorded is None or recorded.server is None:
             raise OrchError(f"{label}: release {target.undo[-1]} has no restore record for its server")
-        server = ServerTarget.from_wire(spec["plan"]["server"], keep_before=False)
-        health = spec["plan"].get("health")
-    on_success = [ops.put_json(f"{state_dir}/state.json", {"applied": list(target.new_applied)})]
+        # a later rollback restarts in any case: the process that ran back then is forgotten
+        server = replace(recorded.server, before_pid=None, before_starttime=None)
+        health = recorded.health
+    on_success = [ops.put_json(paths_of.state, AppliedState(list(target.new_applied)).to_wire())]
     on_success += [ops.release_update(state_dir, undone, {"undone_by": rid}) for undone in target.undo]
     plan = RestorePlan(
         files=[FileState(f.path, f.source, f.sha256, f.mode, f.uid, f.gid, expect=expected_after.get(f.path), n=n)
@@ -232,7 +239,8 @@ def undo_releases(
         "to": target.new_applied[-1] if target.new_applied else None,
         "playbook": {"name": "(rollback)"}, "files": record_files,
         "links": [{"path": link.path, "from": link.expect, "to": link.target} for link in target.links],
-        "server_before": newest.get("server_after"), "server_after": target.server_before,
+        "server_before": newest.server_after.to_wire() if newest.server_after else None,
+        "server_after": target.server_before.to_wire() if target.server_before else None,
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
         "controller": lock_holder("rollback"), "created": session.host_time(), "outcome": "in_progress",
     })
@@ -246,12 +254,11 @@ def undo_releases(
     reporter.step(label, f"rolling back {what}{switching}" + (" and restarting the previous server" if server else ""))
     steps = [
         ops.release_create(state_dir, rid, manifest, backups, restore=restore_spec(rid, "rollback", plan)),
-        ops.put_json(f"{state_dir}/journal.json", {"release": rid, "kind": "rollback", "step": "rolling_back",
-                                                   "finished": False, "time": session.host_time(),
-                                                   "controller": lock_holder("rollback")}),
+        ops.put_json(paths_of.journal, Journal(rid, "rollback", JournalStep.ROLLING_BACK, session.host_time(),
+                                               controller=lock_holder("rollback")).to_wire()),
     ]
     if server is not None:
-        steps.append(ops.mark(f"{release_dir}/server.touched"))
+        steps.append(ops.mark(paths_of.server_touched(rid)))
     restore = ops.restore_release(release_dir, "rollback")
     steps.append(restore)
     started = session.host_time()

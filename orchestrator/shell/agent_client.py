@@ -202,6 +202,12 @@ class RemoteStepError(RemoteError):
         self.message = message
         self.details = details
 
+    @property
+    def log_tail(self) -> list[str]:
+        """The server's (or the build's) last log lines the failed step sent, if any."""
+        tail = self.details.get("log_tail")
+        return [str(line) for line in tail] if isinstance(tail, list) else []
+
 
 @dataclass
 class Agent:

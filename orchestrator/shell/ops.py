@@ -28,9 +28,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.restore import RestoreRecord
+from orchestrator.errors import RecordFormatError
 from orchestrator.host import protocol as p
 from orchestrator.host.protocol_replies import Builds, ConfirmReply, PreparedBuild
+from orchestrator.host.records import HostRecords, Lock, UnknownRecordFormat
+from orchestrator.host.restore_plan import RestoreRecord
 from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed, Number, Opt, check
 
 Wire = dict[str, Any]
@@ -87,6 +89,8 @@ class Op:
             return self.parse(answer)
         except Malformed:
             raise
+        except UnknownRecordFormat as e:  # a newer orch's record: refused by name, never misread
+            raise RecordFormatError(str(e)) from None
         except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
             raise Malformed(f"{where} cannot be read ({type(e).__name__}: {e})") from None
 
@@ -132,6 +136,15 @@ class BatchResults:
         return bool(self._answers)
 
 
+def _number_at(key: str, kind: type[int] | type[float]) -> Callable[[Any], Any]:
+    """A parse that reads one number of an answer (None where it is absent or not a number)."""
+    def parse(data: Any) -> int | float | None:
+        value = data.get(key) if isinstance(data, dict) else None
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
+        return kind(value) if ok else None
+
+    return parse
+
 def _op(request: p.Request, parse: Callable[[Any], Any] = _as_is, shape: Any = ANY) -> Op:
     return Op(request, parse, shape)
 
@@ -147,18 +160,46 @@ def _read_all(steps: Sequence[Op], results: list[Any], where: str) -> BatchResul
 # ---------------------------------------------------------------- state, lock, records
 
 
+@dataclass(frozen=True)
+class LockAnswer:
+    """``lock_acquire``'s answer: taken (with this run's token), or refused naming the holder."""
+
+    acquired: bool
+    token: str | None = None
+    holder: Lock | None = None
+
+
+def _lock_answer(data: Wire) -> LockAnswer:
+    return LockAnswer(bool(data["acquired"]), data.get("token"), Lock.from_wire(data.get("holder")))
+
+
+@dataclass(frozen=True)
+class OpenedState:
+    """``open_state``'s answer: the state dir, the lock (if one was asked for), the records."""
+
+    root: str
+    lock: LockAnswer | None
+    state: HostRecords
+
+
+def _opened(data: Wire) -> OpenedState:
+    lock = data.get("lock")
+    return OpenedState(str(data["root"]), _lock_answer(lock) if lock is not None else None,
+                       HostRecords.from_wire(data["state"]))
+
+
 def open_state(state_dir: str, holder: Wire | None = None) -> Op:
     """Create the state dir, take the lock (``holder``), read the records: one round trip."""
-    return _op(p.OpenState(state_dir, holder), shape={"root": str, "lock": Opt(LOCK), "state": STATE})
+    return _op(p.OpenState(state_dir, holder), _opened, shape={"root": str, "lock": Opt(LOCK), "state": STATE})
 
 
 def state_read(state_dir: str) -> Op:
-    """Everything history/status/rollback need; creates nothing."""
-    return _op(p.StateRead(state_dir), shape=STATE)
+    """Everything history/status/rollback need; creates nothing (parsed: ``HostRecords``)."""
+    return _op(p.StateRead(state_dir), HostRecords.from_wire, shape=STATE)
 
 
 def lock_acquire(state_dir: str, holder: Wire, replace_token: str | None = None) -> Op:
-    return _op(p.LockAcquire(state_dir, holder, replace_token), shape=LOCK)
+    return _op(p.LockAcquire(state_dir, holder, replace_token), _lock_answer, shape=LOCK)
 
 
 def lock_release(state_dir: str) -> Op:
@@ -225,8 +266,8 @@ def commit(files: Sequence[Wire], release_dir: str | None) -> Op:
 def release_create(state_dir: str, release_id: str, manifest: Wire, files: Sequence[Wire],
                    restore: Wire | None = None) -> Op:
     """Back up into a new release; the host adds its next ``seq`` to the manifest and
-    answers ``{"root", "seq"}``."""
-    return _op(p.ReleaseCreate(state_dir, release_id, manifest, list(files), restore))
+    answers ``{"root", "seq"}``: read as the ``seq`` (None from a helper that kept none)."""
+    return _op(p.ReleaseCreate(state_dir, release_id, manifest, list(files), restore), _number_at("seq", int))
 
 
 def release_update(state_dir: str, release_id: str, fields: Wire) -> Op:
@@ -243,8 +284,9 @@ def release_log(state_dir: str, release_id: str, text: str) -> Op:
 
 def release_arm(state_dir: str, release_dir: str) -> Op:
     """Start the release's watchdog (its restore plan is already on disk); answers with
-    ``fires_at``, the host's wall time at which it acts unless confirmed (host clock)."""
-    return _op(p.ReleaseArm(state_dir, release_dir))
+    ``fires_at``, the host's wall time at which it acts unless confirmed (host clock): read
+    as that time (None if the helper did not say)."""
+    return _op(p.ReleaseArm(state_dir, release_dir), _number_at("fires_at", float))
 
 
 def restore_release(release_dir: str, by: str, *, within: float | None = None, reason: str | None = None,
