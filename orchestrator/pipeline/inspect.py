@@ -263,18 +263,18 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
         )
 
 
-def release_flag_changes(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def release_flag_changes(manifest: Manifest) -> list[dict[str, Any]]:
     """A release's flag changes as ``--json``'s fields, read back from the lines it recorded."""
-    return [flag_change_from_line(str(line)) for line in manifest.get("flag_changes") or []]
+    return [flag_change_from_line(str(line)) for line in manifest.flag_changes]
 
 
-def release_steps(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def release_steps(manifest: Manifest) -> list[dict[str, Any]]:
     """A release's steps as ``--json``'s fields: as recorded (``steps``), or from the ``timings``
     of a release recorded before steps were (when each began unknown: ``at`` null)."""
-    steps = manifest.get("steps")
+    steps = manifest.extra.get("steps")
     if isinstance(steps, list):
         return [dict(s) for s in steps if isinstance(s, dict)]
-    timings = manifest.get("timings") or {}
+    timings = manifest.timings or {}
     return [{"step": name, "at": None, "seconds": seconds} for name, seconds in timings.items()]
 
 

@@ -66,7 +66,7 @@ from orchestrator.core.structure import check_structure
 from orchestrator.core.target import HostTarget
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, OrchError, TemplateError, ValidationError
-from orchestrator.host.records import ServerProcess
+from orchestrator.host.records import HostRecords, ServerProcess
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
@@ -280,7 +280,7 @@ def make_plan(
     *,
     check: bool = False,
     current_release_dir: str | None = None,
-    state: dict[str, Any] | None = None,
+    state: HostRecords | None = None,
 ) -> HostPlan:
     """Read the host, render the playbook for it, and edit in memory.
 
@@ -371,10 +371,10 @@ def make_plan(
                     declares, provided)
 
 
-def _releases_in_effect(state: dict[str, Any] | None) -> tuple[ReleaseRecord, ...]:
-    if not state:
+def _releases_in_effect(state: HostRecords | None) -> tuple[ReleaseRecord, ...]:
+    if state is None:
         return ()
-    return releases_in_effect(state.get("releases") or [], (state.get("state") or {}).get("applied") or [])
+    return releases_in_effect([m.to_wire() for m in state.releases], state.applied)
 
 
 def _refuse_changing_relied_on(planned: list[PlannedFile], known: tuple[ReleaseRecord, ...],

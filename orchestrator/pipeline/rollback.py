@@ -270,9 +270,10 @@ def undo_releases(
     # the command line goes back from the newest undone release's to the one the release current
     # now started (or, where it started none, the one that ran before the oldest undone): both as
     # asked and recorded (masked), not the process's argv, where a shim shows its real path
-    now_started = (releases.get(target.new_applied[-1]) or {}).get("server_after") if target.new_applied else None
-    argvs = ((newest.get("server_after") or {}).get("argv") or [],
-             (now_started or target.server_before or {}).get("argv") or [])
+    now = releases.get(target.new_applied[-1]) if target.new_applied else None
+    now_started = now.server_after if now is not None else None
+    argvs = (list(newest.server_after.argv or []) if newest.server_after else [],
+             list(then.argv or []) if (then := now_started or target.server_before) else [])
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
                           extra={"undid": list(target.undo),
                                  "current": target.new_applied[-1] if target.new_applied else None,

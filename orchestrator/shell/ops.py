@@ -140,8 +140,11 @@ def _number_at(key: str, kind: type[int] | type[float]) -> Callable[[Any], Any]:
     """A parse that reads one number of an answer (None where it is absent or not a number)."""
     def parse(data: Any) -> int | float | None:
         value = data.get(key) if isinstance(data, dict) else None
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
-        return kind(value) if ok else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if kind is int and not isinstance(value, int):
+            return None
+        return kind(value)
 
     return parse
 
