@@ -34,6 +34,7 @@ from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError
 from orchestrator.host.records import Manifest
 from orchestrator.pipeline.gate import GateRun, gate_from_spec_record, recorded_results
+from orchestrator.shell.ops import BatchResults
 
 HEAD = """\
 name: gated
@@ -298,10 +299,10 @@ class Answers:
         self.batches = list(batches)
         self.sent: list[int] = []
 
-    def batch(self, steps: list[Any], on_event: Any = None) -> list[dict[str, Any]]:
+    def batch(self, steps: list[Any], on_event: Any = None) -> BatchResults:
         assert all(s.name == "probe_http" for s in steps)
         self.sent.append(len(steps))
-        return self.batches.pop(0)
+        return BatchResults(steps, self.batches.pop(0))
 
 
 def gate_run(reprobes: int = 1, on_inconclusive: str = "fail") -> GateRun:

@@ -153,12 +153,12 @@ def _declare(tree: Path, marker: str, known: tuple = (), **changes: object) -> t
     from orchestrator.core.edits import plan_file
     from orchestrator.core.flags import FlagRequest, expand_edits
     from orchestrator.core.templating import Renderer
-    from orchestrator.shell import agent
+    from orchestrator.host import facts
     from orchestrator.shell.config_files import packaged_dir, template_lookup
 
     target = tree / "python" / "sglang" / "srt" / "server_args.py"
     near = "speculative_accept_threshold_acc"
-    related = {i["path"]: Path(i["path"]).read_text() for i in agent.follow_imports(str(target), [near])}
+    related = {i["path"]: Path(i["path"]).read_text() for i in facts.follow_imports(str(target), [near])}
     fields = {"name": FIELD, "type": "int", "default": None, "help": HELP, "near": (near,), "marker_id": marker}
     request = FlagRequest(**{**fields, **changes})  # type: ignore[arg-type]
     renderer = Renderer(template_lookup((packaged_dir("templates"),)))

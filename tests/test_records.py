@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core.outcomes import error_exit_code
 from orchestrator.errors import RecordFormatError, RefusedError
 from orchestrator.host.records import (
     AppliedState,
@@ -245,7 +246,7 @@ def test_at_the_boundary_an_unknown_format_is_an_orch_refusal_not_a_malformed_re
               "journal": None, "lock": None}
     with pytest.raises(RecordFormatError) as refused:
         ops.state_read("/s").read(answer)
-    assert isinstance(refused.value, RefusedError) and refused.value.exit_code == 2
+    assert isinstance(refused.value, RefusedError) and error_exit_code(refused.value) == 2
     assert str(refused.value).startswith("manifest.json: record format 7 ")
     good = ops.state_read("/s").read({**answer, "releases": [{"id": "R"}]})
     assert isinstance(good, HostRecords) and good.releases[0].id == "R"
@@ -271,7 +272,7 @@ def test_state_paths_are_built_in_one_place() -> None:
 
 def test_the_step_enum_holds_every_step_the_helper_writes() -> None:
     """The helper (not yet using these types) writes its steps as words: each is a JournalStep."""
-    agent = (ROOT / "orchestrator" / "shell" / "agent.py").read_text()
+    agent = "\n".join(p.read_text() for p in sorted((ROOT / "orchestrator" / "host").glob("*.py")))
     block = re.search(r"JOURNAL_STEP_BY = \{(.*?)\}", agent)
     assert block is not None
     written = set(re.findall(r'"([a-z_]+)"', block.group(1))[1::2])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.host.records import FORMAT, _dict, _opt_float, _opt_int, check_format
+from .records import FORMAT, _dict, _opt_float, _opt_int, check_format
 
 # ---------------------------------------------------------------- the restore plan (restore.json)
 
