@@ -241,3 +241,85 @@ def test_the_lock_is_refused_while_held_and_a_take_over_of_a_changed_lock_fails(
         other.close()
     # the second helper gave its lock back when it left
     wait_until(lambda: not (state / "lock.json").exists(), "the leaving helper to free the lock", 60)
+
+
+def stage_in_a_helper_that_then_leaves(target: Path, data: bytes, token: str) -> dict[str, Any]:
+    """A staged copy left by another run's helper (a ``--check``, or a deploy's first connection)."""
+    transport = open_transport(HostTarget(name="local", connection="local", python=sys.executable))
+    transport.connect()
+    first = Agent(transport, python=sys.executable).start()
+    try:
+        return first.call("stage", token=token, files=[{"path": str(target), "data": base64.b64encode(data).decode()}])[0]
+    finally:
+        first.close()
+
+
+def test_a_copy_staged_by_an_earlier_helper_is_validated_and_committed_by_the_next(
+        agent: Agent, tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"x = 1\n")
+    staged = stage_in_a_helper_that_then_leaves(target, b"x = 2\n", "t1")
+    assert Path(staged["staged"]).read_bytes() == b"x = 2\n"
+
+    checked = agent.call("validate", token="t1", checks=[{"target": str(target), "argvs": [["python-syntax"]]}])
+    assert checked[0]["rc"] == 0
+    assert agent.call("commit", files=[{"path": str(target), "staged": staged["staged"],
+                                        "before": hashlib.sha256(b"x = 1\n").hexdigest(),
+                                        "after": staged["sha256"]}]) == [str(target)]
+    assert target.read_bytes() == b"x = 2\n" and sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
+
+    other = stage_in_a_helper_that_then_leaves(target, b"x = (\n", "t2")
+    failed = agent.call("validate", token="t2", keep_staged=False,
+                        checks=[{"target": str(target), "argvs": [["python-syntax"]]}])
+    assert failed[0]["rc"] == 1 and not Path(other["staged"]).exists()
+
+
+def test_a_commit_whose_staged_copy_is_gone_or_not_orch_s_writes_nothing(agent: Agent, tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"x = 1\n")
+    before = hashlib.sha256(b"x = 1\n").hexdigest()
+    gone = tmp_path / ".mod.orch-staged-gone.py"
+    with pytest.raises(RemoteStepError) as missing:
+        agent.call("commit", files=[{"path": str(target), "staged": str(gone), "before": before, "after": "0"}])
+    assert missing.value.kind == "commit" and "its staged copy" in missing.value.message
+    assert missing.value.details["committed"] == []
+    planted = tmp_path / ".mod.orch-staged-link.py"
+    planted.symlink_to(tmp_path / "elsewhere.py")
+    with pytest.raises(RemoteStepError) as link:
+        agent.call("commit", files=[{"path": str(target), "staged": str(planted), "before": before, "after": "0"}])
+    assert link.value.kind == "planted"
+    assert target.read_bytes() == b"x = 1\n"
+    with pytest.raises(RemoteStepError) as changed:
+        agent.call("commit", files=[{"path": str(target), "staged": str(gone), "before": "0" * 64, "after": "0"}])
+    assert changed.value.kind == "changed" and "nothing was written" in changed.value.message
+
+
+def test_leftover_temp_dirs_are_removed_only_when_abandoned_and_orch_s(agent: Agent, tmp_path: Path) -> None:
+    """A killed helper's private temp dir (0700, holding only ``new``) goes at the next deploy's
+    clean-up; one holding anything else, one others may write, or a link by that name stays."""
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+    abandoned = tmp_path / ".mod.py.orch-tmp-0a1b"
+    abandoned.mkdir(mode=0o700)
+    (abandoned / "new").write_text("half written\n")
+    empty = tmp_path / ".mod.py.orch-tmp-0a1c"
+    empty.mkdir(mode=0o700)
+    busy = tmp_path / ".mod.py.orch-tmp-0a1d"
+    busy.mkdir(mode=0o700)
+    (busy / "notes").write_text("not orch's\n")
+    shared = tmp_path / ".mod.py.orch-tmp-0a1e"
+    shared.mkdir()
+    shared.chmod(0o777)
+    link = tmp_path / ".mod.py.orch-tmp-0a1f"
+    link.symlink_to(busy)
+    twice = tmp_path / ".mod.orch-staged-twice.py"
+    twice.write_text("x = 0\n")
+    (tmp_path / "hardlink").hardlink_to(twice)
+
+    agent.call("stage", token="now", clean_stale=True,
+               files=[{"path": str(target), "data": base64.b64encode(b"x = 2\n").decode()}])
+
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([".mod.orch-staged-now.py", ".mod.orch-staged-twice.py", busy.name, shared.name,
+                           link.name, "hardlink", "mod.py"])
+    assert (busy / "notes").read_text() == "not orch's\n"
