@@ -1,8 +1,12 @@
 """Shared pytest plugins for the suite: the real sshd, the sandbox host, the fleet of sshd hosts."""
 
+import os
 import signal
+from collections.abc import Iterator
 
 import pytest
+
+from tests.fixtures.coverage_env import helper_coverage_env
 
 pytest_plugins = ["tests.fixtures.sshd", "tests.fixtures.sandbox", "tests.fixtures.fleet"]
 
@@ -19,3 +23,18 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal.
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def measured_helpers() -> Iterator[None]:
+    """Under ``pytest --cov``, every helper this worker's tests start (directly, or
+    through the ``orch`` they run) measures itself (``fixtures.coverage_env``)."""
+    extra = helper_coverage_env(os.environ.get("PYTHONPATH", ""))
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -30,6 +30,7 @@ from orchestrator.shell.agent_client import (
     helper_archive,
 )
 from orchestrator.shell.transport import open_transport
+from tests.fixtures.sandbox import wait_until
 
 # GPU boxes run old Pythons: the helper must run on whatever python3 (3.8+) they have.
 PYENV = glob.glob("/root/.pyenv/versions/3.*/bin/python3")
@@ -251,9 +252,13 @@ def test_ctrl_c_cancels_a_long_health_wait_on_the_host() -> None:
 def test_server_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     agent = start()
     try:
-        code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)"
+        # it says when SIGTERM is ignored: a slow interpreter start (coverage's, a loaded box)
+        # must not let the SIGTERM land first
+        ready = tmp_path / "ignoring"
+        code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                f"open({str(ready)!r}, 'w').close()\nwhile True: time.sleep(1)")
         started = agent.call("server_start", argv=[sys.executable, "-c", code], log=str(tmp_path / "l"))
-        time.sleep(0.3)
+        wait_until(ready.exists, "the server to ignore SIGTERM", 60)
         res = agent.call("server_stop", pid=started["pid"], pgid=started["pgid"], stop_timeout=1.0)
     finally:
         agent.close()
