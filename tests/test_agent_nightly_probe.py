@@ -284,12 +284,17 @@ def test_an_unknown_op_or_bad_arguments_fail_that_request_and_the_helper_serves_
     assert unknown.value.kind == "protocol" and "unknown op 'no_such_op'" in unknown.value.message
     with pytest.raises(RemoteStepError) as wrong:
         agent.call("sha256", files=["x"])
-    assert wrong.value.kind == "internal" and "TypeError" in wrong.value.message
+    # refused by its protocol type before anything runs, in one line naming the op and the field
+    assert wrong.value.kind == "protocol" and wrong.value.message == "op 'sha256': unknown field 'files'"
+    with pytest.raises(RemoteStepError) as missing:
+        agent.call("sha256")
+    assert missing.value.kind == "protocol" and missing.value.message == "op 'sha256': missing field 'paths'"
     with pytest.raises(RemoteStepError) as batch:
         agent.call("batch", steps=[{"op": "hello"}, {"op": "nightly_builds", "args": {"builds_dir": 5}}])
     assert batch.value.kind == "internal" and batch.value.details["step"] == 1
     assert len(batch.value.details["done"]) == 1
     with pytest.raises(RemoteStepError) as inner:
-        agent.call("batch", steps=[{"op": "nope"}])
-    assert inner.value.kind == "protocol"
+        agent.call("batch", steps=[{"op": "hello"}, {"op": "nope"}])
+    assert inner.value.kind == "protocol" and inner.value.message == "batch.steps[1]: unknown op 'nope'"
+    assert "done" not in inner.value.details  # nothing of a bad batch ran
     assert agent.call("hello")["pid"] > 0  # still serving

@@ -9,8 +9,8 @@ Why not coverage's own ``patch = ["subprocess"]``: it starts coverage in every
 Python child (each ``orch`` the tests run, the stand-in servers, every validator),
 about 0.15 s of CPU each just to import coverage, to measure nothing: only the
 helper is measured. Here the helper is told apart by its command line (the
-bootstrap in ``agent_client``, which names the kept copy ``orch_helper_<id>``;
-the package it is becoming is ``orchestrator/host``). The watchdog is a fork of
+bootstrap in ``agent_client`` imports ``orchestrator.host``; an older helper's
+copy was named ``orch_helper_<id>``). The watchdog is a fork of
 the helper and keeps its coverage. ``COVERAGE_PROCESS_CONFIG`` is set only while
 coverage starts, so the helper's own children (servers, validators) are not
 measured either.
