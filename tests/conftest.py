@@ -8,7 +8,7 @@ import pytest
 
 from tests.fixtures.coverage_env import helper_coverage_env
 
-pytest_plugins = ["tests.fixtures.sshd", "tests.fixtures.sandbox", "tests.fixtures.fleet"]
+pytest_plugins = ["tests.fixtures.sshd", "tests.fixtures.sandbox", "tests.fixtures.fleet", "tests.fixtures.local_helper"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -27,14 +27,8 @@ from tests.fixtures.sandbox import wait_until
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    transport = open_transport(HostTarget(name="local", connection="local", python=sys.executable))
-    transport.connect()
-    helper = Agent(transport, python=sys.executable).start()
-    try:
-        yield helper
-    finally:
-        helper.close()
+def agent(local_agent: Agent) -> Agent:
+    return local_agent
 
 
 class Health:

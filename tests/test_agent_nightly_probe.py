@@ -18,20 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.target import HostTarget
 from orchestrator.shell.agent_client import Agent, RemoteStepError
-from orchestrator.shell.transport import open_transport
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    transport = open_transport(HostTarget(name="local", connection="local", python=sys.executable))
-    transport.connect()
-    helper = Agent(transport, python=sys.executable).start()
-    try:
-        yield helper
-    finally:
-        helper.close()
+def agent(local_agent: Agent) -> Agent:
+    return local_agent
 
 
 def git(*args: str, cwd: Path) -> str:

@@ -16,15 +16,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.core.target import HostTarget
 from orchestrator.shell.agent_client import Agent, RemoteStepError
-from orchestrator.shell.transport import open_transport
 from tests.fixtures.sandbox import wait_until
 
 
@@ -37,14 +34,8 @@ def b64(data: bytes) -> str:
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    transport = open_transport(HostTarget(name="local", connection="local", python=sys.executable))
-    transport.connect()
-    helper = Agent(transport, python=sys.executable).start()
-    try:
-        yield helper
-    finally:
-        helper.close()
+def agent(local_agent: Agent) -> Agent:
+    return local_agent
 
 
 class Release:
