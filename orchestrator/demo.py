@@ -269,7 +269,7 @@ comment says the exit code and what you should see):
   orch status   --host sandbox                       # exit 0: healthy, no release in effect
   orch deploy   --host sandbox --check --diff speculative-disable   # exit 0: the plan and its diff; nothing changed
   orch deploy   --host sandbox gated.yaml            # exit 0: threshold 8, gated: the before/after table
-  orch status   --host sandbox --probe               # exit 0: probe now, against the release's record (exit 1 if it got slower since: a busy machine)
+  orch status   --host sandbox --probe               # exit 0: probe now, against the release's record (inconclusive within the noise; exit 1 only if slower beyond it)
   orch deploy   --host sandbox --var slowdown=2 --var threshold=16 gated.yaml   # exit 1: rolled back by the gate
   orch deploy   --host sandbox speculative-disable   # exit 0: threshold 32, no gate; the flag's declaration is provided by gated.yaml's release
   orch deploy   --host sandbox bad-flag.yaml         # exit 1: the pre-flight refuses the flag; the running server is untouched

@@ -237,6 +237,8 @@ def status_lines(s: HostStatus) -> list[tuple[str, str]]:
     elif s.regressed and s.gate is not None:
         rows.append(("status", "performance regressed: " + ", ".join(f"{c.name} on {c.probe}"
                                                                       for c in s.gate.failing)))
+    elif s.gate is not None and s.gate.verdict == "inconclusive":  # within the noise: no regression shown
+        rows.append(("status", s.gate.inconclusive_line()))
     else:
         rows.append(("status", "ok"))
     return rows

@@ -15,7 +15,9 @@ verdict:
 ``next_step`` says what the deploy does with a set of verdicts: ``pass``,
 ``fail``, or ``reprobe`` (measure the new server again — a clear fail is
 never re-probed); a verdict still inconclusive when the re-probes are used
-up counts as ``on_inconclusive``. ``GateOutcome`` is what is shown (the
+up counts as ``on_inconclusive`` — or, for ``orch status --probe``, which
+decides nothing, stays ``inconclusive`` (exit 0: a change within the noise
+is no regression shown). ``GateOutcome`` is what is shown (the
 before/after table), recorded in the release's manifest and put in
 ``--json``. Pure: ``ProbeResult`` in, dataclasses out.
 """
@@ -71,6 +73,22 @@ class Measured:
 
     def scaled(self, factor: float) -> Measured:
         return Measured(self.median * factor, self.low * factor, self.high * factor)
+
+
+def margin_and_noise(kind: str, limit: float, before: Measured | None,
+                     after: Measured | None) -> tuple[float, float] | None:
+    """How far the median is from the bound (``margin``, always ≥ 0) and the rounds'
+    spread it is compared with (``noise``); None where the bound has no threshold
+    (no figure after, or no baseline for a ratio bound)."""
+    if after is None:
+        return None
+    if kind.endswith("_ratio"):
+        if before is None or before.median == 0:
+            return None
+        threshold = before.scaled(limit)
+    else:
+        threshold = Measured.exact(limit)
+    return abs(after.median - threshold.median), after.half_range + threshold.half_range
 
 
 def judge_bound(kind: str, limit: float, before: Measured | None, after: Measured | None) -> tuple[Verdict, str]:
@@ -129,6 +147,8 @@ class RuleCheck:
     before_spread: float | None = None
     after_spread: float | None = None
     change_pct: float | None = None
+    margin: float | None = None  # |median - threshold|, in the figure's unit (``margin_and_noise``)
+    noise: float | None = None  # the rounds' spread the margin is compared with
 
     @property
     def name(self) -> str:
@@ -165,12 +185,14 @@ def check_probe(label: str, rules: GateRules, before: ProbeResult | None, after:
             if limit is None:
                 continue
             verdict, why = judge_bound(kind, float(limit), old, new)
+            gap = margin_and_noise(kind, float(limit), old, new)
             checks.append(RuleCheck(
                 label, rule, kind, bound_text(kind, float(limit)), verdict, why,
                 before=_r(old.median) if old else None, after=_r(new.median) if new else None,
                 before_spread=round(old.spread, 4) if old else None,
                 after_spread=round(new.spread, 4) if new else None,
                 change_pct=change,
+                margin=_r(gap[0]) if gap else None, noise=_r(gap[1]) if gap else None,
             ))
     if rules.errors is not None:
         errors = after.errors
@@ -199,17 +221,20 @@ def check_probe(label: str, rules: GateRules, before: ProbeResult | None, after:
 
 
 def next_step(checks: Sequence[RuleCheck], reprobes_done: int, reprobes: int,
-              on_inconclusive: Final) -> Literal["pass", "fail", "reprobe"]:
-    """What the deploy does with these verdicts.
+              on_inconclusive: Final | None) -> Literal["pass", "fail", "reprobe", "inconclusive"]:
+    """What the deploy (or ``status --probe``) does with these verdicts.
 
     Any ``fail`` fails at once. Else any ``inconclusive`` re-probes while
-    re-probes are left, and then counts as ``on_inconclusive``. Else pass.
+    re-probes are left, and then counts as ``on_inconclusive``; None (status,
+    which decides nothing) leaves it ``inconclusive``. Else pass.
     """
     verdicts = {c.verdict for c in checks}
     if "fail" in verdicts:
         return "fail"
     if "inconclusive" in verdicts:
-        return "reprobe" if reprobes_done < reprobes else on_inconclusive
+        if reprobes_done < reprobes:
+            return "reprobe"
+        return on_inconclusive or "inconclusive"
     return "pass"
 
 
@@ -227,10 +252,12 @@ class GateOutcome:
     """The gate's end: its verdict, every row, and where the baseline came from.
 
     ``inconclusive_as`` is set when inconclusive verdicts were left after the
-    re-probes and counted as ``fail`` or ``pass`` (``on_inconclusive``).
+    re-probes and counted as ``fail`` or ``pass`` (``on_inconclusive``). A
+    ``verdict`` of ``inconclusive`` is ``status --probe``'s only: verdicts left
+    inconclusive, counted as nothing.
     """
 
-    verdict: Final
+    verdict: Verdict
     checks: tuple[RuleCheck, ...]
     baseline: str
     reprobes: int = 0
@@ -254,6 +281,17 @@ class GateOutcome:
             else:
                 parts.append(f"{c.name} on {c.probe}: {c.why}")
         return "performance gate failed: " + "; ".join(parts)
+
+    def inconclusive_line(self) -> str:
+        """``inconclusive: margin M within noise N`` for each bound left inconclusive
+        (named when there are several, or always after the figures), with the re-probes."""
+        left = [c for c in self.checks if c.verdict == "inconclusive"]
+        parts = []
+        for c in left:
+            figures = (f"margin {_num(c.margin)} within noise {_num(c.noise)}"
+                       if c.margin is not None and c.noise is not None else c.why)
+            parts.append(f"{figures} ({c.name} on {c.probe})")
+        return f"inconclusive: {'; '.join(parts)}, after {self.reprobes} re-probe(s)"
 
     def verdict_cell(self, check: RuleCheck) -> str:
         if check.verdict == "inconclusive" and self.inconclusive_as:

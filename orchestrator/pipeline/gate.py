@@ -111,14 +111,17 @@ class GateRun:
         return found
 
     def judge(self, session: HostSession, on_event: Callable[[dict[str, Any]], None] | None = None,
-              on_reprobe: Callable[[list[str]], None] | None = None) -> GateOutcome:
+              on_reprobe: Callable[[list[str]], None] | None = None, *, decide: bool = True) -> GateOutcome:
         """Compare; while a verdict is inconclusive and re-probes are left, probe the
         new server again (only the probes concerned, one round trip each time: a fresh
-        measurement replaces the last) and compare again."""
+        measurement replaces the last) and compare again. ``decide`` false (``status
+        --probe``: nothing is kept or rolled back) leaves a verdict still inconclusive
+        as ``inconclusive`` instead of counting it as ``on_inconclusive``."""
+        on_inconclusive = self.spec.on_inconclusive if decide else None
         done = 0
         while True:
             checks = self.checks()
-            step = next_step(checks, done, self.spec.reprobes, self.spec.on_inconclusive)
+            step = next_step(checks, done, self.spec.reprobes, on_inconclusive)
             if step != "reprobe":
                 break
             labels = inconclusive_probes(checks)
@@ -130,7 +133,7 @@ class GateRun:
             done += 1
         left = any(c.verdict == "inconclusive" for c in checks)
         self.outcome = GateOutcome(step, tuple(checks), self.baseline, done,
-                                   self.spec.on_inconclusive if left else None)
+                                   on_inconclusive if left else None)
         return self.outcome
 
     # ---------------------------------------------------------------- records
@@ -182,7 +185,9 @@ def gate_from_spec_record(data: Mapping[str, Any]) -> RenderedGate:
 def probe_now(session: HostSession, release_dir: str, manifest: Manifest,
               on_event: Callable[[dict[str, Any]], None] | None = None) -> GateOutcome | str:
     """``orch status --probe``: probe the server now and judge it against the release's
-    record, by the release's own rules. Returns the outcome, or why there is none."""
+    record, by the release's own rules, re-probing ``reprobes`` times as the deploy's gate
+    does; a verdict still inconclusive stays one (status decides nothing, so
+    ``on_inconclusive`` does not apply). Returns the outcome, or why there is none."""
     if manifest.probe is None:
         return f"release {manifest.id} has no recorded probe (its playbook has no gate:)"
     data = session.run(ops.get_json(f"{release_dir}/{SPEC_FILE}"))
@@ -193,7 +198,7 @@ def probe_now(session: HostSession, release_dir: str, manifest: Manifest,
     run = GateRun(spec, before=recorded, recorded_in=manifest.id)
     probes = run.after_ops()
     run.take_after(session.batch(probes, on_event=on_event).each(probes))
-    return run.judge(session, on_event)
+    return run.judge(session, on_event, decide=False)
 
 
 def _ops(base_url: str, probes: Sequence[RenderedProbe]) -> list[ops.Op]:
