@@ -55,3 +55,15 @@ def test_row1_files_only_deploy_with_no_server_running_says_false(sandbox: Sandb
     status = sandbox.orch("status", "--host", "gpu", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
     assert host_of(status)["server_predates_release"] is False
+
+
+def test_row1_predates_is_unknown_without_a_start_or_a_commit_time() -> None:
+    from orchestrator.core.predates import commit_time, server_predates
+    from orchestrator.host.records import ServerProcess
+
+    steps = [{"step": "backup", "at": 100.0, "seconds": 1.0}, {"step": "commit", "at": 101.0, "seconds": 0.5}]
+    assert commit_time(steps) == 101.5 and commit_time([{"step": "confirm", "at": 1.0}]) is None
+    assert server_predates(ServerProcess(pid=7, started_at=101.0), 101.5) is True
+    assert server_predates(ServerProcess(pid=7, started_at=102.0), 101.5) is False
+    assert server_predates(ServerProcess(pid=7), 101.5) is None  # an older helper sent no start
+    assert server_predates(None, 101.5) is False and server_predates(None, None) is None

@@ -328,7 +328,7 @@ class ServerProcess:
     sid: int | None = None
     starttime: float | None = None
     found_by: str | None = None  # "pidfile" or "port"
-    started_at: float | None = None  # the start as a Unix time on the host's clock (helpers since 0.4.1)
+    started_at: float | None = None  # the start as a Unix time on the host's clock (None from older helpers)
     replace_env: bool | None = None  # a started command line's: whether env replaced the helper's
 
     @classmethod
