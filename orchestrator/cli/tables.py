@@ -222,6 +222,8 @@ def status_lines(s: HostStatus) -> list[tuple[str, str]]:
         rows.append(("argv", " ".join(redact_argv(s.server.argv or []))))
     else:
         rows.append(("server", "not running" if s.server_expected else "not known to orch"))
+    if s.predates_text:
+        rows.append(("note", s.predates_text))
     rows.append(("health", s.health))
     rows.append(("drift", ", ".join(s.drift) + " changed since the release" if s.drift else "none"))
     if s.view is not None and s.view.busy:

@@ -136,8 +136,9 @@ def process_record(pid):
                     env[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
     except OSError as e:
         raise AgentError("server", "cannot read process %d: %s" % (pid, e))
+    # started_at: the start on the host's wall clock, to tell whether a release's files came after it
     return {"pid": pid, "pgid": os.getpgid(pid), "sid": os.getsid(pid), "argv": argv, "cwd": cwd, "env": env,
-            "starttime": proc_starttime(pid)}
+            "starttime": proc_starttime(pid), "started_at": proc_start_epoch(pid)}
 
 
 def read_pidfile(pidfile):

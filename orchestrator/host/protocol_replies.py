@@ -90,6 +90,7 @@ class ProcessInfo(Reply):
     env: dict[str, str] | None = None
     starttime: float | None = None
     found_by: str | None = None
+    started_at: float | None = None  # the start on the host's wall clock
 
 
 @dataclass(frozen=True)

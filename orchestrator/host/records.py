@@ -328,6 +328,7 @@ class ServerProcess:
     sid: int | None = None
     starttime: float | None = None
     found_by: str | None = None  # "pidfile" or "port"
+    started_at: float | None = None  # the start as a Unix time on the host's clock (None from older helpers)
     replace_env: bool | None = None  # a started command line's: whether env replaced the helper's
 
     @classmethod
@@ -340,12 +341,13 @@ class ServerProcess:
                    cwd=data.get("cwd"), env={str(k): str(v) for k, v in _dict(data.get("env")).items()},
                    pgid=_opt_int(data.get("pgid")), sid=_opt_int(data.get("sid")),
                    starttime=_opt_float(data.get("starttime")), found_by=data.get("found_by"),
-                   replace_env=replace if isinstance(replace, bool) else None)
+                   replace_env=replace if isinstance(replace, bool) else None,
+                   started_at=_opt_float(data.get("started_at")))
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"argv": self.argv, "cwd": self.cwd, "env": dict(self.env)}
         extra = {"pid": self.pid, "pgid": self.pgid, "sid": self.sid, "starttime": self.starttime,
-                 "found_by": self.found_by, "replace_env": self.replace_env}
+                 "found_by": self.found_by, "replace_env": self.replace_env, "started_at": self.started_at}
         wire.update((k, v) for k, v in extra.items() if v is not None)
         return wire
 

@@ -36,6 +36,12 @@ from orchestrator.core.outcomes import (
     committed_paths,
     verdict,
 )
+from orchestrator.core.predates import (
+    commit_time,
+    predates_note,
+    server_predates,
+    server_whereabouts,
+)
 from orchestrator.core.preflight import PreflightResult
 from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import (
@@ -366,8 +372,26 @@ class Deployment:
         return HostReport.ended(
             self.label, CHANGED, release=self.release_id,
             files=[f.path for f in self.plan.changed_files],
-            extra={**flag_change_report(self.plan.server), "timings": self.timings, **self._gate_report()},
+            extra={**flag_change_report(self.plan.server), "timings": self.timings, **self._gate_report(),
+                   **self._server_predates()},
         )
+
+    def _server_predates(self) -> dict[str, Any]:
+        """Files changed and no restart: a server that started before the commit still runs
+        the code it loaded then. Says so in a note; ``server_predates_release`` in the report
+        (None: could not be told). One read-only round trip, after the lock is given back;
+        absent where the release restarted the server or changed no file."""
+        if not self.plan.changed_files or (self.plan.server is not None and self.plan.server.restart):
+            return {}
+        pidfile, port = server_whereabouts(self.state, self.session.target)
+        try:
+            server = ServerProcess.from_wire(self.session.run(ops.server_find(pidfile, port)))
+        except OrchError:
+            return {"server_predates_release": None}  # the release stands; only this note is unknown
+        predates = server_predates(server, commit_time(self._steps()))
+        if predates and server is not None:
+            self.reporter.note(self.label, predates_note(server))
+        return {"server_predates_release": predates}
 
     # ---------------------------------------------------------------- failure
 

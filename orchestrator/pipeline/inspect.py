@@ -19,6 +19,12 @@ from orchestrator.core.cmdline import flag_change_from_line
 from orchestrator.core.gate import GateOutcome
 from orchestrator.core.nightly import record_source, record_tokens_per_s
 from orchestrator.core.outcomes import status_exit_code
+from orchestrator.core.predates import (
+    commit_time,
+    predates_note,
+    server_predates,
+    server_whereabouts,
+)
 from orchestrator.core.progress import HostView, view_of_state
 from orchestrator.core.releases import describe_release, release_order
 from orchestrator.core.secrets import redact_argv
@@ -135,6 +141,9 @@ class HostStatus:
     view: HostView | None = None  # in progress / controller gone / unfinished (``core.progress``)
     flag_changes: list[dict[str, Any]] = field(default_factory=list)  # the current release's, as fields
     steps: list[dict[str, Any]] = field(default_factory=list)  # the current release's, as fields
+    # the server started before the current release's commit (None: no files, or cannot be told)
+    server_predates_release: bool | None = None
+    predates_text: str | None = None  # the line that says so
 
     @property
     def regressed(self) -> bool:
@@ -231,6 +240,7 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             shas = session.run(ops.sha256([f.path for f in current.files]))
             drift = [f.path for f in current.files if shas.get(f.path) != f.sha256_after]
         drift += night_drift(session, state)
+        predates, predates_text = current_predates(session, state, target, server)
         gate: GateOutcome | None = None
         gate_note = None
         if probe:
@@ -260,7 +270,28 @@ def host_status(target: HostTarget, options: ConnectOptions, *, probe: bool = Fa
             view=view_of_state(target.name, state),
             flag_changes=release_flag_changes(current) if current else [],
             steps=release_steps(current) if current else [],
+            server_predates_release=predates,
+            predates_text=predates_text,
         )
+
+
+def current_predates(session: HostSession, state: HostRecords, target: HostTarget,
+                     server: ServerProcess | None) -> tuple[bool | None, str | None]:
+    """Whether the server running now started before the current release's commit, and the
+    note that says so (``core.predates``). A release that changed no file: None. The server
+    is the one found above; where no release knew it, looked for as a files-only deploy does
+    (one more read-only round trip). Unreadable: None, the status stands."""
+    current = state.current
+    if current is None or not current.files:
+        return None, None
+    if server is None and not next((m for m in state.newest_first() if m.process_server), None):
+        pidfile, port = server_whereabouts(state, target)
+        try:
+            server = ServerProcess.from_wire(session.run(ops.server_find(pidfile, port)))
+        except RemoteStepError:
+            return None, None
+    predates = server_predates(server, commit_time(release_steps(current)))
+    return predates, predates_note(server) if predates and server is not None else None
 
 
 def release_flag_changes(manifest: Manifest) -> list[dict[str, Any]]:

@@ -41,7 +41,8 @@ Wire = dict[str, Any]
 FILE = {"path": str, "real": Opt(str), "exists": bool, "mode": Opt(int), "uid": Opt(int), "gid": Opt(int),
         "sha256": Opt(str), "size": Opt(int), "data": Opt(bytes)}
 PROCESS = {"pid": Opt(int), "pgid": Opt(int), "argv": Opt(ListOf(str)), "cwd": Opt(str),
-           "env": Opt(DictOf(str)), "starttime": Opt(Number), "found_by": Opt(str)}
+           "env": Opt(DictOf(str)), "starttime": Opt(Number), "found_by": Opt(str),
+           "started_at": Opt(Number)}
 LOCK = {"acquired": bool, "holder": Opt(dict), "token": Opt(str)}
 STATE = {"root": str, "exists": Opt(bool), "journal": Opt(dict), "state": {"applied": Opt(ListOf(str))},
          "lock": Opt(dict), "releases": ListOf(dict)}
