@@ -538,31 +538,12 @@ class Manifest:
         return [str(d.get("path")) for d in self.drift_kept]
 
 
-@dataclass
-class PrunedCount:
-    """``pruned.json``: how many releases ``keep_releases`` removed on this host, and the
-    ``keep_releases`` of the last prune (None: recorded before it was)."""
-
-    count: int
-    keep_releases: int | None = None
-
-    @classmethod
-    def from_wire(cls, data: Any) -> PrunedCount | None:
-        if not isinstance(data, dict) or not isinstance(data.get("count"), int):
-            return None  # absent: an older state dir, the count unknown
-        keep = data.get("keep_releases")
-        return cls(data["count"], keep if isinstance(keep, int) else None)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"count": self.count, "keep_releases": self.keep_releases}
-
-
 @dataclass(frozen=True)
 class HostRecords:
     """The answer of ``state_read``: the whole state dir, read in one round trip.
 
     Defaults of older helpers: ``exists`` True, no journal, lock or watchdog,
-    ``host_time`` None, ``pruned`` None (how many releases were pruned is unknown).
+    ``host_time`` None, ``pruned`` (``pruned.json``: ``{"count", "keep_releases"}``) None.
     """
 
     root: str
@@ -573,26 +554,24 @@ class HostRecords:
     releases: list[Manifest] = field(default_factory=list)
     watchdog: WatchdogRecord | None = None
     host_time: float | None = None
-    pruned: PrunedCount | None = None
+    pruned: dict[str, Any] | None = None
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> HostRecords:
         return cls(root=str(data["root"]), exists=bool(data.get("exists", True)),
                    journal=Journal.from_wire(data.get("journal")), state=AppliedState.from_wire(data.get("state")),
-                   lock=Lock.from_wire(data.get("lock")),
+                   lock=Lock.from_wire(data.get("lock")), pruned=_dict(data.get("pruned")) or None,
                    releases=[Manifest.from_wire(m) for m in data.get("releases") or []
                              if isinstance(m, dict) and "id" in m],
                    watchdog=WatchdogRecord.from_wire(data.get("watchdog")),
-                   host_time=_opt_float(data.get("host_time")),
-                   pruned=PrunedCount.from_wire(data.get("pruned")))
+                   host_time=_opt_float(data.get("host_time")))
 
     def to_wire(self) -> dict[str, Any]:
         return {"root": self.root, "exists": self.exists,
                 "journal": self.journal.to_wire() if self.journal else None, "state": self.state.to_wire(),
                 "lock": self.lock.to_wire() if self.lock else None,
-                "releases": [m.to_wire() for m in self.releases],
-                "watchdog": self.watchdog.to_wire() if self.watchdog else None, "host_time": self.host_time,
-                "pruned": self.pruned.to_wire() if self.pruned else None}
+                "releases": [m.to_wire() for m in self.releases], "pruned": self.pruned,
+                "watchdog": self.watchdog.to_wire() if self.watchdog else None, "host_time": self.host_time}
 
     @property
     def paths(self) -> StatePaths:

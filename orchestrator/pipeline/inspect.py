@@ -125,9 +125,10 @@ class HostHistory:
 
 def host_history(target: HostTarget, options: ConnectOptions) -> HostHistory:
     state = read_state(target, options)
-    pruned = state.pruned
+    pruned = state.pruned or {}  # pruned.json; absent: an older state dir, how many were pruned unknown
+    count, keep = pruned.get("count"), pruned.get("keep_releases")
     return HostHistory(target.name, state.root or target.state_dir, state.exists, history_rows(state),
-                       pruned.count if pruned else None, pruned.keep_releases if pruned else None)
+                       count if type(count) is int else None, keep if type(keep) is int else None)
 
 
 @dataclass
