@@ -66,14 +66,16 @@ def draw_history(out: Output, history: HostHistory) -> None:
         return
     if not out.terminal:
         _history_lines(out, history.host, rows)
-        return
-    table = history_table(history.host, rows)
-    # a column is never narrower than its longest word: the table only when they all fit
-    needed = sum(c.min_width or 0 for c in table.columns) + 3 * len(table.columns) + 1
-    if needed <= out.console.width:
-        out.console.print(table)
     else:
-        _history_blocks(out, history.host, rows)
+        table = history_table(history.host, rows)
+        # a column is never narrower than its longest word: the table only when they all fit
+        needed = sum(c.min_width or 0 for c in table.columns) + 3 * len(table.columns) + 1
+        if needed <= out.console.width:
+            out.console.print(table)
+        else:
+            _history_blocks(out, history.host, rows)
+    if history.pruned_line:  # what keep_releases removed is said, never dropped silently
+        out.line(history.pruned_line)
 
 
 def history_line(host: str, history: HostHistory) -> str:

@@ -266,7 +266,10 @@ def print_summary(out: Output, report: RunReport) -> None:
 def summary_line(out: Output, name: str, r: HostReport) -> None:
     style = {0: "green", 1: "yellow", 2: "red", 3: "bold red"}.get(r.exit_code, "red")
     line = f"[{style}]{escape(name)}: {r.outcome}[/]"
-    if r.release:
+    summary = r.extra.get("summary")
+    if summary:  # a rollback: what it undid and what is current, not its own record's id
+        line += f"[{style}]:[/] {escape(str(summary))}"
+    elif r.release:
         line += f" [dim]release {escape(r.release)}[/]"
     out.console.print(line)
     if r.error:

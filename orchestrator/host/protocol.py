@@ -328,6 +328,7 @@ class ReleasePrune(Request):
     OP: ClassVar[str] = "release_prune"
     state_dir: str
     remove: list[str]
+    keep: int | None = None  # the keep_releases that chose ``remove``: recorded in pruned.json for history
 
 
 @message(frozen=True)

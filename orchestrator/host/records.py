@@ -545,7 +545,7 @@ class HostRecords:
     """The answer of ``state_read``: the whole state dir, read in one round trip.
 
     Defaults of older helpers: ``exists`` True, no journal, lock or watchdog,
-    ``host_time`` None.
+    ``host_time`` None, ``pruned`` (``pruned.json``: ``{"count", "keep_releases"}``) None.
     """
 
     root: str
@@ -556,12 +556,13 @@ class HostRecords:
     releases: list[Manifest] = field(default_factory=list)
     watchdog: WatchdogRecord | None = None
     host_time: float | None = None
+    pruned: dict[str, Any] | None = None
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> HostRecords:
         return cls(root=str(data["root"]), exists=bool(data.get("exists", True)),
                    journal=Journal.from_wire(data.get("journal")), state=AppliedState.from_wire(data.get("state")),
-                   lock=Lock.from_wire(data.get("lock")),
+                   lock=Lock.from_wire(data.get("lock")), pruned=_dict(data.get("pruned")) or None,
                    releases=[Manifest.from_wire(m) for m in data.get("releases") or []
                              if isinstance(m, dict) and "id" in m],
                    watchdog=WatchdogRecord.from_wire(data.get("watchdog")),
@@ -571,7 +572,7 @@ class HostRecords:
         return {"root": self.root, "exists": self.exists,
                 "journal": self.journal.to_wire() if self.journal else None, "state": self.state.to_wire(),
                 "lock": self.lock.to_wire() if self.lock else None,
-                "releases": [m.to_wire() for m in self.releases],
+                "releases": [m.to_wire() for m in self.releases], "pruned": self.pruned,
                 "watchdog": self.watchdog.to_wire() if self.watchdog else None, "host_time": self.host_time}
 
     @property

@@ -162,6 +162,7 @@ def op_state_read(s, state_dir):
         "releases": releases,
         "watchdog": watchdog_view(root, journal),
         "host_time": time.time(),
+        "pruned": pruned_count(root),
     }
 
 
@@ -268,8 +269,48 @@ def op_release_update(s, state_dir, release_id, fields):
     return manifest
 
 
-def op_release_prune(s, state_dir, remove):
-    root = os.path.join(expand(state_dir), "releases")
+PRUNED_FILE = "pruned.json"
+
+
+def pruned_count(state_root):
+    """``pruned.json`` as ``history`` reads it: ``{"count", "keep_releases"}``, or None
+    (a state dir an older orch pruned: how many it removed is unknown)."""
+    record = read_json(os.path.join(state_root, PRUNED_FILE))
+    return record if isinstance(record, dict) and isinstance(record.get("count"), int) else None
+
+
+def nothing_pruned_yet(state_root):
+    """Whether this state dir provably never lost a release: every release has a
+    manifest with a ``seq``, and they are as many as the sequence handed out.
+    Only then may a first ``pruned.json`` start at 0; otherwise it stays absent."""
+    try:
+        with open(os.path.join(state_root, SEQ_FILE)) as f:
+            last = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    rel_root = os.path.join(state_root, "releases")
+    try:
+        names = os.listdir(rel_root)
+    except OSError:
+        return False
+    seqs = set()
+    for name in names:
+        manifest = read_json(os.path.join(rel_root, name, "manifest.json"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("seq"), int):
+            return False
+        seqs.add(manifest["seq"])
+    return seqs == set(range(1, last + 1))
+
+
+def op_release_prune(s, state_dir, remove, keep=None):
+    """Remove the releases ``remove`` names (never one holding drift) and count them
+    in ``pruned.json`` with ``keep`` (the ``keep_releases`` that chose them), so that
+    ``history`` can say how many older records are gone."""
+    state_root = expand(state_dir)
+    root = os.path.join(state_root, "releases")
+    known = pruned_count(state_root)
+    if known is None and nothing_pruned_yet(state_root):
+        known = {"count": 0}
     removed = []
     for rid in remove:
         d = os.path.join(root, rid)
@@ -277,6 +318,10 @@ def op_release_prune(s, state_dir, remove):
             # a release holding what a person wrote (drift) is never pruned, whatever was asked
             shutil.rmtree(d)
             removed.append(rid)
+    if known is not None:
+        record = {"count": known["count"] + len(removed),
+                  "keep_releases": keep if keep is not None else known.get("keep_releases")}
+        write_json(os.path.join(state_root, PRUNED_FILE), record)
     return removed
 
 

@@ -355,7 +355,7 @@ class Deployment:
             *gate_records,
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
             ops.put_json(self._journal_path(), self._journal(JournalStep.CONFIRMED, finished=True)),
-            ops.release_prune(self.state_dir, prune),
+            ops.release_prune(self.state_dir, prune, keep),
             self._log_op(f"release {self.release_id} is current"),
             ops.lock_release(self.state_dir),
         ]))

@@ -109,6 +109,17 @@ class HostHistory:
     state_dir: str
     exists: bool
     rows: list[HistoryRow]
+    pruned: int | None = None  # releases keep_releases removed (None: unknown, an older state dir)
+    keep_releases: int | None = None  # the keep_releases of the last prune
+
+    @property
+    def pruned_line(self) -> str | None:
+        """"N older records pruned (keep_releases K)" after the list; None when none were
+        (or how many is unknown), so nothing is printed."""
+        if not self.pruned:
+            return None
+        keep = f" (keep_releases {self.keep_releases})" if self.keep_releases is not None else ""
+        return f"{self.pruned} older record{'s' if self.pruned != 1 else ''} pruned{keep}"
 
     @property
     def empty_reason(self) -> str:
@@ -120,7 +131,10 @@ class HostHistory:
 
 def host_history(target: HostTarget, options: ConnectOptions) -> HostHistory:
     state = read_state(target, options)
-    return HostHistory(target.name, state.root or target.state_dir, state.exists, history_rows(state))
+    pruned = state.pruned or {}  # pruned.json; absent: an older state dir, how many were pruned unknown
+    count, keep = pruned.get("count"), pruned.get("keep_releases")
+    return HostHistory(target.name, state.root or target.state_dir, state.exists, history_rows(state),
+                       count if type(count) is int else None, keep if type(keep) is int else None)
 
 
 @dataclass

@@ -713,7 +713,7 @@ class Night:
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
             self.journal(JournalStep.CONFIRMED, finished=True),
             prune,
-            ops.release_prune(self.state_dir, prune_releases),
+            ops.release_prune(self.state_dir, prune_releases, self.target.keep_releases),
             self.log_op(f"night {self.name} is current"),
             ops.lock_release(self.state_dir),
         ]))

@@ -33,7 +33,14 @@ from orchestrator.core.releases import (
 from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_restore, restore_spec
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import OrchError, RefusedError
-from orchestrator.host.records import AppliedState, HostRecords, Journal, JournalStep, StatePaths
+from orchestrator.host.records import (
+    AppliedState,
+    HostRecords,
+    Journal,
+    JournalStep,
+    Manifest,
+    StatePaths,
+)
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.locking import open_state, release_lock
@@ -111,11 +118,23 @@ def report_restore(
     info = {"restore": done, "drift": [f.path for f in record.drift], **(extra or {})}
     v = rollback_verdict(record)
     if not record.ok:
+        info.pop("summary", None)  # nothing was undone: the error says what happened
         return HostReport.ended(label, v, release=release_id, files=planned, extra=info, error=(
             f"{label}: {what} FAILED: {done}. The host is not known to be healthy; fix the cause and run "
             f"`orch rollback --host {label}` again"))
     reporter.step(label, f"{what}: {done}")
     return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
+
+
+def rollback_summary(undone: Sequence[str], now: Manifest | None, releases: dict[str, Manifest]) -> str:
+    """The summary line's words: what was undone and what is current now, each with its
+    playbook ("undid R2 (speculative-disable); current: R1 (gated)"), not the rollback's own id."""
+    def named(rid: str) -> str:
+        m = releases.get(rid)
+        return f"{rid} ({m.playbook_name})" if m is not None and m.playbook_name else rid
+
+    current = named(now.id) if now is not None else "none (the state before any release)"
+    return f"undid {', '.join(named(r) for r in undone)}; current: {current}"
 
 
 def finish_unfinished(
@@ -275,7 +294,8 @@ def undo_releases(
     argvs = (list(newest.server_after.argv or []) if newest.server_after else [],
              list(then.argv or []) if (then := now_started or target.server_before) else [])
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
-                          extra={"undid": list(target.undo),
+                          extra={"summary": rollback_summary(target.undo, now, releases),
+                                 "undid": list(target.undo),
                                  "current": target.new_applied[-1] if target.new_applied else None,
                                  "flag_changes": flag_change_fields(*argvs) if target.restart else [],
                                  "flag_changes_text": flag_changes(*argvs) if target.restart else []})

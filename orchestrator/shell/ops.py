@@ -278,8 +278,10 @@ def release_update(state_dir: str, release_id: str, fields: Wire) -> Op:
     return _op(p.ReleaseUpdate(state_dir, release_id, fields))
 
 
-def release_prune(state_dir: str, remove: Sequence[str]) -> Op:
-    return _op(p.ReleasePrune(state_dir, list(remove)))
+def release_prune(state_dir: str, remove: Sequence[str], keep: int | None = None) -> Op:
+    """Remove ``remove``; ``keep`` (the ``keep_releases`` that chose them) goes in the host's
+    ``pruned.json`` with the count, for ``history``."""
+    return _op(p.ReleasePrune(state_dir, list(remove), keep))
 
 
 def release_log(state_dir: str, release_id: str, text: str) -> Op:

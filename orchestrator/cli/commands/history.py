@@ -32,12 +32,14 @@ def history(out: OutputFlags, where: HostFlags, release: str | None) -> int:
 
     output = out.output()
     options = where.connect(output)
+    pruned: dict[str, int | None] = {}  # --json: each host's count of pruned records (null: unknown)
     if release is None:
         def show(name: str, got: Any) -> Any:
             if output.quiet:
                 output.line(history_line(name, got))
             else:
                 draw_history(output, got)
+            pruned[name] = got.pruned
             return [r.to_json() for r in got.rows]
 
         hosts, failed, code = _read_each(where, output, lambda t: host_history(t, options), show)
@@ -53,7 +55,10 @@ def history(out: OutputFlags, where: HostFlags, release: str | None) -> int:
         if all(v is None for v in hosts.values()) and not failed:
             code = int(ExitCode.REFUSED)  # no host has it: a typo, most likely
     if out.as_json:
-        output.emit_json({"exit_code": code, "error": None, "hosts": hosts, "failed": failed})
+        report = {"exit_code": code, "error": None, "hosts": hosts, "failed": failed}
+        if release is None:
+            report["pruned"] = pruned
+        output.emit_json(report)
     return code
 
 
