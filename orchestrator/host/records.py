@@ -341,8 +341,7 @@ class ServerProcess:
                    cwd=data.get("cwd"), env={str(k): str(v) for k, v in _dict(data.get("env")).items()},
                    pgid=_opt_int(data.get("pgid")), sid=_opt_int(data.get("sid")),
                    starttime=_opt_float(data.get("starttime")), found_by=data.get("found_by"),
-                   replace_env=replace if isinstance(replace, bool) else None,
-                   started_at=_opt_float(data.get("started_at")))
+                   replace_env=replace if isinstance(replace, bool) else None, started_at=_opt_float(data.get("started_at")))
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"argv": self.argv, "cwd": self.cwd, "env": dict(self.env)}
