@@ -35,15 +35,15 @@ STORY = quick_stability(SHIPPED_SPEC, "2s").replace(
     'vars:\n  threshold: 32\n  port: 30000\n  exit_after: 0\n  crash: 0\n',
 ).replace(
     "server:\n  manager: process\n",
-    'server:\n  manager: process\n  env: {STANDIN_EXIT_AFTER_READY: "{{ exit_after }}", '
+    'server:\n  manager: process\n  env: {STANDIN_EXIT_AFTER_ANSWERED: "{{ exit_after }}", '
     'STANDIN_CRASH_AT_START: "{{ crash }}"}\n',
 ).replace("  interval: 1s\n", "  interval: 0.2s\n")
 """The story's playbook; a host var ``exit_after: S`` makes that host's new server die S
-seconds after it became healthy, ``crash: 1`` makes it fail at start."""
+seconds after it first answered a full health poll, ``crash: 1`` makes it fail at start."""
 
 
 def write_story(fleet: Fleet) -> Path:
-    assert "STANDIN_EXIT_AFTER_READY" in STORY and "exit_after: 0" in STORY and "interval: 0.2s" in STORY
+    assert "STANDIN_EXIT_AFTER_ANSWERED" in STORY and "exit_after: 0" in STORY and "interval: 0.2s" in STORY
     path = fleet.root / "story.yaml"
     path.write_text(STORY)
     return path

@@ -240,9 +240,9 @@ def op_health_wait(s, base_url, checks, timeout, interval, pid=None, log=None, s
         watch_process(s, pid, log, polls, "during start")
         ok, last = check_all(base_url, checks, interval, deadline)
         polls += 1
-        watch_process(s, pid, log, polls, "during start")
         if ok:
-            break
+            break  # it answered healthy: an exit from now on is "after it became healthy"
+        watch_process(s, pid, log, polls, "during start")
         # Say what we wait for when it changes, and every 10 s: not at every poll.
         now = time.monotonic()
         if last != said or now - said_at >= 10.0:

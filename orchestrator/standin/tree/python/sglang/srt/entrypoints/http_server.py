@@ -28,7 +28,9 @@ the ways real ones do without an unknown flag:
 ``STANDIN_SAY=TEXT`` prints TEXT verbatim at start (escape sequences
 included: a hostile log); ``STANDIN_CRASH_AT_START=1`` raises at start, before binding (a traceback,
 exit 1); ``STANDIN_EXIT_AFTER_READY=S`` exits (code 1) S seconds after it
-became healthy; ``STANDIN_FLAP=S`` answers health 200 for S seconds, then
+became healthy; ``STANDIN_EXIT_AFTER_ANSWERED=S`` exits (code 1) S seconds
+after it first answered ``POST /generate`` (the last of a health poll's
+checks: whoever polled has seen it healthy, however late it looked); ``STANDIN_FLAP=S`` answers health 200 for S seconds, then
 503 for S seconds, and so on; ``STANDIN_HANG=1`` accepts connections and
 never answers; ``STANDIN_TRICKLE=S`` sends health answers one byte every S
 seconds; ``STANDIN_READY_FILE=PATH`` becomes healthy only once PATH exists
@@ -103,6 +105,7 @@ class ServerState:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.ready_since: Optional[float] = None
+        self.generated_at: Optional[float] = None  # the first answered /generate
         self.worker = _make_spec_worker(server_args)
         self.engine = DecodeEngine(SpeedModel.for_server(server_args), self.worker)
 
@@ -516,6 +519,8 @@ class Handler(BaseHTTPRequestHandler):
             logger.exception("[http_server] Internal error")
             reply = Reply.json({"error": {"message": repr(e), "code": 500}}, 500)
         self._send(reply)
+        if path == "/generate" and reply.status == 200 and self.state.generated_at is None:
+            self.state.generated_at = time.monotonic()
 
     def _send(self, reply: Reply) -> None:
         self.send_response(reply.status)
@@ -634,6 +639,7 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
     never_ready = os.environ.get("STANDIN_NEVER_READY") == "1"
     ready_at = time.monotonic() + _env_float("STANDIN_STARTUP_DELAY", DEFAULT_STARTUP_DELAY)
     exit_after = _env_float("STANDIN_EXIT_AFTER_READY", 0.0)
+    exit_after_answered = _env_float("STANDIN_EXIT_AFTER_ANSWERED", 0.0)
     try:
         while not stop.wait(0.05):
             ready_file = os.environ.get("STANDIN_READY_FILE")
@@ -644,6 +650,10 @@ def launch_server(server_args: ServerArgs, argv: Optional[List[str]] = None) -> 
                 _announce_ready()
             if exit_after > 0 and state.ready_since is not None and time.monotonic() - state.ready_since >= exit_after:
                 logger.error("the stand-in dies now (STANDIN_EXIT_AFTER_READY)")
+                os._exit(1)
+            answered = state.generated_at
+            if exit_after_answered > 0 and answered is not None and time.monotonic() - answered >= exit_after_answered:
+                logger.error("the stand-in dies now (STANDIN_EXIT_AFTER_ANSWERED)")
                 os._exit(1)
     finally:
         if received:
