@@ -265,6 +265,14 @@ def op_health_wait(s, base_url, checks, timeout, interval, pid=None, log=None, s
             ok, seen = check_all(base_url, checks, interval, max(stable_until, time.monotonic() + 1.0))
             polls += 1
             if not ok:
+                # A server that died closes its port a moment before its exit can be seen:
+                # give the exit that moment, so the message says it died (and its code).
+                for _ in range(10):
+                    watch_process(s, pid, log, polls, "%.1f s after it became healthy"
+                                  % (time.monotonic() - start - healthy_after))
+                    if pid is None:
+                        break
+                    time.sleep(0.05)
                 raise AgentError("unstable", "server became unhealthy %.1f s after it first passed its checks: %s"
                                  % (time.monotonic() - start - healthy_after, seen),
                                  log_tail=tail_lines(log) if log else [], polls=polls, last=seen)
