@@ -186,10 +186,7 @@ def write_atomic(path, data, mode=None, uid=None, gid=None, planted=None):
                     os.close(fd)
             finally:
                 drop_private_dir(dfd, name, pfd, planted)
-            try:
-                os.fsync(dfd)
-            except OSError:
-                pass
+            fsync_quietly(dfd)
             return
         raise PlantedError("cannot write %s: its temp files keep disappearing" % path)
     except PlantedError:
@@ -200,15 +197,22 @@ def write_atomic(path, data, mode=None, uid=None, gid=None, planted=None):
         os.close(dfd)
 
 
+def fsync_quietly(fd):
+    """Flush a directory's entries to disk where the filesystem allows: a rename is
+    already done and visible; a filesystem that cannot fsync a directory changes nothing."""
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+
+
 def fsync_dir(directory):
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        fsync_quietly(fd)
     finally:
         os.close(fd)
 
@@ -375,10 +379,7 @@ def point_link(path, target, planted=None):
             os.replace("new", os.path.basename(path), src_dir_fd=pfd, dst_dir_fd=dfd)
         finally:
             drop_private_dir(dfd, name, pfd, planted)
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
+        fsync_quietly(dfd)
     finally:
         os.close(dfd)
 
