@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -67,7 +68,6 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
 def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
     """What docs/CLI.md tells a newcomer to do after `orch demo --keep`, done for real."""
     import json
-    import shutil
     import urllib.request
 
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
@@ -106,11 +106,7 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
         assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own five
         assert len(rows) == 7
     finally:
-        subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
-        deadline = time.monotonic() + 30
-        while servers_of(kept) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        shutil.rmtree(kept, ignore_errors=True)
+        leave_kept(kept)
     assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
 
 
@@ -128,6 +124,15 @@ def servers_of(sandbox: Path) -> set[int]:
 
 README_STEP = re.compile(r"^  (?P<command>\./\S+|orch .*?)(?:\s+#\s*(?P<comment>.*))?$")
 
+def leave_kept(kept: Path) -> None:
+    """Stop the kept sandbox's server with its own stop-server.sh (waiting for it to go), then remove it."""
+    subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while servers_of(kept) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shutil.rmtree(kept, ignore_errors=True)
+
+
 
 def readme_steps(readme: str) -> list[tuple[list[str], str]]:
     """The kept sandbox's README.txt commands, in order, with their comments."""
@@ -141,7 +146,6 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
     """Every command of the kept sandbox's README.txt, run as the text says, in its order;
     each exits as its comment says, and the outcomes the issue pins hold (issue 20)."""
     import json
-    import shutil
     import urllib.request
 
     env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path))
@@ -218,11 +222,7 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
         # the comments themselves, pinned: what the issue asks each step to do
         assert promised == [0, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0], promised
     finally:
-        subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
-        deadline = time.monotonic() + 30
-        while servers_of(kept) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        shutil.rmtree(kept, ignore_errors=True)
+        leave_kept(kept)
     assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
 
 
