@@ -174,7 +174,7 @@ def field_names(kind: type) -> list[str]:
 
 def instances(kind: type) -> st.SearchStrategy[Any]:
     hints = hints_of(kind)
-    return st.builds(kind, **{name: STEPS if name == "steps" else strategy(hints[name]) for name in field_names(kind)})
+    return st.builds(kind, **{name: STEPS if name in ("steps", "extra") else strategy(hints[name]) for name in field_names(kind)})
 
 
 @pytest.mark.parametrize("kind", p.REQUEST_TYPES, ids=lambda k: k.OP)

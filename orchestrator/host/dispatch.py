@@ -48,6 +48,8 @@ OPS = {
     "log_tail": ("files", "op_log_tail"),
     "restore_release": ("restore", "op_restore_release"),
     "confirm_release": ("restore", "op_confirm_release"),
+    "program_write": ("executor", "op_program_write"),
+    "release_steps": ("executor", "op_release_steps"),
     "mark": ("files", "op_mark"),
     "release_arm": ("backstop", "op_release_arm"),
     "read_host": ("facts", "op_read_host"),

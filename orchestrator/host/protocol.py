@@ -36,11 +36,8 @@ else:
         about 45 ms of host CPU, this module as it is about 7 (both on a busy 2-core box)."""
         return _message
 
-LOG_TAIL_LINES = 40
-"""Lines of a server's log the helper sends back by default (``log_tail``)."""
-
-MISSING = object()
-"""A field's default when it has none: the argument is required."""
+LOG_TAIL_LINES = 40  # lines of a server's log the helper sends back by default (``log_tail``)
+MISSING = object()  # a field's default when it has none: the argument is required
 
 
 class ProtocolError(ValueError):
@@ -366,6 +363,28 @@ class ConfirmRelease(Request):
     steps: list[Wire]
 
 
+# ---------------------------------------------------------------- the release's program
+
+@message(frozen=True)
+class ProgramWrite(Request):
+    """Keep ``program.Program`` in the release (0600), checked whole before the commit."""
+
+    OP: ClassVar[str] = "program_write"
+    release_dir: str
+    program: Wire
+
+
+@message(frozen=True)
+class RunSteps(Request):
+    """The kept program on from where it stopped, through ``through`` (a ``StepName``);
+    ``extra``: requests run first inside the confirm step's claim (the run's figures, log)."""
+
+    OP: ClassVar[str] = "release_steps"
+    release_dir: str
+    through: str
+    extra: list[Wire] | None = None
+
+
 # ---------------------------------------------------------------- servers
 
 
@@ -530,6 +549,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     Hello, Bye, Batch, Read, Sha256, Stage, Run, Validate, Remove, Commit, ReadHost, Preflight,
     StateInit, LockAcquire, OpenState, LockRelease, GetJson, PutJson, StateRead, Mark,
     ReleaseCreate, ReleaseUpdate, ReleasePrune, ReleaseLog, ReleaseArm, RestoreRelease, ConfirmRelease,
+    ProgramWrite, RunSteps,
     ServerFind, Process, ServerStop, ServerStart, RunOk, CommandsStart, HealthWait, LogTail, ProbeHttp,
     NightlyPrepare, NightlyBuilds, NightlyFetchGit, NightlyPip, NightlyRun, NightlyRemoveBuild, NightlyPrune,
     NightlyLinkSwap,
@@ -567,6 +587,8 @@ def parse_request(line: Mapping[str, Any], where: str = "") -> Request:
         if f.required and f.name not in args:
             raise ProtocolError("%sop %r: missing field %r" % (where, name, f.name))
     request = kind(**args)
+    for i, step in enumerate((request.extra if isinstance(request, RunSteps) else None) or []):
+        parse_request(step, "%s%s.extra[%d]: " % (where, name, i))
     if isinstance(request, NESTED):
         steps = request.steps  # type: ignore[attr-defined]
         if not isinstance(steps, list):

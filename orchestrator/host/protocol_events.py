@@ -80,6 +80,22 @@ class HealthEvent(Event):
     polls: int = 0
 
 
+@dataclass(frozen=True)
+class StepEvent(Event):
+    """A step of a release's program began, ended or failed (``program.StepName``), on the
+    host's clock: what the release's event log (``events.jsonl``) holds, line for line."""
+
+    KIND: ClassVar[str] = "step"
+    step: str = ""
+    state: str = ""  # "began", "ended" or "failed"
+    at: float = 0.0  # the host's wall time
+    seconds: float | None = None  # how long the step took (ended and failed)
+
+    BEGAN: ClassVar[str] = "began"
+    ENDED: ClassVar[str] = "ended"
+    FAILED: ClassVar[str] = "failed"
+
+
 def _progress_step(wire: Mapping[str, Any]) -> ProgressStep | None:
     step = wire.get("step")
     if step is None and str(wire.get("msg", "")).startswith("waiting up to"):
@@ -106,6 +122,11 @@ def event_from_wire(wire: Mapping[str, Any]) -> Event | None:
         elapsed, polls = wire.get("elapsed"), wire.get("polls")
         return HealthEvent(str(wire.get("msg", "")), float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
                            polls if isinstance(polls, int) else 0)
+    if kind == StepEvent.KIND:
+        at, seconds = wire.get("at"), wire.get("seconds")
+        return StepEvent(str(wire.get("step", "")), str(wire.get("state", "")),
+                         float(at) if isinstance(at, (int, float)) else 0.0,
+                         float(seconds) if isinstance(seconds, (int, float)) else None)
     return None
 
 

@@ -70,7 +70,8 @@ from orchestrator.errors import (
     PreflightRefusedError,
     RemoteError,
 )
-from orchestrator.host.protocol_events import health_began
+from orchestrator.host.program import StepName
+from orchestrator.host.protocol_events import StepEvent, event_from_wire
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -102,6 +103,7 @@ from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
+from orchestrator.shell.program import ReleaseProgram
 
 
 @dataclass
@@ -125,6 +127,12 @@ class Deployment:
     force_baseline: bool = False  # --baseline: probe the running server even where a record exists
     gate: GateRun | None = None
     commit_written: list[str] | None = None  # the host's record of what a failed commit batch wrote
+    program: ReleaseProgram | None = None  # every step after the commit, kept in the release when it is armed
+    readback: ops.Op | None = None  # the program's requests whose answers the deploy reads
+    parser_check: ops.Op | None = None
+    health_op: ops.Op | None = None
+    baseline: list[ops.Op] | None = None
+    after: list[ops.Op] | None = None
 
     def __post_init__(self) -> None:
         if self.clock is None:
@@ -180,10 +188,12 @@ class Deployment:
                             started=self._started_record(),
                             mask=[str(v) for v in secret_values(self.plan.vars, self.plan.playbook.secret_names)])
         manifest = dict(self._manifest(), watchdog_budget=budget)
+        self.program = self._program()
         self.backup_sent = True
         arm = ops.release_arm(self.state_dir, self.release_dir)
         armed = self.session.batch([
             ops.release_create(self.state_dir, self.release_id, manifest, files, restore=spec),
+            self.program.write(self.release_dir),
             ops.put_json(self._journal_path(), self._journal(JournalStep.BACKED_UP)),
             arm,
         ])[arm]
@@ -195,24 +205,20 @@ class Deployment:
                                        f"the watchdog restores it at {at(self.deadline)} unless confirmed")
 
     def commit_and_preflight(self) -> None:
-        """Steps 5–7 in one round trip: compare-and-swap the files in, read back their sha256
-        for the ``sed -n`` view, and run the server's own parser on the new command line."""
+        """Steps 5–7 in one round trip: compare-and-swap the files in, then the program's
+        read-back (the sha256 behind the ``sed -n`` view) and the server's own parser on the
+        new command line."""
+        assert self.program is not None
         steps: list[ops.Op] = []
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
                  "after": s.file.new_sha256} for s in self.staged]
-        changed = self.plan.changed_files
-        readback = ops.read([f.path for f in changed], with_data=False)
         if wire:
             steps += [ops.commit(wire, self.release_dir),
-                      ops.put_json(self._journal_path(), self._journal(JournalStep.COMMITTED)),
-                      readback]
-        change = self.plan.server
-        preflight = change.preflight if change is not None and change.restart else None
-        parser_check = None
-        if preflight:
-            parser_check = ops.preflight(preflight, cwd=change.after_cwd, env=change.after_env,  # type: ignore[union-attr]
-                                         replace_env=change.replace_env, timeout=self._preflight_timeout())  # type: ignore[union-attr]
-            steps.append(parser_check)
+                      ops.put_json(self._journal_path(), self._journal(JournalStep.COMMITTED))]
+        checks = None
+        if self.program.has(StepName.READ_BACK) or self.program.has(StepName.PREFLIGHT):
+            checks = self.program.run(self.release_dir, StepName.PREFLIGHT)
+            steps.append(checks)
         if not steps:
             return
         self.reached = Step.COMMITTING if wire else self.reached
@@ -230,9 +236,11 @@ class Deployment:
             raise
         finally:
             self._stop("commit")
+        answers = results[checks] if checks is not None else None
         if wire:
             self.reporter.step(self.label, f"committed {len(wire)} file(s)")
-            for f, info in zip(changed, results[readback], strict=True):
+        if answers is not None and self.readback is not None:
+            for f, info in zip(self.plan.changed_files, answers[self.readback], strict=True):
                 if info.get("sha256") != f.new_sha256:
                     raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
                                       f"planned {f.new_sha256}")
@@ -241,86 +249,120 @@ class Deployment:
                 text = f.plan.result
                 ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
-        if parser_check is not None:
-            result: PreflightResult = results[parser_check]
+        if answers is not None and self.parser_check is not None:
+            result: PreflightResult = answers[self.parser_check]
             if not result.ok:
                 raise PreflightRefusedError(self._redact(result.refusal()))
             self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
 
     def restart_and_check(self) -> None:
-        """Steps 7 and 8: stop the old server, start the new command line, health and stability;
-        with a gate, its probes ride in the same round trip (the baseline after the drain, before
-        the stop; the new server once it is stable), then ``judge_gate``."""
+        """Steps 7 and 8 in one round trip: the program on through the stop, the start, health
+        and stability; with a gate, its probes (the baseline after the drain, before the stop;
+        the new server once it is stable), then ``judge_gate``; then ``after_healthy``."""
         change = self.plan.server
         if change is None or not change.restart:
             return
+        assert self.program is not None
         self._start("restart")
-        spec = self._server_target()
-        assert spec is not None
-        hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
-        steps = [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING))]
-        if change.before_stop:
-            # drain first; a failing hook stops the batch here: nothing is stopped
-            steps += [ops.mark(f"{self.release_dir}/drained"), ops.run_ok(change.before_stop, timeout=hook_timeout)]
         gate = self.gate
-        baseline: list[ops.Op] = []
         if gate is not None and gate.to_probe:
-            # the gate's baseline: the server as it runs now (drained, like the new one will be measured)
-            baseline = gate.baseline_ops()
-            steps += baseline
             self.reporter.step(self.label, f"gate: probing the running server before the stop "
                                            f"({', '.join(p.label for p in gate.to_probe)})")
-        steps.append(ops.mark(StatePaths(self.state_dir).server_touched(self.release_id)))
-        if change.manager == "commands":
-            if change.before is not None and change.stop:
-                steps.append(ops.run_ok(change.stop, timeout=spec.stop_timeout + 60))
-            pid_cmd = self.plan.playbook.server.pid if self.plan.playbook.server else None
-            steps.append(ops.commands_start(change.start or [], pid_cmd))
-        else:
-            before = change.before
-            if before is not None and before.pid:
-                steps.append(ops.server_stop(before.pid, before.pgid, spec.stop_timeout, spec.port,
-                                             spec.free_timeout))
-            steps.append(ops.server_start(change.after_argv or [], change.after_cwd, change.after_env, spec.log,
-                                          spec.pidfile, change.replace_env))
         shown = " ".join(self._shown_argv(change.after_argv) or [])
         self.reporter.step(self.label, f"restarting the server: {shown}")
-        health = self._health_wire(for_restore=False)
-        health_op = None
-        if health is not None:
-            # In the same round trip: poll health while watching the process just started.
-            health_op = ops.health_wait(health, pid="started")
-            steps.append(health_op)
-        after: list[ops.Op] = []
-        if gate is not None:
-            after = gate.after_ops()  # still in the same round trip: the new server, once healthy
-            steps += after
-        if change.after_healthy and gate is None:
-            steps.append(ops.run_ok(change.after_healthy, timeout=hook_timeout))
+        through = StepName.GATE if gate is not None else StepName.AFTER_HEALTHY
+        run = self.program.run(self.release_dir, through)
         self.reached = Step.RESTARTING
 
         def on_event(ev: dict[str, Any]) -> None:
-            if health is not None and "health" not in self._phases_started and health_began(ev):
-                self._stop("restart")  # the server is started: the health wait begins
-                self._start("health")
+            event = event_from_wire(ev)
+            if isinstance(event, StepEvent):
+                if event.step == StepName.HEALTH.value and event.state == StepEvent.BEGAN:
+                    self._stop("restart")  # the server is started: the health wait begins
+                    self._start("health")
+                return
             self.reporter.progress(self.label, ev)
 
         try:
-            results = self.session.batch(steps, on_event=on_event)
+            results = self.session.batch(
+                [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING)), run],
+                on_event=on_event)[run]
         finally:
             self._stop("restart")
             self._stop("health")
-        if health_op is not None:
-            got = results[health_op]
+        if self.health_op is not None:
+            got = results[self.health_op]
             stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
             self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
         if gate is not None:
-            gate.take_baseline(results.each(baseline))
-            gate.take_after(results.each(after))
+            gate.take_baseline(results.each(self.baseline or []))
+            gate.take_after(results.each(self.after or []))
             self.judge_gate()
-            if change.after_healthy:
+            if self.program.has(StepName.AFTER_HEALTHY):
                 # only a server that passed the gate goes back behind the router
-                self.session.run(ops.run_ok(change.after_healthy, timeout=hook_timeout))
+                self.session.run(self.program.run(self.release_dir, StepName.AFTER_HEALTHY))
+
+    def _program(self) -> ReleaseProgram:
+        """Every step after the commit, as requests: kept in the release when it is armed,
+        then run by the host's executor a part at a time (``shell.program``)."""
+        program = ReleaseProgram(self.release_id, "deploy")
+        changed = self.plan.changed_files
+        if self.staged:
+            self.readback = ops.read([f.path for f in changed], with_data=False)
+            program.add(StepName.READ_BACK, [self.readback])
+        change = self.plan.server
+        if change is None:
+            return self._with_confirm(program)
+        if change.restart and change.preflight:
+            self.parser_check = ops.preflight(change.preflight, cwd=change.after_cwd, env=change.after_env,
+                                              replace_env=change.replace_env, timeout=self._preflight_timeout())
+            program.add(StepName.PREFLIGHT, [self.parser_check])
+        if not change.restart:
+            return self._with_confirm(program)
+        spec = self._server_target()
+        assert spec is not None
+        hook_timeout = self.plan.loaded.model.server.hook_timeout if self.plan.loaded.model.server else 300.0
+        if change.before_stop:
+            # drain first; a failing hook stops the program here: nothing is stopped
+            program.add(StepName.BEFORE_STOP, [ops.mark(f"{self.release_dir}/drained"),
+                                               ops.run_ok(change.before_stop, timeout=hook_timeout)])
+        gate = self.gate
+        if gate is not None and gate.to_probe:
+            # the gate's baseline: the server as it runs now (drained, like the new one will be measured)
+            self.baseline = gate.baseline_ops()
+            program.add(StepName.BASELINE, self.baseline)
+        if change.manager == "commands":
+            if change.before is not None and change.stop:
+                program.add(StepName.STOP, [ops.run_ok(change.stop, timeout=spec.stop_timeout + 60)])
+            pid_cmd = self.plan.playbook.server.pid if self.plan.playbook.server else None
+            program.add(StepName.START, [ops.commands_start(change.start or [], pid_cmd)])
+        else:
+            before = change.before
+            if before is not None and before.pid:
+                program.add(StepName.STOP, [ops.server_stop(before.pid, before.pgid, spec.stop_timeout, spec.port,
+                                                            spec.free_timeout)])
+            program.add(StepName.START, [ops.server_start(change.after_argv or [], change.after_cwd,
+                                                          change.after_env, spec.log, spec.pidfile,
+                                                          change.replace_env)])
+        program.prepend([StepName.STOP, StepName.START],
+                        [ops.mark(StatePaths(self.state_dir).server_touched(self.release_id))])
+        health = self._health_wire(for_restore=False)
+        if health is not None:
+            # poll health while watching the process just started
+            self.health_op = ops.health_wait(health, pid="started")
+            program.add(StepName.HEALTH, [self.health_op])
+        if gate is not None:
+            self.after = gate.after_ops()  # the new server, once healthy and stable
+            program.add(StepName.GATE, self.after)
+        if change.after_healthy:
+            program.add(StepName.AFTER_HEALTHY, [ops.run_ok(change.after_healthy, timeout=hook_timeout)])
+        return self._with_confirm(program)
+
+    def _with_confirm(self, program: ReleaseProgram) -> ReleaseProgram:
+        """The confirm step: the claim, whose steps (the run's figures, its log, the
+        current release) the controller sends when it confirms."""
+        program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, [])])
+        return program
 
     def judge_gate(self) -> None:
         """Step 8's end: compare before and after, re-probe while inconclusive, show the table;
@@ -348,7 +390,8 @@ class Deployment:
         gate_records = []
         if self.gate is not None and self.gate.outcome is not None:
             gate_records = [ops.put_json(f"{self.release_dir}/{SPEC_FILE}", self.gate.spec_record())]
-        answer = self.session.run(ops.confirm_release(self.release_dir, [
+        assert self.program is not None
+        claim = ops.confirm_release(self.release_dir, [
             ops.release_update(self.state_dir, self.release_id, {
                 "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
                 "timings": self.timings, "steps": self._steps(), **self._gate_fields()}),
@@ -358,7 +401,9 @@ class Deployment:
             ops.release_prune(self.state_dir, prune, keep),
             self._log_op(f"release {self.release_id} is current"),
             ops.lock_release(self.state_dir),
-        ]))
+        ])
+        answer: ops.ConfirmAnswer = self.session.run(
+            self.program.run(self.release_dir, StepName.CONFIRM, confirm=claim))[claim]
         self._stop("confirm")
         if not answer.confirmed:
             return self._restored_before_confirm(answer)

@@ -1,0 +1,143 @@
+"""The one executor of a release's program (``program.py``): deploy's, night's and rollback's.
+
+The controller keeps the program in the release when it arms it
+(``op_program_write``) and then asks for it a part at a time
+(``op_release_steps``: "on through the health step"), so that its own
+judgement (the gate's verdict, a failure's restore) comes between parts.
+Each step's requests run in order through the op table, as a batch's do;
+the first failure stops the step and the program there.
+
+Every step that begins, ends or fails is a ``StepEvent`` on the host's
+clock, sent to the controller and appended to the release's event log
+(``events.jsonl``, 0600). The log is the executor's memory: a later call —
+from another connection, or from a process on the host that runs the
+program without any controller — goes on after the last step that ended,
+and the manifest's step times can be read from it.
+"""
+
+import json
+import os
+import time
+
+from .dispatch import find_op
+from .files import read_record, write_json
+from .program import Program, StepName
+from .protocol import ConfirmRelease, ProtocolError, parse_request
+from .protocol_events import StepEvent
+from .wire import AgentError, expand
+
+PROGRAM_FILE = "program.json"
+EVENTS_FILE = "events.jsonl"
+
+
+def program_of(release_dir):
+    """The release's kept program; an ``AgentError`` naming what is wrong if it has none or a bad one."""
+    wire = read_record(os.path.join(release_dir, PROGRAM_FILE))
+    if wire is None:
+        raise AgentError("absent", "release %s has no program" % os.path.basename(release_dir))
+    try:
+        return Program.from_wire(wire)
+    except ProtocolError as e:
+        raise AgentError("protocol", str(e))
+
+
+def op_program_write(s, release_dir, program):
+    """Check the program whole, then keep it in the release (0600, like ``restore.json``)."""
+    try:
+        Program.from_wire(program)
+    except ProtocolError as e:
+        raise AgentError("protocol", str(e))
+    write_json(os.path.join(expand(release_dir), PROGRAM_FILE), program)
+    return True
+
+
+def step_events(release_dir):
+    """The release's event log, as ``StepEvent``s (a line that is not one is skipped)."""
+    try:
+        with open(os.path.join(release_dir, EVENTS_FILE), "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            wire = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash: the step it began is not ended
+        if isinstance(wire, dict) and wire.get("event") == StepEvent.KIND:
+            events.append(StepEvent.from_wire(wire))
+    return events
+
+
+def steps_ended(release_dir):
+    """How many of the program's steps have ended: where the next call goes on."""
+    return len([e for e in step_events(release_dir) if e.state == StepEvent.ENDED])
+
+
+def record_event(s, release_dir, event):
+    """Append ``event`` to the release's log (flushed: a crash right after loses no line
+    before it), then tell the controller, if one listens."""
+    line = json.dumps(event.to_wire(), sort_keys=True) + "\n"
+    fd = os.open(os.path.join(release_dir, EVENTS_FILE),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    wire = event.to_wire()
+    s.event(wire.pop("event"), **wire)
+
+
+def with_extra(request, extra):
+    """The confirm step's claim with ``extra`` run first inside it (after the claim)."""
+    if not extra or not isinstance(request, ConfirmRelease):
+        return request
+    return ConfirmRelease(request.release_dir, list(extra) + list(request.steps))
+
+
+def run_request(s, request):
+    fn = find_op(request.OP)
+    return fn(s, **request.arguments())
+
+
+def op_release_steps(s, release_dir, through, extra=None):
+    """Run the kept program on from its last ended step through ``through``.
+
+    The answer: ``{"results": {step: [answers of its requests]}, "ran": [steps]}``.
+    A failing request fails its step (a ``failed`` event) and the call, whose
+    error details say which step (``program_step``), what that step's requests
+    answered before it (``done``) and the answers of the steps that ended
+    (``results``).
+    """
+    release_dir = expand(release_dir)
+    try:
+        last = StepName(through)
+        extra = list(extra or [])
+        for wire in extra:
+            parse_request(wire, "release_steps.extra: ")  # checked now; sent on as wire, as a batch's steps
+    except (ValueError, ProtocolError) as e:
+        raise AgentError("protocol", str(e))
+    program = program_of(release_dir)
+    results = {}
+    for step in program.through(steps_ended(release_dir), last):
+        began = time.time()
+        started = time.monotonic()
+        record_event(s, release_dir, StepEvent(step.name.value, StepEvent.BEGAN, began))
+        done = []
+        for request in step.requests:
+            if step.name is StepName.CONFIRM:
+                request = with_extra(request, extra)
+            try:
+                done.append(run_request(s, request))
+            except Exception as e:
+                seconds = round(time.monotonic() - started, 3)
+                record_event(s, release_dir, StepEvent(step.name.value, StepEvent.FAILED, time.time(), seconds))
+                if not isinstance(e, AgentError):
+                    e = AgentError("internal", "%s: %s" % (type(e).__name__, e))
+                e.details.update(program_step=step.name.value, step_done=done, results=results)
+                raise e
+        seconds = round(time.monotonic() - started, 3)
+        record_event(s, release_dir, StepEvent(step.name.value, StepEvent.ENDED, time.time(), seconds))
+        results[step.name.value] = done
+    return {"results": results, "ran": list(results)}

@@ -1,0 +1,98 @@
+"""A release's program as the controller builds and feeds it (``host/program.py``, ``host/executor.py``).
+
+Deploy and night each say, before the commit, what every step after it runs
+(``ReleaseProgram.add``); the program is kept in the release with its arm
+(``write``), and the controller then asks the host's executor for it a part
+at a time (``run``: "on through the health step"), with its own judgement
+between parts. Each answer is read by the ``Op`` that built the request, as
+a batch's are (``StepResults``), never by a position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from orchestrator.host import protocol as p
+from orchestrator.host.program import ORDER, Program, ProgramStep, StepName
+from orchestrator.shell.ops import Op, _op
+from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed
+
+
+class StepResults:
+    """The answers of one ``release_steps`` call, each read by the ``Op`` that asked for it."""
+
+    def __init__(self, answers: dict[Op, Any], ran: Sequence[StepName]) -> None:
+        self._answers = answers
+        self.ran = list(ran)
+
+    def __getitem__(self, op: Op) -> Any:
+        if op not in self._answers:
+            raise KeyError(f"{op.name} has no answer (its step did not run in this call)")
+        return self._answers[op]
+
+    def each(self, ops: Sequence[Op]) -> list[Any]:
+        return [self[o] for o in ops]
+
+    def __contains__(self, op: Op) -> bool:
+        return op in self._answers
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._answers.values())
+
+
+class ReleaseProgram:
+    """The steps after one release's commit, as the controller's ``Op``s."""
+
+    def __init__(self, release: str, kind: str) -> None:
+        self.release = release
+        self.kind = kind
+        self.steps: dict[StepName, list[Op]] = {}
+
+    def add(self, name: StepName, ops: Sequence[Op]) -> None:
+        self.steps.setdefault(name, []).extend(ops)
+
+    def prepend(self, names: Sequence[StepName], ops: Sequence[Op]) -> None:
+        """``ops`` at the front of the first of ``names`` that holds a request (the last of
+        ``names`` if none does): a record written before whichever of them runs first."""
+        held = [n for n in names if self.steps.get(n)]
+        name = held[0] if held else names[-1]
+        self.steps[name] = list(ops) + self.steps.get(name, [])
+
+    def has(self, name: StepName) -> bool:
+        return bool(self.steps.get(name))
+
+    def ordered(self) -> list[tuple[StepName, list[Op]]]:
+        return [(n, self.steps[n]) for n in ORDER if self.steps.get(n)]
+
+    def program(self) -> Program:
+        return Program(self.release, self.kind,
+                       [ProgramStep(n, [o.request for o in ops]) for n, ops in self.ordered()])
+
+    def write(self, release_dir: str) -> Op:
+        """The request that keeps the program in the release (checked whole on the host)."""
+        return _op(p.ProgramWrite(release_dir, self.program().to_wire()), shape=bool)
+
+    def run(self, release_dir: str, through: StepName, confirm: Op | None = None) -> Op:
+        """On from the last step that ended, through ``through``. ``confirm``: the
+        ``confirm_release`` this run's figures fill (its steps go as ``extra``)."""
+        extra = list(confirm.request.steps) if confirm is not None else None  # type: ignore[attr-defined]
+        steps = dict(self.steps)
+        if confirm is not None:
+            steps[StepName.CONFIRM] = [confirm]
+
+        def parse(answer: dict[str, Any]) -> StepResults:
+            results = answer.get("results") or {}
+            ran = [StepName(n) for n in answer.get("ran") or []]
+            read: dict[Op, Any] = {}
+            for name in ran:
+                ops, got = steps.get(name, []), results.get(name.value) or []
+                if len(got) != len(ops):
+                    raise Malformed(f"step {name.value} has {len(got)} answers for {len(ops)} requests")
+                for i, (o, a) in enumerate(zip(ops, got, strict=True)):
+                    read[o] = o.read(a, f"result.results.{name.value}[{i}] ({o.name})")
+            return StepResults(read, ran)
+
+        return _op(p.RunSteps(release_dir, through.value, extra=extra), parse,
+                   {"results": DictOf(ListOf(ANY)), "ran": ListOf(str)})
+
