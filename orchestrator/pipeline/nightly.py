@@ -105,6 +105,7 @@ from orchestrator.errors import (
     RefusedError,
     RemoteError,
 )
+from orchestrator.host.program import StepName
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -141,6 +142,7 @@ from orchestrator.shell.config_files import (
     template_lookup,
 )
 from orchestrator.shell.nightly_files import LoadedNightly
+from orchestrator.shell.program import ReleaseProgram
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,8 @@ class Night:
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
     arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
+    program: ReleaseProgram | None = None  # every step after the arm, kept in the release with it
+    healthy: ops.Op | None = None  # the program's health wait, whose answer the night reads
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
     complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
@@ -631,12 +635,14 @@ class Night:
         self.deadline = self.session.host_time() + budget  # until the host says when exactly
         restore = restore_spec(self.name, "night", self.restore_plan(previous), budget=budget,
                                started=new_start.to_wire())
+        self.program = self.make_program(new_start)
         self.arm_sent = True
         arm = ops.release_arm(self.state_dir, self.release_dir)
         armed = self.session.batch([
             ops.release_update(self.state_dir, self.name,
                                dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
             ops.put_json(StatePaths(self.state_dir).restore(self.name), restore),
+            self.program.write(self.release_dir),
             self.journal(JournalStep.ARMED),
             arm,
         ])[arm]
@@ -645,26 +651,37 @@ class Night:
         self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
                                        "the night is confirmed")
 
-    def switch(self) -> None:
-        """Stop the old server, point ``current`` at the new build, start once, health and stability."""
-        new_start = self.new_start()
-        steps = [self.journal(JournalStep.SWITCHING), ops.mark(StatePaths(self.state_dir).server_touched(self.name))]
+    def make_program(self, new_start: ServerStart) -> ReleaseProgram:
+        """Every step after the arm, as requests: stop the old server, point ``current`` at
+        the new build, start it once, health and stability, the claim. Kept in the release
+        with the arm; the host's executor runs it (``shell.program``)."""
+        program = ReleaseProgram(self.name, "night")
         running = self.running
         if running and running.pid:
-            steps.append(ops.server_stop(running.pid, running.pgid, self.server.stop_timeout,
-                                         self.port, self.server.free_timeout))
-        healthy = ops.health_wait(health_wire(self.health, for_restore=False), pid="started")
-        steps += [
-            ops.nightly_link_swap(self.link, self.name, self.previous_build),
-            ops.server_start(new_start.argv, new_start.cwd, new_start.env, self.server_log, self.pidfile,
-                             new_start.replace_env),
-            healthy,
-        ]
+            program.add(StepName.STOP, [ops.server_stop(running.pid, running.pgid, self.server.stop_timeout,
+                                                        self.port, self.server.free_timeout)])
+        program.add(StepName.SWITCH, [ops.nightly_link_swap(self.link, self.name, self.previous_build)])
+        program.add(StepName.START, [ops.server_start(new_start.argv, new_start.cwd, new_start.env,
+                                                      self.server_log, self.pidfile, new_start.replace_env)])
+        program.prepend([StepName.STOP, StepName.SWITCH],
+                        [ops.mark(StatePaths(self.state_dir).server_touched(self.name))])
+        self.healthy = ops.health_wait(health_wire(self.health, for_restore=False), pid="started")
+        program.add(StepName.HEALTH, [self.healthy])
+        program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, [])])  # its steps come with the confirm
+        return program
+
+    def switch(self) -> None:
+        """Stop the old server, point ``current`` at the new build, start once, health and stability."""
+        assert self.program is not None and self.healthy is not None
+        new_start = self.new_start()
+        running = self.running
+        run = self.program.run(self.release_dir, StepName.HEALTH)
         shown = " ".join(redact_argv(new_start.argv, self.secret_list))
         stop = f"stop the old server (pid {running.pid}), " if running and running.pid else ""
         self.reporter.step(self.label, f"switching: {stop}current -> {self.name}, start {shown}")
         self.reached = Step.RESTARTING
-        got = self.session.batch(steps, on_event=self._events())[healthy]
+        got = self.session.batch([self.journal(JournalStep.SWITCHING), run],
+                                 on_event=self._events())[run][self.healthy]
         stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
         self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
 
@@ -704,7 +721,8 @@ class Night:
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
                                        self.spec.keep_builds, complete, seqs)
         prune = ops.nightly_prune(self.builds_dir, prune_builds)
-        answer = self.session.run(ops.confirm_release(self.release_dir, [
+        assert self.program is not None
+        claim = ops.confirm_release(self.release_dir, [
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {
                 "outcome": "deployed", "probe": probe.to_json() if probe else None, "finished": finished,
@@ -716,7 +734,9 @@ class Night:
             ops.release_prune(self.state_dir, prune_releases, self.target.keep_releases),
             self.log_op(f"night {self.name} is current"),
             ops.lock_release(self.state_dir),
-        ]))
+        ])
+        answer: ops.ConfirmAnswer = self.session.run(
+            self.program.run(self.release_dir, StepName.CONFIRM, confirm=claim))[claim]
         if not answer.confirmed:
             why = "the watchdog's deadline passed before the night could confirm"
             if answer.restored is None:
