@@ -227,3 +227,17 @@ def test_builds_are_pruned_by_their_night_s_seq_never_current_nor_previous() -> 
     assert retention.builds_to_prune(builds, "n1", "n5", keep=3, seqs=seqs) == ["n2", "n3"]
     assert retention.builds_to_prune(builds, "n1", "n2", keep=2, complete=["n1", "n2", "n4"], seqs=seqs) == [
         "n3", "n5", "n4"]  # half-built ones first, and never counted toward keep
+
+
+def test_a_decided_outcome_says_what_inconclusive_verdicts_counted_as_only_where_some_were_left() -> None:
+    rules = host_gate.GateRules.from_wire({"tokens_per_s": {"min_ratio": 0.95}, "errors": 0})
+    before = result([540, 542, 545], [300] * 3)
+    left = host_gate.check_probe("p", rules, before, result([520, 530, 600], [300] * 3))
+    clear = host_gate.check_probe("p", rules, before, result([541, 542, 543], [300] * 3))
+    step = host_gate.next_step(left, 1, 1, "pass")
+    assert step == "pass"
+    outcome = host_gate.GateOutcome.decided(step, left, "b", 1, "pass")
+    assert outcome.inconclusive_as == "pass" and outcome.checks == tuple(left)
+    assert outcome.verdict_cell(left[0]) == "inconclusive → pass"
+    assert host_gate.GateOutcome.decided("pass", clear, "b", 0, "fail").inconclusive_as is None
+    assert host_gate.GateOutcome.decided("fail", left, "b", 1, "fail").failing == [left[0]]

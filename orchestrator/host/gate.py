@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from .figures import ProbeResult
+from .records import Manifest
 
 # --------------------------------------------------------------- the rules
 
@@ -403,6 +404,15 @@ class GateOutcome:
     reprobes: int = 0
     inconclusive_as: Final | None = None
 
+    @classmethod
+    def decided(cls, step: Verdict, checks: Sequence[RuleCheck], baseline: str, reprobes: int,
+                on_inconclusive: Final | None) -> GateOutcome:
+        """The outcome once ``next_step`` gave ``step`` (anything but ``reprobe``) after
+        ``reprobes`` re-probes: ``inconclusive_as`` is ``on_inconclusive`` only where
+        verdicts were left inconclusive, so the table says what they counted as."""
+        left = any(c.verdict == "inconclusive" for c in checks)
+        return cls(step, tuple(checks), baseline, reprobes, on_inconclusive if left else None)
+
     @property
     def failing(self) -> list[RuleCheck]:
         """The rows that made the gate fail."""
@@ -459,6 +469,17 @@ class GateOutcome:
                    checks=tuple(RuleCheck.from_json(c) for c in data.get("checks") or []),
                    baseline=str(data.get("baseline", "")), reprobes=int(data.get("reprobes") or 0),
                    inconclusive_as=data.get("inconclusive_as"))
+
+
+def recorded_results(manifest: Manifest | None, running_argv: list[str] | None) -> dict[str, ProbeResult]:
+    """A release's recorded probe results by probe key — only if that release started
+    the server that runs now (a server restarted by hand since is another server)."""
+    if manifest is None or manifest.probe is None:
+        return {}
+    started = manifest.server_after.argv if manifest.server_after else None
+    if running_argv is None or started != running_argv:
+        return {}
+    return {p.key: ProbeResult.from_json(p.result) for p in manifest.recorded_probes if p.key}
 
 
 def plain_table(outcome: GateOutcome) -> list[str]:
