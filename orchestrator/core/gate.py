@@ -1,355 +1,42 @@
-"""The performance gate's judgement: figures before and after → a verdict per rule.
+"""The performance gate's judgement, for the controller: figures before and after → a verdict per rule.
 
-A deploy with a ``gate:`` probes the server before it is stopped (or takes
-the current release's recorded probe) and again once the new server is
-healthy; this module compares the two. Each bound of each rule gets a
-verdict:
-
-- ``pass`` / ``fail`` when the medians are clearly on one side of the bound;
-- ``inconclusive`` when the difference between the median and the bound is
-  within the measured noise: half the range of the rounds on each side
-  (the before figure's range scales with a ratio bound; an absolute bound
-  has none). With one round there is no range, so no verdict is
-  inconclusive.
-
-``next_step`` says what the deploy does with a set of verdicts: ``pass``,
-``fail``, or ``reprobe`` (measure the new server again — a clear fail is
-never re-probed); a verdict still inconclusive when the re-probes are used
-up counts as ``on_inconclusive`` — or, for ``orch status --probe``, which
-decides nothing, stays ``inconclusive`` (exit 0: a change within the noise
-is no regression shown). ``GateOutcome`` is what is shown (the
-before/after table), recorded in the release's manifest and put in
-``--json``. Pure: ``ProbeResult`` in, dataclasses out.
+The judgement is defined once, in the host package (``host/gate.py``:
+``Measured``, ``judge_bound``, ``check_probe``, ``next_step``,
+``GateOutcome`` …), because the host judges a release it runs itself as the
+controller does, and the host package imports nothing of the controller's.
+This module keeps the names the controller has always imported them by, and
+adapts the one call that takes the playbook's rules: ``check_probe``
+accepts the controller's pydantic ``GateRules`` (validated from a playbook
+or ``probe.json``) as well as the host's dataclass. Pure.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
-
-from orchestrator.core.models import BOUND_KINDS, FIGURE_RULES, Bounds, GateRules
-from orchestrator.core.probe import ProbeResult
-
-Verdict = Literal["pass", "fail", "inconclusive"]
-Final = Literal["pass", "fail"]
-
-COLUMNS = ("probe", "figure", "before", "after", "change", "rule", "verdict")
-"""The before/after table's columns, in order (terminal, plain text and ``--json`` rows)."""
-
-
-# --------------------------------------------------------------- one figure
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One figure over a probe's rounds: the median and the rounds' range."""
-
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def exact(cls, value: float) -> Measured:
-        return cls(value, value, value)
-
-    @classmethod
-    def of(cls, result: ProbeResult | None, figure: str) -> Measured | None:
-        """``figure`` (a ``core.probe.FIGURES`` name) of ``result``; None where it has none."""
-        values = result.values(figure) if result is not None else []
-        if not values:
-            return None
-        return cls(float(statistics.median(values)), min(values), max(values))
-
-    @property
-    def half_range(self) -> float:
-        return (self.high - self.low) / 2.0
-
-    @property
-    def spread(self) -> float:
-        """The range relative to the median, as ``ProbeResult.spread`` gives it."""
-        return (self.high - self.low) / self.median if self.median else 0.0
-
-    def scaled(self, factor: float) -> Measured:
-        return Measured(self.median * factor, self.low * factor, self.high * factor)
+from orchestrator.core.models import GateRules
+from orchestrator.host import gate as host_gate
+from orchestrator.host.figures import ProbeResult
+from orchestrator.host.gate import COLUMNS as COLUMNS
+from orchestrator.host.gate import Final as Final
+from orchestrator.host.gate import GateOutcome as GateOutcome
+from orchestrator.host.gate import Measured as Measured
+from orchestrator.host.gate import RuleCheck as RuleCheck
+from orchestrator.host.gate import Verdict as Verdict
+from orchestrator.host.gate import bound_text as bound_text
+from orchestrator.host.gate import inconclusive_probes as inconclusive_probes
+from orchestrator.host.gate import judge_bound as judge_bound
+from orchestrator.host.gate import margin_and_noise as margin_and_noise
+from orchestrator.host.gate import next_step as next_step
+from orchestrator.host.gate import plain_table as plain_table
 
 
-def margin_and_noise(kind: str, limit: float, before: Measured | None,
-                     after: Measured | None) -> tuple[float, float] | None:
-    """How far the median is from the bound (``margin``, always ≥ 0) and the rounds'
-    spread it is compared with (``noise``); None where the bound has no threshold
-    (no figure after, or no baseline for a ratio bound)."""
-    if after is None:
-        return None
-    if kind.endswith("_ratio"):
-        if before is None or before.median == 0:
-            return None
-        threshold = before.scaled(limit)
-    else:
-        threshold = Measured.exact(limit)
-    return abs(after.median - threshold.median), after.half_range + threshold.half_range
+def host_rules(rules: GateRules | host_gate.GateRules) -> host_gate.GateRules:
+    """The rules as the host's judgement reads them: a playbook model through its
+    wire form (``GateRules.to_host``), the host's own dataclass as it is."""
+    return rules.to_host() if isinstance(rules, GateRules) else rules
 
 
-def judge_bound(kind: str, limit: float, before: Measured | None, after: Measured | None) -> tuple[Verdict, str]:
-    """The verdict of one bound (``min_ratio`` 0.95 …) and why, in a phrase.
-
-    A ratio bound's threshold is ``limit × before``; an absolute one is
-    ``limit``. No figure after the deploy fails (no request succeeded, or
-    the answers do not say how many tokens they carry); no figure before
-    passes a ratio bound (there is nothing to compare with: a baseline that
-    failed every request cannot be regressed from), and says so.
-    """
-    if after is None:
-        return "fail", "no figure after the deploy (no request succeeded, or the answers carry no token counts)"
-    if kind.endswith("_ratio"):
-        if before is None or before.median == 0:
-            return "pass", "no baseline figure to compare with"
-        threshold = before.scaled(limit)
-        shown = f"{limit:g} × before ({_num(before.median)})"
-    else:
-        threshold = Measured.exact(limit)
-        shown = f"{limit:g}"
-    difference = after.median - threshold.median
-    noise = after.half_range + threshold.half_range
-    wanted = "≥" if kind.startswith("min") else "≤"
-    good = difference >= 0 if kind.startswith("min") else difference <= 0
-    if noise > 0 and abs(difference) <= noise:
-        return "inconclusive", (f"{_num(after.median)} against {wanted} {shown}: the difference "
-                                f"({_num(abs(difference))}) is within the rounds' spread ({_num(noise)})")
-    if good:
-        return "pass", f"{_num(after.median)} {wanted} {shown}"
-    return "fail", f"{_num(after.median)}, needs {wanted} {shown}"
-
-
-# --------------------------------------------------------------- one probe
-
-
-@dataclass(frozen=True)
-class RuleCheck:
-    """One row of the table: one bound of one rule on one probe, and its verdict.
-
-    ``rule`` is the rule's key as written in the gate (``tokens_per_s``,
-    ``errors``, ``greedy``), ``bound`` the bound within it (``min_ratio``;
-    empty for ``errors`` and ``greedy``), ``shown`` the bound for people
-    (``≥ 0.95 × before``). Figures are medians; spreads are relative
-    (``(max - min) / median`` of the rounds).
-    """
-
-    probe: str
-    rule: str
-    bound: str
-    shown: str
-    verdict: Verdict
-    why: str
-    before: float | int | str | None = None
-    after: float | int | str | None = None
-    before_spread: float | None = None
-    after_spread: float | None = None
-    change_pct: float | None = None
-    margin: float | None = None  # |median - threshold|, in the figure's unit (``margin_and_noise``)
-    noise: float | None = None  # the rounds' spread the margin is compared with
-
-    @property
-    def name(self) -> str:
-        """``tokens_per_s.min_ratio``: the rule as a path into the gate spec."""
-        return f"{self.rule}.{self.bound}" if self.bound else self.rule
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RuleCheck:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def bound_text(kind: str, limit: float) -> str:
-    wanted = "≥" if kind.startswith("min") else "≤"
-    return f"{wanted} {limit:g} × before" if kind.endswith("_ratio") else f"{wanted} {limit:g}"
-
-
-def check_probe(label: str, rules: GateRules, before: ProbeResult | None, after: ProbeResult) -> list[RuleCheck]:
-    """Every bound of ``rules`` on one probe, in the order of the rules' fields."""
-    checks: list[RuleCheck] = []
-    for rule, figure in FIGURE_RULES.items():
-        bounds: Bounds | None = getattr(rules, rule)
-        if bounds is None:
-            continue
-        old, new = Measured.of(before, figure), Measured.of(after, figure)
-        change = None
-        if old is not None and new is not None and old.median:
-            change = round((new.median - old.median) / old.median * 100.0, 1)
-        for kind in BOUND_KINDS:
-            limit = getattr(bounds, kind)
-            if limit is None:
-                continue
-            verdict, why = judge_bound(kind, float(limit), old, new)
-            gap = margin_and_noise(kind, float(limit), old, new)
-            checks.append(RuleCheck(
-                label, rule, kind, bound_text(kind, float(limit)), verdict, why,
-                before=_r(old.median) if old else None, after=_r(new.median) if new else None,
-                before_spread=round(old.spread, 4) if old else None,
-                after_spread=round(new.spread, 4) if new else None,
-                change_pct=change,
-                margin=_r(gap[0]) if gap else None, noise=_r(gap[1]) if gap else None,
-            ))
-    if rules.errors is not None:
-        errors = after.errors
-        first = next((r.first_error for r in after.rounds if r.first_error), None)
-        ok = errors <= rules.errors
-        why = f"{errors} failed request(s)" + (f" (first: {first})" if first else "")
-        checks.append(RuleCheck(label, "errors", "", f"≤ {rules.errors}", "pass" if ok else "fail",
-                                why if not ok else f"{errors} failed request(s)",
-                                before=before.errors if before is not None else None, after=errors))
-    if rules.greedy == "same":
-        old_sha = before.greedy_sha256 if before is not None else None
-        new_sha = after.greedy_sha256
-        if new_sha is None:
-            verdict, why = "fail", f"the greedy request failed: {after.greedy_error or 'no answer'}"
-        elif old_sha is None:
-            verdict, why = "pass", "no baseline fingerprint to compare with"
-        elif old_sha == new_sha:
-            verdict, why = "pass", "the greedy output is the same"
-        else:
-            verdict, why = "fail", f"the greedy output changed (sha256 {old_sha[:12]} -> {new_sha[:12]})"
-        checks.append(RuleCheck(label, "greedy", "", "same", verdict, why, before=old_sha, after=new_sha))
-    return checks
-
-
-# --------------------------------------------------------------- the gate
-
-
-def next_step(checks: Sequence[RuleCheck], reprobes_done: int, reprobes: int,
-              on_inconclusive: Final | None) -> Literal["pass", "fail", "reprobe", "inconclusive"]:
-    """What the deploy (or ``status --probe``) does with these verdicts.
-
-    Any ``fail`` fails at once. Else any ``inconclusive`` re-probes while
-    re-probes are left, and then counts as ``on_inconclusive``; None (status,
-    which decides nothing) leaves it ``inconclusive``. Else pass.
-    """
-    verdicts = {c.verdict for c in checks}
-    if "fail" in verdicts:
-        return "fail"
-    if "inconclusive" in verdicts:
-        if reprobes_done < reprobes:
-            return "reprobe"
-        return on_inconclusive or "inconclusive"
-    return "pass"
-
-
-def inconclusive_probes(checks: Iterable[RuleCheck]) -> list[str]:
-    """The probes (labels, in order) with an inconclusive verdict: those a re-probe measures again."""
-    seen: list[str] = []
-    for c in checks:
-        if c.verdict == "inconclusive" and c.probe not in seen:
-            seen.append(c.probe)
-    return seen
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    """The gate's end: its verdict, every row, and where the baseline came from.
-
-    ``inconclusive_as`` is set when inconclusive verdicts were left after the
-    re-probes and counted as ``fail`` or ``pass`` (``on_inconclusive``). A
-    ``verdict`` of ``inconclusive`` is ``status --probe``'s only: verdicts left
-    inconclusive, counted as nothing.
-    """
-
-    verdict: Verdict
-    checks: tuple[RuleCheck, ...]
-    baseline: str
-    reprobes: int = 0
-    inconclusive_as: Final | None = None
-
-    @property
-    def failing(self) -> list[RuleCheck]:
-        """The rows that made the gate fail."""
-        if self.verdict == "pass":
-            return []
-        return [c for c in self.checks
-                if c.verdict == "fail" or (c.verdict == "inconclusive" and self.inconclusive_as == "fail")]
-
-    def message(self) -> str:
-        """The deploy's error when the gate fails: every failing rule named, in one line."""
-        parts = []
-        for c in self.failing:
-            if c.verdict == "inconclusive":
-                parts.append(f"{c.name} on {c.probe} stayed inconclusive after {self.reprobes} re-probe(s) "
-                             f"({c.why}; on_inconclusive: fail)")
-            else:
-                parts.append(f"{c.name} on {c.probe}: {c.why}")
-        return "performance gate failed: " + "; ".join(parts)
-
-    def inconclusive_line(self) -> str:
-        """``inconclusive: margin M within noise N`` for each bound left inconclusive
-        (named when there are several, or always after the figures), with the re-probes."""
-        left = [c for c in self.checks if c.verdict == "inconclusive"]
-        parts = []
-        for c in left:
-            figures = (f"margin {_num(c.margin)} within noise {_num(c.noise)}"
-                       if c.margin is not None and c.noise is not None else c.why)
-            parts.append(f"{figures} ({c.name} on {c.probe})")
-        return f"inconclusive: {'; '.join(parts)}, after {self.reprobes} re-probe(s)"
-
-    def verdict_cell(self, check: RuleCheck) -> str:
-        if check.verdict == "inconclusive" and self.inconclusive_as:
-            return f"inconclusive → {self.inconclusive_as}"
-        return check.verdict
-
-    def rows(self) -> list[tuple[str, ...]]:
-        """The table's rows as text, in ``COLUMNS`` order (header not included)."""
-        return [(c.probe, c.rule, _cell(c.before, c.before_spread), _cell(c.after, c.after_spread),
-                 f"{c.change_pct:+.1f}%" if c.change_pct is not None else "", c.shown, self.verdict_cell(c))
-                for c in self.checks]
-
-    def title(self) -> str:
-        again = f", {self.reprobes} re-probe(s)" if self.reprobes else ""
-        return f"performance gate: {self.verdict} (baseline: {self.baseline}{again})"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "baseline": self.baseline, "reprobes": self.reprobes,
-                "inconclusive_as": self.inconclusive_as, "failed": [c.name + " on " + c.probe for c in self.failing],
-                "checks": [c.to_json() for c in self.checks]}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GateOutcome:
-        return cls(verdict=data.get("verdict", "fail"),
-                   checks=tuple(RuleCheck.from_json(c) for c in data.get("checks") or []),
-                   baseline=str(data.get("baseline", "")), reprobes=int(data.get("reprobes") or 0),
-                   inconclusive_as=data.get("inconclusive_as"))
-
-
-def plain_table(outcome: GateOutcome) -> list[str]:
-    """The table as aligned plain lines: for logs, pipes and the release's run.log."""
-    rows = [COLUMNS, *outcome.rows()]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = [outcome.title()]
-    for r in rows:
-        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-    return lines
-
-
-# --------------------------------------------------------------- formatting
-
-
-def _num(value: float) -> str:
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
-
-
-def _cell(value: float | int | str | None, spread: float | None) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value[:12]  # a greedy fingerprint: its start is enough to see same or not
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    text = _num(float(value))
-    if spread:
-        text += f" ±{spread * 50:.1f}%"  # half the rounds' range, relative to the median
-    return text
-
-
-def _r(value: float) -> float:
-    return round(value, 3)
+def check_probe(label: str, rules: GateRules | host_gate.GateRules, before: ProbeResult | None,
+                after: ProbeResult) -> list[RuleCheck]:
+    """Every bound of ``rules`` on one probe, in the order of the rules' fields
+    (``host.gate.check_probe``, with the playbook's rules handed over)."""
+    return host_gate.check_probe(label, host_rules(rules), before, after)

@@ -34,6 +34,12 @@ from orchestrator.core.selection import expand_group_members, expand_inventory_h
 from orchestrator.core.yamlsrc import Loc, SourceDoc, key_path, load_yaml
 from orchestrator.errors import ConfigError
 
+# The gate's rules are judged on both sides, so their names are defined once in the host
+# package (stdlib only); these models validate a playbook's ``gate:`` and hand rules over.
+from orchestrator.host.gate import BOUND_KINDS as BOUND_KINDS
+from orchestrator.host.gate import FIGURE_RULES as FIGURE_RULES
+from orchestrator.host.gate import GateRules as HostGateRules
+
 PYTHON_SYNTAX = "python-syntax"
 """The built-in ``validate`` step: compile the staged file without writing bytecode."""
 
@@ -597,9 +603,6 @@ class ProbeConfig(_Model):
         return self
 
 
-BOUND_KINDS = ("min_ratio", "max_ratio", "min", "max")
-
-
 class Bounds(_Model):
     """The bounds one figure must keep: against the baseline (``min_ratio``,
     ``max_ratio``) or absolute (``min``, ``max``, in the figure's own unit)."""
@@ -614,14 +617,6 @@ class Bounds(_Model):
         if all(getattr(self, k) is None for k in BOUND_KINDS):
             raise ValueError(f"expected at least one of {', '.join(BOUND_KINDS)}")
         return self
-
-FIGURE_RULES = {
-    "tokens_per_s": "output_tokens_per_s",
-    "requests_per_s": "requests_per_s",
-    "p50_ms": "p50_ms",
-    "p99_ms": "p99_ms",
-}
-"""A gate rule's name -> the probe figure it bounds (``core.probe.FIGURES``)."""
 
 
 class GateRules(_Model):
@@ -642,6 +637,15 @@ class GateRules(_Model):
     @property
     def empty(self) -> bool:
         return all(getattr(self, k) is None for k in type(self).model_fields)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The rules set, as a playbook writes them and ``host.gate.GateRules.from_wire`` reads them."""
+        return self.model_dump(exclude_none=True)  # python mode: an infinite bound stays one
+
+    def to_host(self) -> HostGateRules:
+        """The host's dataclass of these rules (what ``host.gate.check_probe`` judges by),
+        through the wire form: a rule the host's reader would not take fails here, in tests."""
+        return HostGateRules.from_wire(self.to_wire())
 
 
 class GateProbe(ProbeConfig):

@@ -48,6 +48,10 @@ from orchestrator.core.probe import ProbeConfig
 from orchestrator.errors import ConfigError
 from orchestrator.host.records import Manifest
 
+# a night's builds are pruned by the retention both sides run (``host.retention``); re-exported
+from orchestrator.host.retention import build_order as build_order
+from orchestrator.host.retention import builds_to_prune as builds_to_prune
+
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -503,38 +507,3 @@ def record_tokens_per_s(record: Manifest) -> float | None:
     summary = probe.get("summary") if probe is not None else None
     value = summary.get("output_tokens_per_s") if isinstance(summary, dict) else None
     return float(value) if isinstance(value, int | float) else None
-
-
-def build_order(name: str, seqs: Mapping[str, int]) -> tuple[int, int, str]:
-    """Sort key of a build: the host's ``seq`` of its night, never the time in its name
-    (a stepped host clock names a later night earlier); builds of nights made before
-    ``seq`` existed come first, by name."""
-    seq = seqs.get(name)
-    return (1, seq, name) if seq is not None else (0, 0, name)
-
-
-def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int,
-                    complete: Sequence[str] | None = None,
-                    seqs: Mapping[str, int] | None = None) -> list[str]:
-    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one.
-
-    Oldest by ``build_order``: ``seqs`` maps a build to its night's ``seq``.
-    ``complete``: the builds a night confirmed (``None``: all of them). The
-    others — built half-way by a night that was killed, or never passed —
-    hold nothing a rollback can switch to: they never count toward ``keep``
-    (a good build must not be pruned in their place) and go first.
-    """
-    protected = {b for b in (current, previous) if b}
-    ordered = sorted(set(builds), key=lambda name: build_order(name, seqs or {}))
-    whole = set(ordered) if complete is None else set(complete) | protected
-    out = [name for name in ordered if name not in whole]
-    good = [name for name in ordered if name in whole]
-    excess = len(good) - max(keep, len(protected))
-    for name in good:
-        if excess <= 0:
-            break
-        if name in protected:
-            continue
-        out.append(name)
-        excess -= 1
-    return out

@@ -10,13 +10,14 @@ where that link pointed before. The host's ``state.json`` keeps
 first; its top is the current release. ``orch rollback`` pops it (like
 ``cap deploy:rollback``: a second rollback goes one further back, it never
 toggles); ``--to R`` pops down to R. Deploys and nights that failed are
-never pushed, so never current.
+never pushed, so never current. Retention (what a confirm prunes) and the
+releases' order are the host's too, so they are defined in
+``host/retention.py`` and re-exported here.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -28,6 +29,15 @@ from orchestrator.host.records import Manifest, ReleaseFile, ServerProcess
 from orchestrator.host.restore_plan import FileState as FileState
 from orchestrator.host.restore_plan import LinkState as LinkState
 
+# defined once, in the host package (the host prunes after a confirm it runs itself); re-exported
+from orchestrator.host.retention import PrunePlan as PrunePlan
+from orchestrator.host.retention import drift_kept as drift_kept
+from orchestrator.host.retention import held_note as held_note
+from orchestrator.host.retention import ordered_ids as ordered_ids
+from orchestrator.host.retention import prune_candidates as prune_candidates
+from orchestrator.host.retention import prune_plan as prune_plan
+from orchestrator.host.retention import release_order as release_order
+
 
 def new_release_id(now: datetime, suffix: str) -> str:
     """Readable, short enough to type, stamped with the host's time (milliseconds).
@@ -37,21 +47,6 @@ def new_release_id(now: datetime, suffix: str) -> str:
     """
     now = now.astimezone(timezone.utc)
     return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}-{suffix}"
-
-
-def release_order(manifest: Manifest) -> tuple[int, int, str]:
-    """Sort key of a release: the order the host made them in, never a clock.
-
-    ``seq`` is the host's sequence number, taken under its lock when the
-    release is created. Releases recorded by versions before it have none:
-    they come first, by id (their time stamp) as those versions ordered them.
-    """
-    return manifest.order
-
-
-def ordered_ids(manifests: Iterable[Manifest]) -> list[str]:
-    """Release ids, oldest first (``release_order``)."""
-    return [m.id for m in sorted(manifests, key=release_order)]
 
 
 @dataclass(frozen=True)
@@ -206,63 +201,3 @@ def rollback_target(
     remaining = tuple(applied[: len(applied) - len(undo)])
     return TargetState(tuple(undo), tuple(files.values()), server_before, restart, remaining,
                        tuple(links.values()))
-
-
-@dataclass(frozen=True)
-class PrunePlan:
-    """What retention removes, and what it keeps beyond ``keep_releases`` because of drift."""
-
-    remove: list[str]
-    held: dict[str, list[str]] = field(default_factory=dict)  # release -> paths whose drift it keeps
-
-
-def drift_kept(manifests: list[Manifest]) -> dict[str, list[str]]:
-    """Releases that keep a drift copy still needed (``state_read``'s ``drift_kept``): id -> paths."""
-    return {m.id: m.drift_kept_paths for m in manifests if m.drift_kept}
-
-
-def prune_plan(
-    release_ids: list[str], applied: list[str], keep: int, holding: dict[str, list[str]] | None = None
-) -> PrunePlan:
-    """The oldest releases beyond ``keep`` that are no longer in effect, and those held back.
-
-    ``release_ids`` oldest first, as ``ordered_ids`` gives them (the host's
-    ``seq``, never a clock). ``keep_releases`` is a soft cap. A release in effect (in ``applied``) is
-    never pruned: each is a step ``orch rollback`` can take, and the oldest
-    of them holds the only copy of the files as they were before any
-    release. Rolled back deploys, undone releases and rollback records go
-    first, oldest first — and those are exactly where a restore saves what a
-    person wrote over orch's content (drift, ``files/<n>.drift``). So a
-    release in ``holding`` (its drift copy neither restored nor removed by a
-    person) is never pruned either: it is ``held``, for a note saying so.
-    """
-    in_effect = set(applied)
-    holding = holding or {}
-    excess = len(release_ids) - keep
-    out: list[str] = []
-    held: dict[str, list[str]] = {}
-    for rid in release_ids:
-        if excess <= 0:
-            break
-        if rid in in_effect:
-            continue
-        if rid in holding:
-            held[rid] = list(holding[rid])
-            continue
-        out.append(rid)
-        excess -= 1
-    return PrunePlan(out, held)
-
-
-def prune_candidates(
-    release_ids: list[str], applied: list[str], keep: int, holding: dict[str, list[str]] | None = None
-) -> list[str]:
-    """``prune_plan``'s releases to remove."""
-    return prune_plan(release_ids, applied, keep, holding).remove
-
-
-def held_note(rid: str, paths: list[str]) -> str:
-    """Why a release outlives ``keep_releases``: the only copy of a person's edit is in it."""
-    return (f"release {rid} is kept beyond keep_releases: it holds drift (content a person wrote) of "
-            f"{', '.join(paths)} in {rid}/files/<n>.drift; it is pruned once that content is back in "
-            "place or the copy is removed")

@@ -1,5 +1,5 @@
 """The probe a performance gate builds on: timed requests, raw samples
-(the figures are computed on the controller, ``core.probe``)."""
+(the figures they add up to: ``host/figures.py``, pure, read on either side)."""
 
 import json
 import threading
@@ -103,8 +103,8 @@ def op_probe_http(s, base_url, path, body, requests, concurrency, timeout, heade
     First ``warmup`` requests (not counted), then, when ``greedy_body`` is
     given, that one request alone (its whole answer comes back: the
     controller fingerprints its text), then the measured batch. Returns the
-    raw samples; the figures are computed on the controller
-    (``core.probe``), where they can be tested without a server.
+    raw samples; the figures are computed from them by ``host/figures.py``
+    (today on the controller), where they can be tested without a server.
     """
     url = base_url.rstrip("/") + path
     hdrs = {"Content-Type": "application/json"}

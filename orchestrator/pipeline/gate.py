@@ -33,6 +33,9 @@ from orchestrator.core.gate import (
 from orchestrator.core.models import GateProbe, GateRules
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.rendering import RenderedGate, RenderedProbe
+
+# which recorded figures stand for the running server: the host's to decide too (``host.gate``)
+from orchestrator.host.gate import recorded_results as recorded_results
 from orchestrator.host.records import Manifest
 from orchestrator.pipeline.probe import probe_ops, read_probe
 from orchestrator.pipeline.session import HostSession
@@ -131,9 +134,7 @@ class GateRun:
             reprobe = self.after_ops(again)
             self.take_after(session.batch(reprobe, on_event=on_event).each(reprobe), again)
             done += 1
-        left = any(c.verdict == "inconclusive" for c in checks)
-        self.outcome = GateOutcome(step, tuple(checks), self.baseline, done,
-                                   on_inconclusive if left else None)
+        self.outcome = GateOutcome.decided(step, checks, self.baseline, done, on_inconclusive)
         return self.outcome
 
     # ---------------------------------------------------------------- records
@@ -157,17 +158,6 @@ class GateRun:
                         "rules": p.rules.model_dump(mode="json", exclude_none=True)}
                        for p in self.spec.probes],
         }
-
-
-def recorded_results(manifest: Manifest | None, running_argv: list[str] | None) -> dict[str, ProbeResult]:
-    """A release's recorded probe results by probe key — only if that release started
-    the server that runs now (a server restarted by hand since is another server)."""
-    if manifest is None or manifest.probe is None:
-        return {}
-    started = manifest.server_after.argv if manifest.server_after else None
-    if running_argv is None or started != running_argv:
-        return {}
-    return {p.key: ProbeResult.from_json(p.result) for p in manifest.recorded_probes if p.key}
 
 
 def gate_from_spec_record(data: Mapping[str, Any]) -> RenderedGate:
