@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -357,32 +356,25 @@ had port 44341 on 127.0.0.1. Ports outside that range cannot collide so."""
 
 
 def port_plan(count: int, seed: int | None = None) -> list[tuple[int, int]]:
-    """``(sshd port, HTTP port)`` for hosts 1..count: free now, all different, in ``PORT_RANGE``.
+    """``(sshd port, HTTP port)`` for hosts 1..count: all different, in ``PORT_RANGE``, and
+    reserved for this process until its servers bind them.
 
-    The sshd port is checked on the host's own address and on 127.0.0.1, the
-    HTTP port on 127.0.0.1. The scan starts at a random place so two benches
-    at once are unlikely to race for the same ports.
+    Each port is taken on every address (``tests.fixtures.sshd.reserve_port``): a
+    test fleet or another bench picking ports meanwhile (``bench_fleet.py --quick``
+    runs beside the suite's own fleets) cannot take one of ours in the minutes
+    before our host starts, while our sshd and stand-in still bind it. The scan
+    starts at a random place so two benches at once rarely try the same ports.
     """
     low, high = PORT_RANGE
     span = high - low
     offset = random.Random(seed).randrange(span)
     candidates = (low + (offset + k) % span for k in range(span))
     plan: list[tuple[int, int]] = []
-    for index in range(1, count + 1):
-        ssh = next(p for p in candidates if _bindable(p, (address_of(index), "127.0.0.1")))
-        http = next(p for p in candidates if _bindable(p, ("127.0.0.1", address_of(index))))
+    for _ in range(count):
+        ssh = next(p for p in candidates if sshd_fixture.reserve_port(p) is not None)
+        http = next(p for p in candidates if sshd_fixture.reserve_port(p) is not None)
         plan.append((ssh, http))
     return plan
-
-
-def _bindable(port: int, addresses: Sequence[str]) -> bool:
-    try:
-        for address in addresses:
-            with socket.socket() as probe:
-                probe.bind((address, port))
-    except OSError:
-        return False
-    return True
 
 
 def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay: float,

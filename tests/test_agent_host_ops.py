@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from orchestrator.core.target import HostTarget
 from orchestrator.shell.agent_client import Agent, RemoteStepError
 from orchestrator.shell.transport import open_transport
 from tests.fixtures.sandbox import wait_until
+from tests.fixtures.sshd import free_port  # reserved: nobody takes it before the server binds
 
 
 @pytest.fixture
@@ -132,12 +132,6 @@ def test_a_server_that_stays_healthy_for_the_stable_period_passes(agent: Agent, 
     got = agent.call("health_wait", base_url=url, checks=[{"method": "get", "path": "/h"}], timeout=60.0,
                      interval=0.1, stable_for=0.5)
     assert got["stable_for"] == 0.5 and got["polls"] >= 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_server_is_found_by_its_port_and_stopped_until_the_port_is_free(agent: Agent, tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import ast
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from orchestrator.standin import (
     make_tree,
     tree_files,
 )
+from tests.fixtures.sshd import free_port  # reserved: nobody takes it before the server binds
 
 ACC_DEFAULT_LINE = "            default=ServerArgs.speculative_accept_threshold_acc,\n"
 ACC_FLAG_LINE = '            "--speculative-accept-threshold-acc",\n'
@@ -47,12 +47,6 @@ NEW_CALL = """\
             help="Disable speculation when decode batch size exceeds this threshold.",
         )
 """
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(
