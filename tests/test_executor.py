@@ -160,3 +160,35 @@ def test_a_bad_program_is_refused_before_anything_is_kept(agent: Agent, tmp_path
         agent.call("release_steps", release_dir=str(release), through="reboot")
     assert step.value.kind == "protocol" and "'reboot'" in step.value.message
     assert os.listdir(release) == []
+
+
+def test_the_host_decides_a_step_by_what_it_expects_a_read_back_and_a_parser(agent: Agent, tmp_path: Path) -> None:
+    """The read-back and the pre-flight are decided on the host (``expect``), so that a runner
+    with no controller decides them the same way: a file that reads back other than
+    committed fails ``read_back``; a parser that exits non-zero fails ``preflight``."""
+    release, target = make_release(tmp_path)
+    import hashlib
+
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    program = ReleaseProgram("R1", "deploy")
+    program.add(StepName.READ_BACK, [ops.read([str(target)], with_data=False)], expect={"sha256": {str(target): digest}})
+    refusing = [sys.executable, "-c", "import sys; sys.stderr.write('error: unrecognized arguments: --x\\n'); sys.exit(2)"]
+    program.add(StepName.PREFLIGHT, [ops.preflight(refusing, cwd=None, env=None, replace_env=False, timeout=30)],
+                expect={"rc": 0})
+    call(agent, program.write(str(release)))
+    with pytest.raises(RemoteStepError) as e:
+        call(agent, program.run(str(release), StepName.PREFLIGHT))
+    assert e.value.kind == "refused" and e.value.details["program_step"] == "preflight"
+    assert e.value.details["answer"]["rc"] == 2
+    assert "unrecognized arguments" in e.value.details["answer"]["stderr"]
+    ended = program.ended(e.value.details)
+    assert ended.ran == [StepName.READ_BACK]  # what the host did before: shown before the failure
+
+    other = tmp_path / "releases" / "R2"
+    other.mkdir()
+    wrong = ReleaseProgram("R2", "deploy")
+    wrong.add(StepName.READ_BACK, [ops.read([str(target)], with_data=False)], expect={"sha256": {str(target): "0" * 64}})
+    call(agent, wrong.write(str(other)))
+    with pytest.raises(RemoteStepError) as bad:
+        call(agent, wrong.run(str(other), StepName.CONFIRM))
+    assert bad.value.kind == "readback" and f"reads back with sha256 {digest}, planned {'0' * 64}" in bad.value.message

@@ -96,6 +96,25 @@ def with_extra(request, extra):
     return ConfirmRelease(request.release_dir, list(extra) + list(request.steps))
 
 
+def check_answer(step, answer):
+    """The step's ``expect`` held against its last request's answer: an ``AgentError`` where
+    it differs (``readback``: a file does not hold what was committed; ``refused``: a command
+    such as the server's parser said no), with the answer in its details."""
+    expect = step.expect or {}
+    planned = expect.get("sha256")
+    if planned:
+        asked = getattr(step.requests[-1], "paths", None) or []  # answered in the order asked (paths expanded)
+        got = {path: info.get("sha256") for path, info in zip(asked, answer or []) if isinstance(info, dict)}
+        for path, digest in sorted(planned.items()):
+            if got.get(path) != digest:
+                raise AgentError("readback", "%s reads back with sha256 %s, planned %s" % (path, got.get(path), digest),
+                                 path=path, sha256=got.get(path), planned=digest)
+    if "rc" in expect:
+        rc = answer.get("rc") if isinstance(answer, dict) else None
+        if rc != expect["rc"]:
+            raise AgentError("refused", "%s: exit %s" % (step.name.value, rc), answer=answer)
+
+
 def run_request(s, request):
     fn = find_op(request.OP)
     return fn(s, **request.arguments())
@@ -130,6 +149,8 @@ def op_release_steps(s, release_dir, through, extra=None):
                 request = with_extra(request, extra)
             try:
                 done.append(run_request(s, request))
+                if len(done) == len(step.requests):
+                    check_answer(step, done[-1])
             except Exception as e:
                 seconds = round(time.monotonic() - started, 3)
                 record_event(s, release_dir, StepEvent(step.name.value, StepEvent.FAILED, time.time(), seconds))

@@ -60,17 +60,27 @@ ORDER = tuple(StepName)
 """The one order of steps: a program's steps follow it (some may be absent)."""
 
 
+EXPECT_KEYS = {"sha256": dict, "rc": int}
+"""What a step may expect of its last request's answer, so that the host decides the step
+(not whoever asked for it): ``sha256`` {path: digest} of a read, ``rc`` of a command."""
+
+
 class ProgramStep:
-    """One named step: the requests it runs, each a ``protocol.Request``."""
+    """One named step: the requests it runs, each a ``protocol.Request``, and what it
+    expects of the last one's answer (``EXPECT_KEYS``); the step fails where that differs."""
 
-    __slots__ = ("name", "requests")
+    __slots__ = ("name", "requests", "expect")
 
-    def __init__(self, name: StepName, requests: Sequence[Request]) -> None:
+    def __init__(self, name: StepName, requests: Sequence[Request], expect: Wire | None = None) -> None:
         self.name = StepName(name)
         self.requests = tuple(requests)
+        self.expect = dict(expect) if expect else None
 
     def to_wire(self) -> Wire:
-        return {"step": self.name.value, "requests": [r.to_wire() for r in self.requests]}
+        wire: Wire = {"step": self.name.value, "requests": [r.to_wire() for r in self.requests]}
+        if self.expect:
+            wire["expect"] = self.expect
+        return wire
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any], where: str = "") -> ProgramStep:
@@ -84,10 +94,18 @@ class ProgramStep:
         if not isinstance(requests, list):
             raise ProtocolError("%sstep %r: requests is not a list" % (where, name.value))
         where = "%s%s: " % (where, name.value)
-        return cls(name, [parse_request(r, where) for r in requests])
+        expect = wire.get("expect")
+        if expect is not None and not isinstance(expect, dict):
+            raise ProtocolError("%sexpect is not an object" % where)
+        for key, value in (expect or {}).items():
+            kind = EXPECT_KEYS.get(key)
+            if kind is None or not isinstance(value, kind) or isinstance(value, bool):
+                raise ProtocolError("%sunknown or ill-typed expect %r" % (where, key))
+        return cls(name, [parse_request(r, where) for r in requests], expect)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProgramStep) and (self.name, self.requests) == (other.name, other.requests)
+        return isinstance(other, ProgramStep) and (self.name, self.requests, self.expect) == (
+            other.name, other.requests, other.expect)
 
     def __repr__(self) -> str:
         return "ProgramStep(%s, %d request(s))" % (self.name.value, len(self.requests))

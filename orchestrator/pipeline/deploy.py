@@ -103,7 +103,7 @@ from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
-from orchestrator.shell.program import ReleaseProgram
+from orchestrator.shell.program import ReleaseProgram, StepResults
 
 
 @dataclass
@@ -233,27 +233,41 @@ class Deployment:
                     self.reached = Step.ARMED  # the host says the commit wrote nothing
                     if e.kind == "changed":
                         raise ContentChangedError(f"{self.label}: {e.message}") from None
+            if e.details.get("program_step"):
+                # the host's executor decided the step: show what it did before, then why it failed
+                self._show_checks(self.program.ended(e.details), bool(wire))
+                raise self._step_failure(e) from None
             raise
         finally:
             self._stop("commit")
-        answers = results[checks] if checks is not None else None
-        if wire:
-            self.reporter.step(self.label, f"committed {len(wire)} file(s)")
-        if answers is not None and self.readback is not None:
-            for f, info in zip(self.plan.changed_files, answers[self.readback], strict=True):
-                if info.get("sha256") != f.new_sha256:
-                    raise RemoteError(f"{f.path} reads back with sha256 {info.get('sha256')}, "
-                                      f"planned {f.new_sha256}")
+        self._show_checks(results[checks] if checks is not None else StepResults({}, []), bool(wire))
+
+    def _show_checks(self, answers: StepResults, committed: bool) -> None:
+        """The commit, the ``sed -n`` view of each file the host read back as planned (the
+        executor compared the sha256), the pre-flight's acceptance: as far as they went."""
+        if committed:
+            self.reporter.step(self.label, f"committed {len(self.staged)} file(s)")
+        if self.readback is not None and self.readback in answers:
+            for f in self.plan.changed_files:
                 # The host's file hashes to the planned text, so that text is what it holds:
                 # the view shows it without the file crossing the link a fourth time.
                 text = f.plan.result
                 ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
-        if answers is not None and self.parser_check is not None:
-            result: PreflightResult = answers[self.parser_check]
-            if not result.ok:
-                raise PreflightRefusedError(self._redact(result.refusal()))
+        if self.parser_check is not None and self.parser_check in answers:
             self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
+
+    def _step_failure(self, e: RemoteStepError) -> OrchError:
+        """The error a step the host's executor failed stands for (the same as when the
+        controller judged it): a file that reads back wrong, the server's parser refusing."""
+        if e.kind == "readback":
+            return RemoteError(e.message)
+        if e.kind == "refused" and e.details.get("program_step") == StepName.PREFLIGHT.value:
+            answer = e.details.get("answer")
+            if isinstance(answer, dict):
+                result = PreflightResult.from_wire(answer)
+                return PreflightRefusedError(self._redact(result.refusal()))
+        return e
 
     def restart_and_check(self) -> None:
         """Steps 7 and 8 in one round trip: the program on through the stop, the start, health
@@ -309,14 +323,15 @@ class Deployment:
         changed = self.plan.changed_files
         if self.staged:
             self.readback = ops.read([f.path for f in changed], with_data=False)
-            program.add(StepName.READ_BACK, [self.readback])
+            program.add(StepName.READ_BACK, [self.readback],
+                        expect={"sha256": {f.path: f.new_sha256 for f in changed}})
         change = self.plan.server
         if change is None:
             return self._with_confirm(program)
         if change.restart and change.preflight:
             self.parser_check = ops.preflight(change.preflight, cwd=change.after_cwd, env=change.after_env,
                                               replace_env=change.replace_env, timeout=self._preflight_timeout())
-            program.add(StepName.PREFLIGHT, [self.parser_check])
+            program.add(StepName.PREFLIGHT, [self.parser_check], expect={"rc": 0})
         if not change.restart:
             return self._with_confirm(program)
         spec = self._server_target()

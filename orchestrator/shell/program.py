@@ -48,9 +48,13 @@ class ReleaseProgram:
         self.release = release
         self.kind = kind
         self.steps: dict[StepName, list[Op]] = {}
+        self.expect: dict[StepName, dict[str, Any]] = {}
 
-    def add(self, name: StepName, ops: Sequence[Op]) -> None:
+    def add(self, name: StepName, ops: Sequence[Op], expect: dict[str, Any] | None = None) -> None:
+        """``expect``: what the step's last request must answer (``host.program.EXPECT_KEYS``)."""
         self.steps.setdefault(name, []).extend(ops)
+        if expect:
+            self.expect[name] = expect
 
     def prepend(self, names: Sequence[StepName], ops: Sequence[Op]) -> None:
         """``ops`` at the front of the first of ``names`` that holds a request (the last of
@@ -67,7 +71,7 @@ class ReleaseProgram:
 
     def program(self) -> Program:
         return Program(self.release, self.kind,
-                       [ProgramStep(n, [o.request for o in ops]) for n, ops in self.ordered()])
+                       [ProgramStep(n, [o.request for o in ops], self.expect.get(n)) for n, ops in self.ordered()])
 
     def write(self, release_dir: str) -> Op:
         """The request that keeps the program in the release (checked whole on the host)."""
@@ -82,17 +86,32 @@ class ReleaseProgram:
             steps[StepName.CONFIRM] = [confirm]
 
         def parse(answer: dict[str, Any]) -> StepResults:
-            results = answer.get("results") or {}
-            ran = [StepName(n) for n in answer.get("ran") or []]
-            read: dict[Op, Any] = {}
-            for name in ran:
-                ops, got = steps.get(name, []), results.get(name.value) or []
-                if len(got) != len(ops):
-                    raise Malformed(f"step {name.value} has {len(got)} answers for {len(ops)} requests")
-                for i, (o, a) in enumerate(zip(ops, got, strict=True)):
-                    read[o] = o.read(a, f"result.results.{name.value}[{i}] ({o.name})")
-            return StepResults(read, ran)
+            return read_steps(steps, answer.get("results") or {}, list(answer.get("ran") or []))
 
         return _op(p.RunSteps(release_dir, through.value, extra=extra), parse,
                    {"results": DictOf(ListOf(ANY)), "ran": ListOf(str)})
+
+    def ended(self, details: dict[str, Any]) -> StepResults:
+        """The answers of the steps that ended before a ``release_steps`` call failed (its
+        error's ``results``): what the host did, to be shown before the failure is."""
+        results = details.get("results")
+        if not isinstance(results, dict):
+            return StepResults({}, [])
+        try:
+            return read_steps(self.steps, results, list(results))
+        except (Malformed, ValueError):
+            return StepResults({}, [])
+
+
+def read_steps(steps: dict[StepName, list[Op]], results: dict[str, Any], ran: Sequence[str]) -> StepResults:
+    """Each answer of the steps that ran, read by the ``Op`` that asked for it."""
+    names = [StepName(n) for n in ran]
+    read: dict[Op, Any] = {}
+    for name in names:
+        ops, got = steps.get(name, []), results.get(name.value) or []
+        if len(got) != len(ops):
+            raise Malformed(f"step {name.value} has {len(got)} answers for {len(ops)} requests")
+        for i, (o, a) in enumerate(zip(ops, got, strict=True)):
+            read[o] = o.read(a, f"result.results.{name.value}[{i}] ({o.name})")
+    return StepResults(read, names)
 
