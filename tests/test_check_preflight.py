@@ -215,3 +215,34 @@ def test_a_staged_aware_custom_preflight_gets_the_map(sandbox: Sandbox) -> None:
     assert host["preflight"] == "refused"
     assert f"custom: refused {box.server_args}" in host["error"], host["error"]
     assert tree_digest(tree) == before
+
+
+# --------------------------------------------------------------------------- the controller gone
+
+
+def test_the_staged_copies_go_when_the_controller_dies_during_the_preflight(sandbox: Sandbox) -> None:
+    """Kept while the pre-flight runs, removed by the helper once its controller is gone (kill -9)."""
+    import signal
+
+    from tests.fixtures.sandbox import wait_until
+
+    box = sandbox
+    tree = started(box)
+    before = tree_digest(tree)
+    mark = box.root / "preflight-running"
+    slow = with_preflight(
+        "{{ python }} -c 'import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(sys.argv[2]); time.sleep(5)' "
+        f"{mark} {{{{ staged_files }}}}", "slow")
+    proc = box.start_orch("deploy", "--check", "--host", "gpu", write(box, "slow", slow))
+    try:
+        wait_until(mark.exists, "the pre-flight to start", timeout=120)
+        copies = list(json.loads(mark.read_text()).values())
+        assert copies and all(Path(c).is_file() for c in copies)  # kept until the pre-flight ran
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    wait_until(lambda: not any(Path(c).exists() for c in copies), "the helper to remove the staged copies", timeout=120)
+    wait_until(lambda: tree_digest(tree) == before, "the tree to be as it was", timeout=60)
