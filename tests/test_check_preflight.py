@@ -115,7 +115,8 @@ def test_a_second_declaration_of_a_flag_the_file_declares_is_refused_by_argparse
     assert code == 2, err
     assert host["outcome"] == "failed" and host["preflight"] == "refused"
     assert "conflicting option string: --tokenizer-path" in host["error"], host["error"]
-    assert host["error"].startswith("the pre-flight refused the new command line")
+    assert host["error"].startswith("the pre-flight refused the new command line with the staged files (exit 1): ")
+    assert host["error"].endswith("; nothing was changed (--check)")
     assert "\n" not in host["error"] and "Traceback" not in err
     assert tree_digest(tree) == before  # nothing staged, compiled or changed is left, __pycache__ as it was
     assert box.server_pid() == pid and not box.state_dir.exists()

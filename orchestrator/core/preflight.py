@@ -247,13 +247,17 @@ class PreflightResult:
             message=data.get("message"),
         )
 
-    def refusal(self) -> str:
-        """One line for the deploy's error: the parser's own words, and what did not happen."""
+    def refusal(self, *, staged: bool = False) -> str:
+        """One line for the deploy's error (``staged``: ``--check``'s): the parser's own words, and
+        what did not happen."""
         if self.error_line:
             said = self.error_line
         else:
             tail = (self.stderr or self.stdout).strip().splitlines()
             said = tail[-1] if tail else f"exit {self.rc}"
+        if staged:
+            return (f"the pre-flight refused the new command line with the staged files (exit {self.rc}): "
+                    f"{said}; nothing was changed (--check)")
         return (
             f"the pre-flight refused the new command line (exit {self.rc}): {said}; "
             "the running server was not touched"

@@ -848,7 +848,7 @@ def _check(
     if isinstance(preflight, PreflightResult):
         reporter.step(label, "validated on the host; nothing was changed (--check), but the pre-flight refused")
         return HostReport.ended(label, CHECK_REFUSED, files=[f.path for f in plan.changed_files],
-                                error=session.options.masker.text(preflight.refusal()),
+                                error=session.options.masker.text(preflight.refusal(staged=True)),
                                 extra={"preflight": REFUSED})
     reporter.step(label, "validated on the host; nothing was changed (--check)")
     return HostReport.ended(
