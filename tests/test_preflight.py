@@ -277,6 +277,30 @@ def test_the_finder_reads_each_planned_file_from_its_staged_copy(tree: Path) -> 
     assert digest(tree) == before
 
 
+def test_a_staged_copy_swapped_before_the_preflight_voids_it(tmp_path: Path) -> None:
+    """``--check`` holds no lock: a staged name that now names a file orch did not write is refused,
+    not judged (the same rule as the validators')."""
+    from orchestrator.shell.agent_client import RemoteStepError
+
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+    with session() as host:
+        (info,) = host.run(ops.stage([{"path": str(target), "data": b"x = 2\n"}], "c0ffee00"))
+        staged = info["staged"]
+        ok = host.run(ops.preflight([sys.executable, "-c", "pass"], cwd=None, env={}, replace_env=False,
+                                    timeout=60, staged=[staged]))
+        planted = tmp_path / "planted.py"
+        planted.write_text("x = 3\n")
+        os.replace(planted, staged)
+        with pytest.raises(RemoteStepError) as refused:
+            host.run(ops.preflight([sys.executable, "-c", "pass"], cwd=None, env={}, replace_env=False,
+                                   timeout=60, staged=[staged]))
+        host.run(ops.remove([staged]))
+    assert ok.ok
+    assert refused.value.kind == "planted"
+    assert "before the pre-flight ran" in str(refused.value)
+
+
 def test_a_missing_interpreter_or_a_hang_is_a_refusal_not_a_crash(tmp_path: Path) -> None:
     with session() as host:
         missing = run_preflight(host, [str(tmp_path / "no-python"), "-c", "pass"])
