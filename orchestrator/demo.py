@@ -272,6 +272,7 @@ comment says the exit code and what you should see):
   orch status   --host sandbox --probe               # exit 0: probe now, against the release's record (inconclusive within the noise; exit 1 only if slower beyond it)
   orch deploy   --host sandbox --var slowdown=2 --var threshold=16 gated.yaml   # exit 1: rolled back by the gate
   orch deploy   --host sandbox speculative-disable   # exit 0: threshold 32, no gate; the flag's declaration is provided by gated.yaml's release
+  orch deploy   --host sandbox --check bad-flag.yaml # exit 2: --check runs the pre-flight too: it refuses the flag; nothing changed
   orch deploy   --host sandbox bad-flag.yaml         # exit 1: the pre-flight refuses the flag; the running server is untouched
   orch deploy   --host sandbox bad-patch.yaml        # exit 1: crashes at start, rolled back by itself
   orch rollback --host sandbox                       # exit 0: back to threshold 8 (gated.yaml's release)

@@ -173,7 +173,7 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
     assert [" ".join(dict.fromkeys(argv[:2] + argv[-1:])) for argv, _ in steps] == [
         "./start-server.sh", "orch status sandbox", "orch deploy speculative-disable", "orch deploy gated.yaml",
         "orch status --probe", "orch deploy gated.yaml", "orch deploy speculative-disable",
-        "orch deploy bad-flag.yaml", "orch deploy bad-patch.yaml", "orch rollback sandbox",
+        "orch deploy bad-flag.yaml", "orch deploy bad-flag.yaml", "orch deploy bad-patch.yaml", "orch rollback sandbox",
         "orch rollback sandbox", "orch history sandbox", "./stop-server.sh",
     ]
     promised: list[int] = []  # each orch step's exit code as its comment says first
@@ -206,6 +206,7 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
             if argv[-1] == "bad-flag.yaml":
                 assert "unrecognized arguments: --speculative-disable-batch-treshold" in out, out
                 assert listening() == before["pid"] and before["pid"] is not None
+                assert applied() == before["applied"]
             if argv[-1] == "bad-patch.yaml":
                 assert "this patch breaks the server at start" in out
                 assert info()["speculative_disable_batch_threshold"] == 32
@@ -220,7 +221,7 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
                     assert "--speculative-disable-batch-threshold" not in " ".join(cmdline_of(listening()))
                     assert server_args.read_bytes() == original
         # the comments themselves, pinned: what the issue asks each step to do
-        assert promised == [0, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0], promised
+        assert promised == [0, 0, 0, 0, 1, 0, 2, 1, 1, 0, 0, 0], promised
     finally:
         leave_kept(kept)
     assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"

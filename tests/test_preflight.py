@@ -18,9 +18,12 @@ import pytest
 from orchestrator.core.models import parse_playbook
 from orchestrator.core.preflight import (
     SGLANG_PARSE,
+    STAGED_FINDER,
     PreflightResult,
     default_preflight,
     render_preflight,
+    staged_aware,
+    staged_builtin,
 )
 from orchestrator.core.rendering import render_playbook
 from orchestrator.core.target import HostTarget
@@ -94,6 +97,40 @@ def test_an_undefined_name_in_preflight_is_located() -> None:
     with pytest.raises(TemplateError) as error:
         render_preflight("{{ nope }} {{ argv }}", ["a"], {}, Renderer(), file="p.yaml", line=7, key="server.preflight")
     assert str(error.value).startswith("p.yaml:7: server.preflight: 'nope' is undefined")
+
+
+# --------------------------------------------------------------------------- --check: the staged files
+
+
+def test_check_runs_the_default_with_dash_b_and_the_finder_first() -> None:
+    argv = ["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "m"]
+    assert staged_builtin(default_preflight(argv) or []) == [
+        "/v/bin/python", "-B", "-c", STAGED_FINDER + SGLANG_PARSE, "--model-path", "m",
+    ]
+    assert staged_builtin(["/v/bin/python", "-m", "mycheck", *argv]) is None  # not the built-in one
+
+
+@pytest.mark.parametrize(
+    ("template", "aware"),
+    [
+        ("{{ python }} -m mycheck --staged {{ staged_files }} {{ argv }}", True),
+        ("{{ python }} -m mycheck --staged={{staged_files|trim}} {{ argv }}", True),
+        ("sh -c 'test -n \"$ORCH_STAGED\" && exec mycheck \"$@\"' sh {{ argv }}", True),
+        ("{{ python }} -m mycheck {{ argv }}", False),
+        ("{{ python }} -m mycheck --files staged_files {{ argv }}", False),  # a word, not the variable
+    ],
+)
+def test_a_custom_preflight_is_staged_aware_when_a_word_takes_the_map(template: str, aware: bool) -> None:
+    assert staged_aware(template) is aware
+
+
+def test_staged_files_is_the_map_as_json_and_empty_for_the_deploy() -> None:
+    import json
+
+    staged = {"/t/srt/server_args.py": "/t/srt/.server_args.orch-staged-1a2b.py"}
+    got = render_preflight("mycheck {{ staged_files }} {{ argv }}", ["p", "--x"], {}, Renderer(), staged=staged)
+    assert got[0] == "mycheck" and json.loads(got[1]) == staged and got[2:] == ["p", "--x"]
+    assert render_preflight("mycheck {{ staged_files }} {{ argv }}", ["p"], {}, Renderer()) == ["mycheck", "{}", "p"]
 
 
 PLAYBOOK = """\
@@ -188,6 +225,80 @@ def test_the_preflight_sees_a_flag_the_committed_patch_added(tree: Path, tmp_pat
         after = run_preflight(host, default_preflight(argv) or [], env=launch_env(tree))
     assert before.rc == 2 and "unrecognized arguments" in (before.message or "")
     assert after.ok, after.stderr
+
+
+def digest(tree: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(tree)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(tree.rglob("*"))}
+
+
+def test_the_finder_reads_each_planned_file_from_its_staged_copy(tree: Path) -> None:
+    """The add_flag patch staged beside its targets (the spec layout's in ``arg_groups/fields/spec.py``),
+    the unpatched targets on disk with their bytecode compiled: the check's form of the default parses
+    the new flag, the deploy's form does not, and the tree is as it was, ``__pycache__`` included."""
+    import compileall
+    import json
+
+    from orchestrator.core.edits import plan_file
+    from orchestrator.core.flags import FlagRequest, expand_edits
+    from orchestrator.host import facts
+    from orchestrator.shell.config_files import packaged_dir, template_lookup
+
+    target = tree / "python" / "sglang" / "srt" / "server_args.py"
+    related = {i["path"]: Path(i["path"]).read_text() for i in facts.follow_imports(str(target), ["speculative_accept_threshold_acc"])}
+    request = FlagRequest(
+        "speculative_disable_batch_threshold", "int", None, "h", ("speculative_accept_threshold_acc",), True, "t:0.0"
+    )
+    renderer = Renderer(template_lookup((packaged_dir("templates"),)))
+    edits, _ = expand_edits(str(target), [request], target.read_text(), related, renderer, {})
+    staged = {}
+    for path, specs in edits.items():
+        if specs:
+            copy = Path(path).with_name(f".{Path(path).stem}.orch-staged-test.py")
+            copy.write_text(plan_file(path, Path(path).read_text(), specs).result)
+            staged[path] = str(copy)
+    assert staged
+    compileall.compile_dir(str(tree), quiet=1)  # a stale __pycache__ of every unpatched target
+    before = digest(tree)
+    argv = launch_argv(sys.executable, tree, port=free_port(), extra=["--speculative-disable-batch-threshold", "8"])
+    check = staged_builtin(default_preflight(argv) or [])
+    assert check is not None
+    env = {**launch_env(tree), "ORCH_STAGED": json.dumps(staged)}
+    with session() as host:
+        on_disk = run_preflight(host, default_preflight(argv) or [], env=launch_env(tree))
+        with_copies = run_preflight(host, check, env=env)
+        bad = launch_argv(sys.executable, tree, port=free_port(), extra=["--speculative-disable-batch-threshold", "x"])
+        refused = run_preflight(host, staged_builtin(default_preflight(bad) or []) or [], env=env)
+    assert on_disk.rc == 2 and "unrecognized arguments" in (on_disk.message or "")
+    assert with_copies.ok, with_copies.stderr
+    assert refused.rc == 2 and "invalid int value: 'x'" in (refused.message or ""), refused.stderr
+    assert digest(tree) == before
+
+
+def test_a_staged_copy_swapped_before_the_preflight_voids_it(tmp_path: Path) -> None:
+    """``--check`` holds no lock: a staged name that now names a file orch did not write is refused,
+    not judged (the same rule as the validators')."""
+    from orchestrator.shell.agent_client import RemoteStepError
+
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+    with session() as host:
+        (info,) = host.run(ops.stage([{"path": str(target), "data": b"x = 2\n"}], "c0ffee00"))
+        staged = info["staged"]
+        ok = host.run(ops.preflight([sys.executable, "-c", "pass"], cwd=None, env={}, replace_env=False,
+                                    timeout=60, staged=[staged]))
+        planted = tmp_path / "planted.py"
+        planted.write_text("x = 3\n")
+        os.replace(planted, staged)
+        with pytest.raises(RemoteStepError) as refused:
+            host.run(ops.preflight([sys.executable, "-c", "pass"], cwd=None, env={}, replace_env=False,
+                                   timeout=60, staged=[staged]))
+        host.run(ops.remove([staged]))
+    assert ok.ok
+    assert refused.value.kind == "planted"
+    assert "before the pre-flight ran" in str(refused.value)
 
 
 def test_a_missing_interpreter_or_a_hang_is_a_refusal_not_a_crash(tmp_path: Path) -> None:

@@ -78,7 +78,8 @@ class ExitCode(IntEnum):
 MEANING: dict[Outcome, str] = {
     Outcome.CHANGED: "the release is deployed and current (exit 0)",
     Outcome.UNCHANGED: "nothing to do: files and server already as planned (exit 0)",
-    Outcome.PLANNED: "--check: planned, rendered, staged and validated; nothing changed (exit 0)",
+    Outcome.PLANNED: "--check: planned, rendered, staged and validated (the pre-flight too, on the staged "
+                     "files); nothing changed (exit 0)",
     Outcome.FAILED: "refused or stopped before anything on the host changed (exit 2; 1 for Ctrl-C)",
     Outcome.ROLLED_BACK: "the deploy failed and the host is back as it was (exit 1); "
                          "for `orch rollback`, the rollback succeeded (exit 0)",

@@ -232,12 +232,20 @@ def op_read_host(s, paths, packages=(), python=None, pidfile=None, port=None, fo
 PARSER_ERROR = re.compile(r"^(\S.*?): error: (.*)$")
 
 
-def op_preflight(s, argv, cwd=None, env=None, replace_env=False, timeout=120.0):
+def op_preflight(s, argv, cwd=None, env=None, replace_env=False, timeout=120.0, staged=None):
     """Run a server's argument parser on its new command line (``core.preflight``), nothing else.
 
     Returns its exit code, output, and the parser's own error line
     (``sglang serve: error: unrecognized arguments: …``) when there is one.
+    ``staged`` (``--check``): the staged copies the parser reads instead of
+    their targets; each must still be the file this helper wrote, before and
+    after, or the verdict is void (``--check`` holds no lock).
     """
+    if staged:
+        from .staging import refuse_if_swapped
+
+        for copy in staged:
+            refuse_if_swapped(s, expand(copy), "before the pre-flight ran")
     if replace_env:
         full_env = dict(env or {})
         res = _run_exact_env(argv, cwd and expand(cwd), full_env, timeout)
@@ -250,6 +258,8 @@ def op_preflight(s, argv, cwd=None, env=None, replace_env=False, timeout=120.0):
         if match:
             error_line, message = match.group(0), match.group(2)
             break
+    for copy in staged or ():
+        refuse_if_swapped(s, expand(copy), "while the pre-flight ran; its verdict is void")
     res["error_line"] = error_line
     res["message"] = message
     res["argv"] = argv

@@ -240,6 +240,7 @@ class Preflight(Request):
     env: dict[str, str] | None = None
     replace_env: bool = False
     timeout: float = 120.0
+    staged: list[str] | None = None  # --check: staged copies the parser reads; each must still be orch's
 
 
 # ---------------------------------------------------------------- state, lock, records

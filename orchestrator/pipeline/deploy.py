@@ -42,7 +42,13 @@ from orchestrator.core.predates import (
     server_predates,
     server_whereabouts,
 )
-from orchestrator.core.preflight import PreflightResult
+from orchestrator.core.preflight import (
+    NOT_CHECKED,
+    NOT_CHECKED_NOTE,
+    PASSED,
+    REFUSED,
+    PreflightResult,
+)
 from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import (
     FileState,
@@ -93,9 +99,11 @@ from orchestrator.pipeline.plan import (
     ServerChange,
     Staged,
     make_plan,
+    remove_quietly,
     server_log,
     server_pidfile,
     stage_and_validate,
+    staged_preflight,
 )
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
@@ -887,16 +895,57 @@ def _check(
     if not plan.changed and plan.refusal is None:
         reporter.step(label, "unchanged: nothing to do")
         return HostReport.ended(label, UNCHANGED)
+    change = plan.server
+    runs_preflight = plan.refusal is None and change is not None and change.restart and bool(change.preflight)
     with clock.step("stage"):
-        stage_and_validate(session, plan, keep=False)
+        # kept (not cleaned beside the targets: --check holds no lock) until the pre-flight read them
+        staged = stage_and_validate(session, plan, keep=runs_preflight, clean_stale=False)
     if plan.refusal is not None:
         reporter.step(label, "validated on the host; nothing was changed (--check), but a deploy would refuse")
         return HostReport.ended(label, CHECK_REFUSED, files=[f.path for f in plan.changed_files], error=plan.refusal)
+    preflight = _check_preflight(session, plan, staged, reporter) if runs_preflight else None
+    notes = list(plan.notes) + ([NOT_CHECKED_NOTE] if preflight == NOT_CHECKED else [])
+    if isinstance(preflight, PreflightResult):
+        reporter.step(label, "validated on the host; nothing was changed (--check), but the pre-flight refused")
+        return HostReport.ended(label, CHECK_REFUSED, files=[f.path for f in plan.changed_files],
+                                error=session.options.masker.text(preflight.refusal(staged=True)),
+                                extra={"preflight": REFUSED})
     reporter.step(label, "validated on the host; nothing was changed (--check)")
-    change = plan.server
     return HostReport.ended(
         label, PLANNED,
         files=[f.path for f in plan.changed_files],
-        notes=list(plan.notes),
-        extra={"restart": bool(change and change.restart), **flag_change_report(change)},
+        notes=notes,
+        extra={"restart": bool(change and change.restart), "preflight": preflight, **flag_change_report(change)},
     )
+
+
+def _check_preflight(
+    session: HostSession, plan: HostPlan, staged: list[Staged], reporter: Reporter,
+) -> str | PreflightResult:
+    """``--check``'s pre-flight, on the staged copies, which it then removes (one round trip; the
+    helper removes them too if this controller goes away). ``PASSED``, ``NOT_CHECKED``, or the
+    refusing parser's result."""
+    label = session.target.name
+    change = plan.server
+    assert change is not None and change.preflight
+    copies = [s.staged for s in staged]
+    try:
+        command = staged_preflight(plan, {s.file.path: s.staged for s in staged})
+        if command is None:
+            reporter.note(label, f"{NOT_CHECKED_NOTE}: server.preflight uses neither {{{{ staged_files }}}} "
+                                 "nor ORCH_STAGED")
+            if copies:
+                session.run(ops.remove(copies))
+            return NOT_CHECKED
+        server = plan.loaded.model.server
+        check = ops.preflight(command.argv, cwd=change.after_cwd, env=command.env, replace_env=change.replace_env,
+                              timeout=server.preflight_timeout if server is not None else 120.0, staged=copies)
+        steps = [check, ops.remove(copies)] if copies else [check]
+        result: PreflightResult = session.batch(steps)[check]
+    except BaseException:
+        remove_quietly(session, copies)
+        raise
+    if not result.ok:
+        return result
+    reporter.step(label, "pre-flight: the server's parser accepts the new command line with the staged files")
+    return PASSED

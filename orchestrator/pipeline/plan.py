@@ -51,7 +51,14 @@ from orchestrator.core.flags import (
 from orchestrator.core.hints import anchor_hints
 from orchestrator.core.hostvalues import HostValue, playbook_values, refuse_unusable
 from orchestrator.core.layouts import field_name
-from orchestrator.core.preflight import default_preflight, render_preflight
+from orchestrator.core.preflight import (
+    STAGED_ENV,
+    default_preflight,
+    render_preflight,
+    staged_aware,
+    staged_builtin,
+    staged_files_json,
+)
 from orchestrator.core.rendering import (
     RenderedFile,
     RenderedPlaybook,
@@ -621,6 +628,37 @@ def preflight_argv(
     return default_preflight(argv, server.python if server.python != "python3" else None)
 
 
+@dataclass(frozen=True)
+class StagedPreflight:
+    """``--check``'s pre-flight: the command and the environment that point it at the staged copies."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def staged_preflight(plan: HostPlan, staged: dict[str, str]) -> StagedPreflight | None:
+    """The pre-flight the deploy would run, pointed at ``staged`` (target path → staged copy).
+
+    The built-in one runs with ``-B`` and ``core.preflight.STAGED_FINDER``; a custom
+    ``server.preflight`` is rendered again with ``{{ staged_files }}`` = the map. ``None``
+    when the custom one is not staged-aware (``core.preflight.staged_aware``): run as it is, it
+    would judge the files on disk, not the planned ones. Either way the map is in
+    ``ORCH_STAGED`` and no bytecode is written (``PYTHONDONTWRITEBYTECODE``).
+    """
+    change, server = plan.server, plan.playbook.server
+    assert change is not None and change.preflight and server is not None
+    if isinstance(server.preflight, str):
+        if not staged_aware(server.preflight):
+            return None
+        file, line, key = server.preflight_where
+        argv = render_preflight(server.preflight, change.after_argv or [], plan.vars, make_renderer(plan.loaded),
+                                file=file, line=line, key=key, staged=staged)
+    else:
+        argv = staged_builtin(change.preflight) or list(change.preflight)
+    env = {**(change.after_env or {}), STAGED_ENV: staged_files_json(staged), "PYTHONDONTWRITEBYTECODE": "1"}
+    return StagedPreflight(argv, env)
+
+
 def render_server_commands(
     change: ServerChange, loaded: LoadedPlaybook, renderer: Renderer, variables: dict[str, Any]
 ) -> None:
@@ -681,11 +719,15 @@ class Staged:
     staged: str
 
 
-def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> list[Staged]:
+def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool,
+                       clean_stale: bool | None = None) -> list[Staged]:
     """Put every changed file beside its target and run ``validate`` on it.
 
-    With ``keep`` false (``--check``) the staged copies are removed in the
-    same round trip; on any failure they are removed too. Raises
+    With ``keep`` false (``--check`` without a pre-flight) the staged copies
+    are removed in the same round trip; on any failure they are removed too.
+    ``clean_stale`` (default: ``keep``) first removes what a dead run left
+    beside the targets: a deploy's, which holds the lock; ``--check`` holds
+    none and keeps its copies only until its pre-flight ran, so it passes False. Raises
     ``ValidationError`` naming the file and the validator's own message.
 
     The staged copy's name is the host's (the stage reply's ``staged``):
@@ -698,7 +740,7 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
         return []
     token = secrets.token_hex(4)
     files = [{"path": f.path, "data": f.new_bytes} for f in changed]  # bytes go as blob lines
-    stage = ops.stage(files, token, clean_stale=keep)
+    stage = ops.stage(files, token, clean_stale=keep if clean_stale is None else clean_stale)
     custom = any(step.builtin != "python-syntax" for f in changed for step in f.rendered.validate)
     staged_info: list[dict[str, Any]] = []
     try:
@@ -712,13 +754,13 @@ def stage_and_validate(session: HostSession, plan: HostPlan, *, keep: bool) -> l
     except BaseException as e:
         done = (e.details.get("done") or []) if isinstance(e, RemoteStepError) else []
         staged_info = staged_info or (done[0] if done else [])
-        _remove_quietly(session, [r["staged"] for r in staged_info])
+        remove_quietly(session, [r["staged"] for r in staged_info])
         raise
     staged_paths = [r["staged"] for r in staged_info]
     failed = [r for r in results if r["rc"] != 0]
     if failed:
         if keep:
-            _remove_quietly(session, staged_paths)
+            remove_quietly(session, staged_paths)
         r = failed[0]
         message = (r["stdout"] + r["stderr"]).strip().splitlines()
         first = message[-1] if message else f"exit {r['rc']}"
@@ -747,9 +789,9 @@ def validate_checks(plan: HostPlan, staged_info: list[dict[str, Any]] | None) ->
     return checks
 
 
-def _remove_quietly(session: HostSession, paths: list[str]) -> None:
-    # Already failing: the original error is the one to report.
-    if not session.link_alive:
+def remove_quietly(session: HostSession, paths: list[str]) -> None:
+    """Remove staged copies after a failure; the original error is the one to report."""
+    if not paths or not session.link_alive:
         return
     with contextlib.suppress(Exception):
         session.run(ops.remove(paths))

@@ -366,11 +366,13 @@ def commands_start(start: Sequence[str], pid_cmd: Sequence[str] | None) -> Op:
 
 
 def preflight(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str] | None, replace_env: bool,
-              timeout: float) -> Op:
-    """The server's own argument parser on the new command line; nothing is started."""
+              timeout: float, staged: Sequence[str] | None = None) -> Op:
+    """The server's own argument parser on the new command line; nothing is started.
+    ``staged`` (``--check``): the staged copies it reads, checked to be orch's before and after."""
     from orchestrator.core.preflight import PreflightResult
 
-    return _op(p.Preflight(list(argv), cwd=cwd, env=dict(env or {}), replace_env=replace_env, timeout=timeout),
+    return _op(p.Preflight(list(argv), cwd=cwd, env=dict(env or {}), replace_env=replace_env, timeout=timeout,
+                           staged=list(staged) if staged else None),
                PreflightResult.from_wire, dict)
 
 

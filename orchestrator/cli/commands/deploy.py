@@ -18,7 +18,7 @@ from orchestrator.cli.options import (
 @click.command(short_help="Deploy a playbook on hosts; roll back by itself on failure.")
 @host_options
 @batch_options
-@click.option("--check", is_flag=True, help="Plan, render, stage and validate; change nothing.")
+@click.option("--check", is_flag=True, help="Plan, render, stage, validate and run the pre-flight on the staged files; change nothing.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Also show the unified diff of each changed file before it is staged.")
 @click.option("--break-lock", is_flag=True, help="Take a stale lock whose holder cannot be checked.")
