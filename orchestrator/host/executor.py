@@ -23,11 +23,12 @@ from .dispatch import find_op
 from .files import read_record, write_json
 from .program import Program, StepName
 from .protocol import ConfirmRelease, ProtocolError, parse_request
-from .protocol_events import StepEvent
+from .protocol_events import ReprobeEvent, StepEvent
 from .wire import AgentError, expand
 
 PROGRAM_FILE = "program.json"
 EVENTS_FILE = "events.jsonl"
+BASELINE_ANSWERS = "baseline.json"  # the baseline step's probe answers: the gate step may come in a later call
 
 
 def program_of(release_dir):
@@ -115,6 +116,27 @@ def check_answer(step, answer):
             raise AgentError("refused", "%s: exit %s" % (step.name.value, rc), answer=answer)
 
 
+def gate_verdict(s, release_dir, step, answers, results):
+    """The gate step decided here (``gate_step.judge_gate``): its outcome and the figures it
+    was decided on; an ``AgentError`` ``gate`` carrying both when it fails. The baseline
+    probes' answers are this call's, or the ones kept when the baseline step ended."""
+    from .gate_step import judge_gate
+
+    baseline = results.get(StepName.BASELINE.value)
+    if baseline is None:
+        baseline = read_record(os.path.join(release_dir, BASELINE_ANSWERS)) or []
+
+    def run_again(labels, indexes):
+        s.event(ReprobeEvent.KIND, probes=list(labels))
+        return [run_request(s, step.requests[i]) for i in indexes]
+
+    outcome, after = judge_gate(step.expect["gate"], answers, baseline, run_again)
+    verdict = {"outcome": outcome.to_json(), "after": {k: v.to_json() for k, v in after.items()}}
+    if outcome.verdict != "pass":
+        raise AgentError("gate", outcome.message(), **verdict)
+    return verdict
+
+
 def run_request(s, request):
     fn = find_op(request.OP)
     return fn(s, **request.arguments())
@@ -139,6 +161,7 @@ def op_release_steps(s, release_dir, through, extra=None):
         raise AgentError("protocol", str(e))
     program = program_of(release_dir)
     results = {}
+    judged = {}
     for step in program.through(steps_ended(release_dir), last):
         began = time.time()
         started = time.monotonic()
@@ -151,6 +174,8 @@ def op_release_steps(s, release_dir, through, extra=None):
                 done.append(run_request(s, request))
                 if len(done) == len(step.requests):
                     check_answer(step, done[-1])
+                    if step.name is StepName.GATE and "gate" in (step.expect or {}):
+                        judged[step.name.value] = gate_verdict(s, release_dir, step, done, results)
             except Exception as e:
                 seconds = round(time.monotonic() - started, 3)
                 record_event(s, release_dir, StepEvent(step.name.value, StepEvent.FAILED, time.time(), seconds))
@@ -158,7 +183,9 @@ def op_release_steps(s, release_dir, through, extra=None):
                     e = AgentError("internal", "%s: %s" % (type(e).__name__, e))
                 e.details.update(program_step=step.name.value, step_done=done, results=results)
                 raise e
+        if step.name is StepName.BASELINE:
+            write_json(os.path.join(release_dir, BASELINE_ANSWERS), done)
         seconds = round(time.monotonic() - started, 3)
         record_event(s, release_dir, StepEvent(step.name.value, StepEvent.ENDED, time.time(), seconds))
         results[step.name.value] = done
-    return {"results": results, "ran": list(results)}
+    return {"results": results, "ran": list(results), "judged": judged}

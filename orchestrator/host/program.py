@@ -60,9 +60,10 @@ ORDER = tuple(StepName)
 """The one order of steps: a program's steps follow it (some may be absent)."""
 
 
-EXPECT_KEYS = {"sha256": dict, "rc": int}
-"""What a step may expect of its last request's answer, so that the host decides the step
-(not whoever asked for it): ``sha256`` {path: digest} of a read, ``rc`` of a command."""
+EXPECT_KEYS = {"sha256": dict, "rc": int, "gate": dict}
+"""What a step may expect of its answers, so that the host decides the step (not whoever
+asked for it): ``sha256`` {path: digest} of a read, ``rc`` of a command, ``gate`` the rules
+its probes are judged by (``gate_step``)."""
 
 
 class ProgramStep:

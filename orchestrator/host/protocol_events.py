@@ -96,6 +96,14 @@ class StepEvent(Event):
     FAILED: ClassVar[str] = "failed"
 
 
+@dataclass(frozen=True)
+class ReprobeEvent(Event):
+    """The gate's verdicts are inconclusive (within the spread): these probes are measured again."""
+
+    KIND: ClassVar[str] = "reprobe"
+    probes: tuple = ()
+
+
 def _progress_step(wire: Mapping[str, Any]) -> ProgressStep | None:
     step = wire.get("step")
     if step is None and str(wire.get("msg", "")).startswith("waiting up to"):
@@ -122,6 +130,9 @@ def event_from_wire(wire: Mapping[str, Any]) -> Event | None:
         elapsed, polls = wire.get("elapsed"), wire.get("polls")
         return HealthEvent(str(wire.get("msg", "")), float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
                            polls if isinstance(polls, int) else 0)
+    if kind == ReprobeEvent.KIND:
+        probes = wire.get("probes")
+        return ReprobeEvent(tuple(str(p) for p in probes) if isinstance(probes, list) else ())
     if kind == StepEvent.KIND:
         at, seconds = wire.get("at"), wire.get("seconds")
         return StepEvent(str(wire.get("step", "")), str(wire.get("state", "")),

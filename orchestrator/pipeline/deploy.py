@@ -77,7 +77,7 @@ from orchestrator.errors import (
     RemoteError,
 )
 from orchestrator.host.program import StepName
-from orchestrator.host.protocol_events import StepEvent, event_from_wire
+from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -299,9 +299,16 @@ class Deployment:
         def on_event(ev: dict[str, Any]) -> None:
             event = event_from_wire(ev)
             if isinstance(event, StepEvent):
-                if event.step == StepName.HEALTH.value and event.state == StepEvent.BEGAN:
+                if event.state == StepEvent.BEGAN and event.step == StepName.HEALTH.value:
                     self._stop("restart")  # the server is started: the health wait begins
                     self._start("health")
+                elif event.state == StepEvent.BEGAN and event.step == StepName.GATE.value:
+                    self._stop("health")
+                    self._start("gate")
+                return
+            if isinstance(event, ReprobeEvent):
+                self.reporter.step(self.label, f"gate: inconclusive (within the spread), probing again: "
+                                               f"{', '.join(event.probes)}")
                 return
             self.reporter.progress(self.label, ev)
 
@@ -309,17 +316,20 @@ class Deployment:
             results = self.session.batch(
                 [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING)), run],
                 on_event=on_event)[run]
+        except RemoteStepError as e:
+            if gate is not None and e.kind == "gate" and e.details.get("program_step") == StepName.GATE.value:
+                # the host judged the new server and the gate failed: show how, then fail
+                self._show_healthy(self.program.ended(e.details))
+                self.reporter.gate(self.label, gate.take_judged(e.details))
+                raise GateFailedError(e.message) from None
+            raise
         finally:
             self._stop("restart")
             self._stop("health")
-        if self.health_op is not None:
-            got = results[self.health_op]
-            stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
-            self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
+            self._stop("gate")
+        self._show_healthy(results)
         if gate is not None:
-            gate.take_baseline(results.each(self.baseline or []))
-            gate.take_after(results.each(self.after or []))
-            self.judge_gate()
+            self.reporter.gate(self.label, gate.take_judged(results.judged.get(StepName.GATE.value) or {}))
             if self.program.has(StepName.AFTER_HEALTHY):
                 # only a server that passed the gate goes back behind the router
                 self.session.run(self.program.run(self.release_dir, StepName.AFTER_HEALTHY))
@@ -375,8 +385,8 @@ class Deployment:
             self.health_op = ops.health_wait(health, pid="started")
             program.add(StepName.HEALTH, [self.health_op])
         if gate is not None:
-            self.after = gate.after_ops()  # the new server, once healthy and stable
-            program.add(StepName.GATE, self.after)
+            self.after = gate.after_ops()  # the new server, once healthy and stable: judged on the host
+            program.add(StepName.GATE, self.after, expect={"gate": gate.judge_spec()})
         if change.after_healthy:
             program.add(StepName.AFTER_HEALTHY, [ops.run_ok(change.after_healthy, timeout=hook_timeout)])
         return self._with_confirm(program)
@@ -387,18 +397,11 @@ class Deployment:
         program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, [])])
         return program
 
-    def judge_gate(self) -> None:
-        """Step 8's end: compare before and after, re-probe while inconclusive, show the table;
-        a failing rule fails the deploy (the restore machine rolls back, as for failed health)."""
-        assert self.gate is not None and self.clock is not None
-        with self.clock.step("gate"):
-            outcome = self.gate.judge(
-                self.session, on_event=lambda ev: self.reporter.progress(self.label, ev),
-                on_reprobe=lambda labels: self.reporter.step(
-                    self.label, f"gate: inconclusive (within the spread), probing again: {', '.join(labels)}"))
-        self.reporter.gate(self.label, outcome)
-        if outcome.verdict != "pass":
-            raise GateFailedError(outcome.message())
+    def _show_healthy(self, answers: StepResults) -> None:
+        if self.health_op is not None and self.health_op in answers:
+            got = answers[self.health_op]
+            stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
+            self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
 
     def confirm(self) -> HostReport:
         """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""

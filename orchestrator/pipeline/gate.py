@@ -27,8 +27,6 @@ from orchestrator.core.gate import (
     GateOutcome,
     RuleCheck,
     check_probe,
-    inconclusive_probes,
-    next_step,
 )
 from orchestrator.core.models import GateProbe, GateRules
 from orchestrator.core.probe import ProbeResult
@@ -36,6 +34,7 @@ from orchestrator.core.rendering import RenderedGate, RenderedProbe
 
 # which recorded figures stand for the running server: the host's to decide too (``host.gate``)
 from orchestrator.host.gate import recorded_results as recorded_results
+from orchestrator.host.gate_step import ProbeSpec, judge_with_reprobes
 from orchestrator.host.records import Manifest
 from orchestrator.pipeline.probe import probe_ops, read_probe
 from orchestrator.pipeline.session import HostSession
@@ -117,24 +116,46 @@ class GateRun:
               on_reprobe: Callable[[list[str]], None] | None = None, *, decide: bool = True) -> GateOutcome:
         """Compare; while a verdict is inconclusive and re-probes are left, probe the
         new server again (only the probes concerned, one round trip each time: a fresh
-        measurement replaces the last) and compare again. ``decide`` false (``status
-        --probe``: nothing is kept or rolled back) leaves a verdict still inconclusive
-        as ``inconclusive`` instead of counting it as ``on_inconclusive``."""
-        on_inconclusive = self.spec.on_inconclusive if decide else None
-        done = 0
-        while True:
-            checks = self.checks()
-            step = next_step(checks, done, self.spec.reprobes, on_inconclusive)
-            if step != "reprobe":
-                break
-            labels = inconclusive_probes(checks)
+        measurement replaces the last) and compare again — the host's own loop
+        (``host.gate_step.judge_with_reprobes``), which a deploy's gate step runs on the
+        host. ``decide`` false (``status --probe``: nothing is kept or rolled back) leaves
+        a verdict still inconclusive as ``inconclusive`` instead of counting it as
+        ``on_inconclusive``."""
+        def probe_again(labels: list[str]) -> dict[str, ProbeResult]:
             if on_reprobe is not None:
                 on_reprobe(labels)
             again = [p for p in self.spec.probes if p.label in labels]
             reprobe = self.after_ops(again)
-            self.take_after(session.batch(reprobe, on_event=on_event).each(reprobe), again)
-            done += 1
-        self.outcome = GateOutcome.decided(step, checks, self.baseline, done, on_inconclusive)
+            return _read(again, session.batch(reprobe, on_event=on_event).each(reprobe))
+
+        on_inconclusive = self.spec.on_inconclusive if decide else None
+        self.outcome = judge_with_reprobes(self.probe_specs(), self.before, self.after, self.spec.reprobes,
+                                           on_inconclusive, self.baseline, probe_again)
+        return self.outcome
+
+    def probe_specs(self, probes: Sequence[RenderedProbe] | None = None, *, rules: bool = True) -> list[ProbeSpec]:
+        """The probes as the host judges them (``host.gate_step.ProbeSpec``)."""
+        return [ProbeSpec(p.label, p.config.post, p.config.concurrency, p.config.rounds,
+                          p.rules.to_host() if rules else None)
+                for p in (self.spec.probes if probes is None else probes)]
+
+    def judge_spec(self) -> dict[str, Any]:
+        """What the program's gate step expects (``expect["gate"]``): everything the host
+        needs to judge the new server's figures itself, re-probes included."""
+        def wire(p: ProbeSpec) -> dict[str, Any]:
+            return {"label": p.label, "post": p.post, "concurrency": p.concurrency, "rounds": p.rounds,
+                    **({"rules": p.rules.to_wire()} if p.rules is not None else {})}
+
+        return {"probes": [wire(p) for p in self.probe_specs()],
+                "before": {label: r.to_json() for label, r in self.before.items()},
+                "baseline_step": [wire(p) for p in self.probe_specs(self.to_probe, rules=False)],
+                "reprobes": self.spec.reprobes, "on_inconclusive": self.spec.on_inconclusive,
+                "baseline": self.baseline}
+
+    def take_judged(self, judged: Mapping[str, Any]) -> GateOutcome:
+        """The outcome the host's gate step decided, and the figures it decided on."""
+        self.after.update({str(k): ProbeResult.from_json(v) for k, v in (judged.get("after") or {}).items()})
+        self.outcome = GateOutcome.from_json(judged.get("outcome") or {})
         return self.outcome
 
     # ---------------------------------------------------------------- records

@@ -16,15 +16,17 @@ from typing import Any
 from orchestrator.host import protocol as p
 from orchestrator.host.program import ORDER, Program, ProgramStep, StepName
 from orchestrator.shell.ops import Op, _op
-from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed
+from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed, Opt
 
 
 class StepResults:
     """The answers of one ``release_steps`` call, each read by the ``Op`` that asked for it."""
 
-    def __init__(self, answers: dict[Op, Any], ran: Sequence[StepName]) -> None:
+    def __init__(self, answers: dict[Op, Any], ran: Sequence[StepName],
+                 judged: dict[str, Any] | None = None) -> None:
         self._answers = answers
         self.ran = list(ran)
+        self.judged = dict(judged or {})  # what the host decided a step by (the gate's outcome and figures)
 
     def __getitem__(self, op: Op) -> Any:
         if op not in self._answers:
@@ -33,6 +35,10 @@ class StepResults:
 
     def each(self, ops: Sequence[Op]) -> list[Any]:
         return [self[o] for o in ops]
+
+    @property
+    def ops(self) -> list[Op]:
+        return list(self._answers)
 
     def __contains__(self, op: Op) -> bool:
         return op in self._answers
@@ -86,10 +92,11 @@ class ReleaseProgram:
             steps[StepName.CONFIRM] = [confirm]
 
         def parse(answer: dict[str, Any]) -> StepResults:
-            return read_steps(steps, answer.get("results") or {}, list(answer.get("ran") or []))
+            read = read_steps(steps, answer.get("results") or {}, list(answer.get("ran") or []))
+            return StepResults(dict(zip(read.ops, read, strict=True)), read.ran, answer.get("judged"))
 
         return _op(p.RunSteps(release_dir, through.value, extra=extra), parse,
-                   {"results": DictOf(ListOf(ANY)), "ran": ListOf(str)})
+                   {"results": DictOf(ListOf(ANY)), "ran": ListOf(str), "judged": Opt(dict)})
 
     def ended(self, details: dict[str, Any]) -> StepResults:
         """The answers of the steps that ended before a ``release_steps`` call failed (its
