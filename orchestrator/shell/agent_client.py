@@ -243,7 +243,10 @@ class Agent:
             if not line:
                 if self.transport.target.become:
                     self._refuse_become(proc)
-                err = proc.stderr_text().strip().splitlines()
+                # stdout ended; the stderr pump may not have read the helper's last words yet
+                said = (proc.stderr_bytes(settle=5.0).decode("utf-8", "replace")
+                        if isinstance(proc, PumpedProcess) else proc.stderr_text())
+                err = said.strip().splitlines()
                 tail = err[-1] if err else "no output"
                 raise UnreachableError(
                     f"{label}: cannot start orch's helper with {self.python!r}: {tail}"
