@@ -281,10 +281,14 @@ def test_greedy_text_is_a_function_of_the_prompt_and_the_salt_switch_changes_it(
 
 
 def test_probe_runs_from_the_host_helper_on_both_apis(standin: object, tmp_path: Path) -> None:
-    from orchestrator.core.probe import ProbeConfig
+    from orchestrator.core.probe import ProbeConfig, ProbeResult  # noqa: F401 - the helper's return type
     from orchestrator.core.target import HostTarget
-    from orchestrator.pipeline.probe import run_probe
+    from orchestrator.pipeline.probe import probe_ops, read_probe
     from orchestrator.pipeline.session import HostSession
+
+    def run_probe(session: HostSession, base_url: str, config: ProbeConfig) -> ProbeResult:
+        rounds = probe_ops(base_url, config)
+        return read_probe(config, session.batch(rounds).each(rounds))
 
     port = standin()  # type: ignore[operator]
     target = HostTarget(name="here", connection="local", state_dir=str(tmp_path / "state"), python=sys.executable)

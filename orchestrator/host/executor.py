@@ -116,6 +116,17 @@ def check_answer(step, answer):
             raise AgentError("refused", "%s: exit %s" % (step.name.value, rc), answer=answer)
 
 
+def check_answered(probe, answers):
+    """A probe of which no request succeeded measured nothing: the step fails, naming the
+    first error (``probe``: the route and concurrency its answers are read with)."""
+    from .figures import probe_result
+
+    result = probe_result(str(probe.get("post")), int(probe.get("concurrency") or 1), answers)
+    if sum(r.ok for r in result.rounds) == 0:
+        first = next((r.first_error for r in result.rounds if r.first_error), "?")
+        raise AgentError("probe", "probe: no request to %s succeeded (first error: %s)" % (probe.get("post"), first))
+
+
 def gate_verdict(s, release_dir, step, answers, results):
     """The gate step decided here (``gate_step.judge_gate``): its outcome and the figures it
     was decided on; an ``AgentError`` ``gate`` carrying both when it fails. The baseline
@@ -174,6 +185,8 @@ def op_release_steps(s, release_dir, through, extra=None):
                 done.append(run_request(s, request))
                 if len(done) == len(step.requests):
                     check_answer(step, done[-1])
+                    if "answered" in (step.expect or {}):
+                        check_answered(step.expect["answered"], done)
                     if step.name is StepName.GATE and "gate" in (step.expect or {}):
                         judged[step.name.value] = gate_verdict(s, release_dir, step, done, results)
             except Exception as e:

@@ -60,10 +60,11 @@ ORDER = tuple(StepName)
 """The one order of steps: a program's steps follow it (some may be absent)."""
 
 
-EXPECT_KEYS = {"sha256": dict, "rc": int, "gate": dict}
+EXPECT_KEYS = {"sha256": dict, "rc": int, "gate": dict, "answered": dict}
 """What a step may expect of its answers, so that the host decides the step (not whoever
 asked for it): ``sha256`` {path: digest} of a read, ``rc`` of a command, ``gate`` the rules
-its probes are judged by (``gate_step``)."""
+its probes are judged by (``gate_step``), ``answered`` a probe ({"post", "concurrency"})
+of which some request must succeed."""
 
 
 class ProgramStep:

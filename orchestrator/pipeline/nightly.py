@@ -129,7 +129,7 @@ from orchestrator.pipeline.plan import (
     server_pidfile,
     stage_and_validate,
 )
-from orchestrator.pipeline.probe import run_probe
+from orchestrator.pipeline.probe import probe_ops, read_probe
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -273,6 +273,7 @@ class Night:
     arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
     program: ReleaseProgram | None = None  # every step after the arm, kept in the release with it
     healthy: ops.Op | None = None  # the program's health wait, whose answer the night reads
+    probe_rounds: list[ops.Op] = field(default_factory=list)  # the program's probe, one op per round
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
     complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
@@ -667,6 +668,14 @@ class Night:
                         [ops.mark(StatePaths(self.state_dir).server_touched(self.name))])
         self.healthy = ops.health_wait(health_wire(self.health, for_restore=False), pid="started")
         program.add(StepName.HEALTH, [self.healthy])
+        config = self.spec.probe
+        if config is not None:
+            body = self.render_value(config.json_, ("probe", "json"), self.variables)
+            headers = {k: str(self.render_value(v, ("probe", "headers", k), self.variables))
+                       for k, v in config.headers.items()}
+            self.probe_rounds = probe_ops(self.health.base_url, config, body, headers)
+            program.add(StepName.PROBE, self.probe_rounds,
+                        expect={"answered": {"post": config.post, "concurrency": config.concurrency}})
         program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, [])])  # its steps come with the confirm
         return program
 
@@ -689,15 +698,16 @@ class Night:
         config = self.spec.probe
         if config is None:
             return None
-        self.session.run(self.journal(JournalStep.PROBING))
-        body = self.render_value(config.json_, ("probe", "json"), self.variables)
-        headers = {k: str(self.render_value(v, ("probe", "headers", k), self.variables))
-                   for k, v in config.headers.items()}
-        result = run_probe(self.session, self.health.base_url, config, body, headers, self._events())
+        assert self.program is not None
+        run = self.program.run(self.release_dir, StepName.PROBE)
+        try:
+            got = self.session.batch([self.journal(JournalStep.PROBING), run], on_event=self._events())[run]
+        except RemoteStepError as e:
+            if e.kind == "probe" and e.details.get("program_step") == StepName.PROBE.value:
+                raise RemoteError(e.message) from None  # the host found that no request succeeded
+            raise
+        result = read_probe(config, got.each(self.probe_rounds))
         summary = result.summary()
-        if sum(r.ok for r in result.rounds) == 0:
-            first = next((r.first_error for r in result.rounds if r.first_error), "?")
-            raise RemoteError(f"probe: no request to {config.post} succeeded (first error: {first})")
         tps = summary.get("output_tokens_per_s")
         self.reporter.step(self.label, (
             f"probe {config.post}: {summary['requests_per_s']} req/s, "

@@ -2,18 +2,17 @@
 
 The requests leave from the host itself (``probe_http`` in the helper), so
 what is measured is the server, not the SSH link. A probe is one op per
-round (``probe_ops``); ``run_probe`` sends them all in one round trip, and a
-deploy puts them inside the round trips it makes anyway (``read_probe``
-reads its share of the answers).
+round (``probe_ops``); a deploy's gate and a night's probe put them in their
+release's program, run in the round trips they make anyway (``read_probe``
+reads a probe's share of the answers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.core.probe import ProbeConfig, ProbeResult, greedy_body, probe_result
-from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
 
 
@@ -39,16 +38,3 @@ def read_probe(config: ProbeConfig, answers: Sequence[Any]) -> ProbeResult:
     """The answers of ``probe_ops(…, config, …)`` as one result."""
     return probe_result(config.post, config.concurrency, answers)
 
-
-def run_probe(
-    session: HostSession,
-    base_url: str,
-    config: ProbeConfig,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-) -> ProbeResult:
-    """Probe ``base_url`` as ``config`` says, every round in one round trip."""
-    rounds = probe_ops(base_url, config, body, headers)
-    answers = session.batch(rounds, on_event=on_event)
-    return read_probe(config, answers.each(rounds))
