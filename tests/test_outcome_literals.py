@@ -7,7 +7,11 @@ with ``ast`` and reports each place where an outcome word or an exit code
 is written as a literal *where it is used as one*: an ``outcome=`` keyword,
 an ``"outcome"`` key's value, a comparison with something named outcome,
 a report built with a word or a code, a set of outcome words, a
-``sys.exit(3)``, an ``exit_code`` assigned or returned. The same words in a
+``sys.exit(3)``, an ``exit_code`` assigned or returned. The words a host's
+record ends with (``RecordedOutcome``: ``deployed``, ``done``…) count as
+outcome words, and a journal step (``JournalStep``) written as a word under
+``"step"`` is reported too: the helper in ``orchestrator/host/`` is scanned
+like the controller. The same words in a
 docstring, in a message, as a dict key of something else, or as another
 vocabulary's word (a helper's error ``kind == "changed"``) are not outcomes
 and are not reported.
@@ -23,19 +27,23 @@ import pytest
 
 import orchestrator
 from orchestrator.core.outcomes import ExitCode, Outcome
+from orchestrator.host.records import JournalStep, RecordedOutcome
 
 PACKAGE = Path(orchestrator.__file__).parent
-WORDS = frozenset(o.value for o in Outcome)
+WORDS = frozenset(o.value for o in Outcome) | frozenset(o.value for o in RecordedOutcome)
+"""A run's outcome words and the words a release's record ends with (``deployed``, ``done``…)."""
+STEP_WORDS = frozenset(s.value for s in JournalStep)
+"""The journal's steps: written as ``JournalStep``, never as a word."""
 CODES = frozenset(int(c) for c in ExitCode)
 
 EXEMPT = {
     "core/outcomes.py": "the policy itself: the only place the words and codes are written",
     "cli/": "the CLI's wording (the brief leaves it the words it prints)",
-    # issue 18 item 5: the host helper writes outcome words into the records it keeps
-    # ("rolled_back", "rollback_failed", "failed" in a release's record); it is being
-    # moved to orchestrator/host/ by another change and then reads them from one place.
-    "shell/agent.py": "issue 18 item 5: the host helper, being split into orchestrator/host/",
-    "host/": "issue 18 item 5: the host helper's package",
+    # the words the host's records say a release ended with, defined once as enums that the
+    # helper and the controller write (``RecordedOutcome``, ``JournalStep``): the rest of
+    # orchestrator/host/ is scanned like the controller
+    "host/records.py": "the host's records and their vocabulary (JournalStep; RecordedOutcome re-exported)",
+    "host/record_words.py": "RecordedOutcome: the words a release's record ends with, defined once",
     "standin/": "the stand-in inference server the tests run: not orch",
     "__init__.py": "a Ctrl-C while orch is still importing: exit 1 and its JSON report, written "
                    "without importing anything (not even core.outcomes)",
@@ -58,13 +66,18 @@ class Finding:
         return f"{self.line}: {self.what}"
 
 
-def _word(node: ast.AST | None) -> str | None:
+def _word(node: ast.AST | None, words: frozenset[str] = WORDS) -> str | None:
     """The outcome word ``node`` is or may evaluate to (``a if c else "failed"``), or None."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in WORDS:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words:
         return node.value
     if isinstance(node, ast.IfExp):
-        return _word(node.body) or _word(node.orelse)
+        return _word(node.body, words) or _word(node.orelse, words)
     return None
+
+
+def _step(node: ast.AST | None) -> str | None:
+    """The journal step ``node`` is or may evaluate to, written as a word, or None."""
+    return _word(node, STEP_WORDS)
 
 
 def _code(node: ast.AST | None) -> int | None:
@@ -119,6 +132,8 @@ def scan(source: str) -> list[Finding]:
                     add(value, f'"outcome": {_word(value)!r}')
                 if isinstance(key, ast.Constant) and key.value == "exit_code" and _code(value) is not None:
                     add(value, f'"exit_code": {_code(value)}')
+                if isinstance(key, ast.Constant) and key.value == "step" and _step(value):
+                    add(value, f'"step": {_step(value)!r}')
             keyed = _words_in([k for k in node.keys if k is not None])
             if len(keyed) >= 2:
                 add(node, f"a dict keyed by outcome words {keyed}")
@@ -128,6 +143,9 @@ def scan(source: str) -> list[Finding]:
                                           for w in _words_in(s.elts)]
             if literal and any(_named(s, "outcome") for s in sides):
                 add(node, f"an outcome compared with {literal}")
+            steps = [w for w in (_step(s) for s in sides) if w is not None]
+            if steps and any(_named(s, "step") for s in sides):
+                add(node, f"a journal step compared with {steps}")
             codes = [c for c in (_code(s) for s in sides) if c is not None]
             if codes and any(_named(s, "exit_code") for s in sides):
                 add(node, f"an exit code compared with {codes}")
@@ -137,6 +155,8 @@ def scan(source: str) -> list[Finding]:
                 add(node, f"an outcome set to {_word(node.value)!r}")
             if any(_named(t, "exit_code") for t in targets) and _code(node.value) is not None:
                 add(node, f"an exit code set to {_code(node.value)}")
+            if any(_named(t, "step") for t in targets) and _step(node.value):
+                add(node, f"a journal step set to {_step(node.value)!r}")
         elif isinstance(node, ast.Call):
             name = _callee(node)
             if name in REPORT_CALLS:
@@ -184,7 +204,10 @@ def test_no_outcome_word_or_exit_code_outside_the_policy() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in modules}
     # the scan covers the modules that end runs (a wrong EXEMPT would silently skip them)
     assert {"pipeline/deploy.py", "pipeline/rollback.py", "pipeline/nightly.py", "pipeline/fleet.py",
-            "pipeline/report.py", "pipeline/inspect.py", "errors.py", "demo.py"} <= names
+            "pipeline/report.py", "pipeline/inspect.py", "errors.py", "demo.py",
+            # the helper, which writes the host's records: it names their words by their enums
+            "host/restore.py", "host/state.py", "host/executor.py", "host/program.py", "host/backstop.py",
+            "host/nightly.py", "host/dispatch.py"} <= names
     found = {p.relative_to(PACKAGE).as_posix(): scan(p.read_text(encoding="utf-8")) for p in modules}
     written = [f"orchestrator/{name}:{f}" for name, hits in found.items() for f in hits]
     assert written == [], "outcome words or exit codes written outside core/outcomes.py " \
@@ -213,6 +236,12 @@ def test_no_outcome_word_or_exit_code_outside_the_policy() -> None:
     'def f():\n    return "failed", 2',
     'class R:\n    @property\n    def exit_code(self):\n        return 3 if self.problems else 0',
     'class E(Exception):\n    exit_code = 3',
+    'manifest["outcome"] = "done" if record["ok"] else "rollback_failed"',
+    'ops.release_update(d, rid, {"outcome": "deployed", "finished": t})',
+    'if m.outcome == "in_progress":\n    pass',
+    'journal["step"] = "restore_failed" if completed else "restore_interrupted"',
+    'ops.put_json(path, {"release": rid, "step": "committed"})',
+    'if journal.step == "restored_by_watchdog":\n    pass',
 ])
 def test_the_scan_finds_an_outcome_or_exit_code_written_as_a_literal(line: str) -> None:
     assert scan(line) != []
@@ -231,6 +260,9 @@ def test_the_scan_finds_an_outcome_or_exit_code_written_as_a_literal(line: str) 
     'n = len(items) - 1',
     'timeout = 2',
     'return_code = proc.wait(3)',
+    'e.details["step"] = 0',
+    'reply = {"id": rid, "done": True, "ok": True}',
+    'state = {"next": 0, "done": 0}',
 ])
 def test_the_scan_leaves_other_strings_and_numbers_alone(line: str) -> None:
     assert scan(line) == []

@@ -41,6 +41,7 @@ from orchestrator.errors import (
     ServerFailedError,
     UnreachableError,
 )
+from orchestrator.host.records import RecordedOutcome
 
 if TYPE_CHECKING:  # only a type here: core.restore reads core.releases, which reads these words
     from orchestrator.core.restore import RestoreRecord
@@ -48,14 +49,18 @@ if TYPE_CHECKING:  # only a type here: core.restore reads core.releases, which r
 
 class Outcome(str, Enum):
     """The outcome words of the contract. A ``str``: it compares equal to its word,
-    prints as its word and is written as its word in JSON and in the host's records."""
+    prints as its word and is written as its word in JSON and in the host's records.
+
+    The words a release's record also ends with (``failed``, ``rolled_back``,
+    ``rollback_failed``) are the record's own (``RecordedOutcome``, defined once in the
+    host package, which writes them): the same word by construction, never by copy."""
 
     CHANGED = "changed"
     UNCHANGED = "unchanged"
     PLANNED = "planned"
-    FAILED = "failed"
-    ROLLED_BACK = "rolled_back"
-    ROLLBACK_FAILED = "rollback_failed"
+    FAILED = RecordedOutcome.FAILED.value
+    ROLLED_BACK = RecordedOutcome.ROLLED_BACK.value
+    ROLLBACK_FAILED = RecordedOutcome.ROLLBACK_FAILED.value
     UNREACHABLE = "unreachable"
     NOT_STARTED = "not_started"
 

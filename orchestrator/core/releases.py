@@ -21,9 +21,8 @@ import posixpath
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from orchestrator.core.outcomes import Outcome
 from orchestrator.errors import ConfigError, RefusedError
-from orchestrator.host.records import Manifest, ReleaseFile, ServerProcess
+from orchestrator.host.records import Manifest, RecordedOutcome, ReleaseFile, ServerProcess
 
 # defined once, with the restore plan they belong to; re-exported for the pipeline
 from orchestrator.host.restore_plan import FileState as FileState
@@ -106,10 +105,10 @@ def describe_release(manifest: Manifest, applied: list[str]) -> str:
     if manifest.kind == "night":
         return _describe_night(manifest, applied)
     if manifest.kind == "rollback":
-        if outcome == "done":
+        if outcome == RecordedOutcome.DONE:
             return "undid " + ", ".join(manifest.undid)
         return outcome.replace("_", " ")
-    if outcome == "deployed":
+    if outcome == RecordedOutcome.DEPLOYED:
         if applied and manifest.id == applied[-1]:
             return "current"
         if manifest.undone_by:
@@ -117,7 +116,7 @@ def describe_release(manifest: Manifest, applied: list[str]) -> str:
         if manifest.id not in applied:
             return "not in effect"
         return "deployed"
-    if outcome == Outcome.ROLLED_BACK:
+    if outcome == RecordedOutcome.ROLLED_BACK:
         return "rolled back (watchdog)" if manifest.restored_by == "watchdog" else "rolled back"
     return outcome.replace("_", " ")
 
@@ -126,16 +125,16 @@ def _describe_night(manifest: Manifest, applied: list[str]) -> str:
     """A night in the same words, but for nights: ``good`` (in effect under the current
     one), ``switched back`` (by its own run, the watchdog, or ``orch rollback``)."""
     outcome = manifest.outcome or "?"
-    if outcome == "deployed":
+    if outcome == RecordedOutcome.DEPLOYED:
         if applied and manifest.id == applied[-1]:
             return "current"
         if manifest.undone_by:
             return f"undone by {manifest.undone_by}"
         return "good" if manifest.id in applied else "not in effect"
-    if outcome == Outcome.ROLLED_BACK:
+    if outcome == RecordedOutcome.ROLLED_BACK:
         by = manifest.restored_by
         return "switched back" + (f" ({by})" if by in ("watchdog", "rollback") else "")
-    if outcome == Outcome.ROLLBACK_FAILED:
+    if outcome == RecordedOutcome.ROLLBACK_FAILED:
         return "switch back failed"
     return outcome.replace("_", " ")
 

@@ -153,7 +153,7 @@ def watchdog_wait(release_dir, spec, fire_at):
 
 
 def watchdog_main(release_dir, fire_at=None):
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(os.EX_OK))  # the helper process's own status, not a run's
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     release_dir = expand(release_dir)
     spec = read_json(os.path.join(release_dir, "restore.json"))

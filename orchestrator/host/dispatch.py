@@ -142,7 +142,7 @@ def serve(s, stdin):
             # thread blocked in stdin (a second of stall per run, measured).
             give_back_lock(s)
             sys.stdout.flush()
-            os._exit(0)
+            os._exit(os.EX_OK)
     # The controller is gone (it died or the link dropped): whatever op was
     # running has finished. Leave nothing half-done behind: staged copies it
     # never committed go, and the host's lock is given back by us, so nobody
@@ -180,7 +180,7 @@ def leave(reason):
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
-    os._exit(0)
+    os._exit(os.EX_OK)
 
 
 def op_bye(s):

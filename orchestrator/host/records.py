@@ -1,13 +1,12 @@
 """The host's records, typed: what the state dir holds and what ``state_read`` answers.
 
-The helper on the host writes these records (``lock.json``, ``journal.json``,
-``state.json``, a release's ``manifest.json``, ``restore.json`` and
-``restored.json``, the watchdog's view) and the controller reads them. Both
-sides use these types, so the shape of a record is written once.
+The helper on the host writes these records (``lock.json``, ``journal.json``, ``state.json``,
+a release's ``manifest.json``, ``restore.json`` and ``restored.json``, the watchdog's view)
+and the controller reads them. Both sides use these types and their words (``JournalStep``,
+``RecordedOutcome``), so the shape of a record and its vocabulary are written once.
 
-Rules every ``from_wire`` follows, so that a state dir written by an older
-orch still reads, and one written by a newer orch is read or refused, never
-misread:
+Rules every ``from_wire`` follows, so that a state dir written by an older orch still reads,
+and one written by a newer orch is read or refused, never misread:
 
 - a field the record lacks takes the default its class documents (records
   written before the field existed);
@@ -27,6 +26,8 @@ import posixpath
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from .record_words import RecordedOutcome, recorded_outcome
 
 FORMAT = 1
 """The format every record here is written in (and the only one read)."""
@@ -426,12 +427,11 @@ _MANIFEST_TYPED = ("id", "kind", "seq", "created", "finished", "duration", "outc
 class Manifest:
     """A release's record (``manifest.json``): written by the run, finished by the helper.
 
-    Defaults of older records: ``kind`` "deploy", ``seq`` None (ordered before
-    every numbered release, by id), ``created`` 0, no files, no flag changes,
-    ``outcome`` None. ``drift_kept`` is added by ``state_read`` (the drift
-    copies the release still keeps). Fields this version does not read
-    (``vars``, ``timings``, ``gate``, a night's ``link``, ``undid`` …) are kept
-    in ``extra`` and written back by ``to_wire``.
+    Defaults of older records: ``kind`` "deploy", ``seq`` None (ordered before every numbered
+    release, by id), ``created`` 0, no files, no flag changes, ``outcome`` None (else a
+    ``RecordedOutcome``). ``drift_kept`` is added by ``state_read`` (the drift copies the release
+    still keeps). Fields this version does not read (``drift``, ``restore_error``, ``vars`` …)
+    are kept in ``extra`` and written back by ``to_wire``.
     """
 
     id: str
@@ -440,7 +440,7 @@ class Manifest:
     created: float = 0.0
     finished: float | None = None
     duration: float | None = None
-    outcome: str | None = None
+    outcome: RecordedOutcome | str | None = None  # a word a newer orch wrote: its ``str``
     error: str | None = None
     restored_by: str | None = None
     playbook: dict[str, Any] = field(default_factory=dict)
@@ -469,7 +469,7 @@ class Manifest:
         return cls(
             id=str(data["id"]), kind=str(data.get("kind") or "deploy"), seq=_opt_int(data.get("seq")),
             created=_opt_float(data.get("created")) or 0.0, finished=_opt_float(data.get("finished")),
-            duration=_opt_float(data.get("duration")), outcome=data.get("outcome"), error=data.get("error"),
+            duration=_opt_float(data.get("duration")), outcome=recorded_outcome(data.get("outcome")), error=data.get("error"),
             restored_by=data.get("restored_by"),
             playbook=dict(playbook) if isinstance(playbook, dict) else ({"name": playbook} if playbook else {}),
             files=[ReleaseFile.from_wire(f) for f in data.get("files") or [] if isinstance(f, dict)],
@@ -493,8 +493,8 @@ class Manifest:
         wire = dict(self.extra)
         wire.update({
             "format": FORMAT, "id": self.id, "kind": self.kind, "seq": self.seq, "created": self.created,
-            "finished": self.finished, "duration": self.duration, "outcome": self.outcome, "error": self.error,
-            "restored_by": self.restored_by, "playbook": dict(self.playbook),
+            "finished": self.finished, "duration": self.duration, "outcome": self.outcome and str(self.outcome),
+            "error": self.error, "restored_by": self.restored_by, "playbook": dict(self.playbook),
             "files": [f.to_wire() for f in self.files], "flag_changes": list(self.flag_changes),
             "server_spec": self.server_spec, "health": self.health,
             "server_before": self.server_before.to_wire() if self.server_before else None,

@@ -83,6 +83,7 @@ from orchestrator.host.records import (
     HostRecords,
     Journal,
     JournalStep,
+    RecordedOutcome,
     ServerProcess,
     StatePaths,
 )
@@ -419,7 +420,7 @@ class Deployment:
         assert self.program is not None
         claim = ops.confirm_release(self.release_dir, [
             ops.release_update(self.state_dir, self.release_id, {
-                "outcome": "deployed", "finished": finished, "duration": round(finished - self.started_at, 3),
+                "outcome": RecordedOutcome.DEPLOYED, "finished": finished, "duration": round(finished - self.started_at, 3),
                 "timings": self.timings, "steps": self._steps(), **self._gate_fields()}),
             *gate_records,
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
@@ -736,7 +737,7 @@ class Deployment:
             "orch_version": __version__,
             "controller": lock_holder("deploy"),
             "created": self.session.host_time(),  # host clock, like every time in the host's records
-            "outcome": "in_progress",
+            "outcome": RecordedOutcome.IN_PROGRESS,
         })
 
     def _journal(self, step: JournalStep, finished: bool = False) -> dict[str, Any]:

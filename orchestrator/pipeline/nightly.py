@@ -111,6 +111,7 @@ from orchestrator.host.records import (
     HostRecords,
     Journal,
     JournalStep,
+    RecordedOutcome,
     ServerProcess,
     StatePaths,
 )
@@ -735,7 +736,7 @@ class Night:
         claim = ops.confirm_release(self.release_dir, [
             ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
             ops.release_update(self.state_dir, self.name, {
-                "outcome": "deployed", "probe": probe.to_json() if probe else None, "finished": finished,
+                "outcome": RecordedOutcome.DEPLOYED, "probe": probe.to_json() if probe else None, "finished": finished,
                 "duration": round(finished - self.started, 3),
                 "steps": self.clock.steps(self.session.host_time) if self.clock else []}),
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
@@ -854,7 +855,7 @@ class Night:
             "build": self.name, "builds_dir": self.builds_dir, "build_dir": self.build_dir,
             "source": self.source_record().model_dump(), "files": [], "flag_changes": [],
             "restarted": False, "probe": None, "orch_version": __version__,
-            "controller": lock_holder("nightly"), "created": self.started, "outcome": "in_progress",
+            "controller": lock_holder("nightly"), "created": self.started, "outcome": RecordedOutcome.IN_PROGRESS,
         }
 
     def switch_record(self, previous: ServerStart | None, new_start: ServerStart) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from orchestrator.host.records import (
     Journal,
     JournalStep,
     Manifest,
+    RecordedOutcome,
     StatePaths,
 )
 from orchestrator.host.restore_plan import RestoreSpec
@@ -261,7 +262,7 @@ def undo_releases(
         "server_before": newest.server_after.to_wire() if newest.server_after else None,
         "server_after": target.server_before.to_wire() if target.server_before else None,
         "restarted": target.restart, "flag_changes": [], "orch_version": __version__,
-        "controller": lock_holder("rollback"), "created": session.host_time(), "outcome": "in_progress",
+        "controller": lock_holder("rollback"), "created": session.host_time(), "outcome": RecordedOutcome.IN_PROGRESS,
     })
     # Each live file is backed up from itself on the host (not sent there and back), and only if it
     # still holds what was just read: a file changed since is refused, never backed up stale.
