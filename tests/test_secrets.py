@@ -159,7 +159,7 @@ def test_no_secret_reaches_any_output_log_or_record(sandbox: Sandbox) -> None:
     crash = playbook(sandbox, "crash.yaml", extra_env=', STANDIN_CRASH_AT_START: "1"')
     failed = sandbox.orch("deploy", "-vv", "--host", "gpu", "--var", "threshold=33", *var, crash)
     assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "api_key='***'" in failed.stdout  # the tail was printed, the key in it masked
+    assert "api_key='***'" in failed.stderr  # the tail was printed (with the failure, on stderr), the key masked
     assert_no_secret(failed, "failed deploy -vv")
     as_json = sandbox.orch("deploy", "--json", "--host", "gpu", "--var", "threshold=33", *var, crash)
     assert as_json.returncode == 1, as_json.stdout + as_json.stderr
