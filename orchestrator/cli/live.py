@@ -215,7 +215,7 @@ def draw_fleet_summary(out: Output, report: RunReport) -> None:
     if report.retry_file:
         retry = [n for n, r in report.hosts.items() if r.exit_code != 0]
         out.problem(f"retry: {len(retry)} host{'s' if len(retry) != 1 else ''} failed or not started, listed in "
-                 f"{report.retry_file}; rerun them with --limit @{report.retry_file}", "yellow")
+                    f"{report.retry_file}; rerun them with --limit @{report.retry_file}", "yellow")
 
 
 def draw_stats(out: Output, hosts: dict[str, HostReport]) -> None:

@@ -112,10 +112,11 @@ def records_of(session: HostSession, target: HostTarget, options: ConnectOptions
 
 
 def nights_without_build(session: HostSession, state: HostRecords) -> frozenset[str]:
-    """The nights whose build is no longer in their ``builds_dir`` (``keep_builds`` pruned it):
-    one read-only listing per builds_dir, none without nights. A night that failed before its
-    switch is left out: it never had a build to switch to (its half-made one is removed)."""
-    nights = [m for m in state.releases if m.kind == "night" and m.outcome != "failed"
+    """The confirmed nights (current, good, undone) whose build is no longer in their
+    ``builds_dir``: ``keep_builds`` pruned it, and ``orch rollback`` cannot switch back to it.
+    One read-only listing per builds_dir, none without such nights. A night that failed or
+    was switched back is left out: its build never served, and always goes."""
+    nights = [m for m in state.releases if m.kind == "night" and m.outcome == "deployed"
               and m.builds_dir and m.link and m.link.get("after")]
     gone: set[str] = set()
     for builds_dir in sorted({str(m.builds_dir) for m in nights}):
