@@ -61,7 +61,11 @@ def test_host_failures_row_2_to_1_keeps_the_order_things_happened_in(sandbox: Sa
     """stdout and stderr into one pipe: step, failure, step, failure lines interleave as they
     happened (each line flushed as written, not stdout's block buffer at exit)."""
     sandbox.start_by_hand()
-    (sandbox.root / "crashing.yaml").write_text(CRASHING)
+    # the story's patch, whose new server dies at start: a read-back view (plain lines) before it
+    story = (sandbox.root / "playbooks" / "speculative-disable.yaml").read_text()
+    crash = story.replace("  manager: process\n", '  manager: process\n  env: {STANDIN_CRASH_AT_START: "1"}\n', 1)
+    assert crash != story
+    (sandbox.root / "crashing.yaml").write_text(crash)
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     env["COLUMNS"] = "80"
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "deploy", "--host", "gpu", "crashing.yaml",
@@ -77,10 +81,11 @@ def test_host_failures_row_2_to_1_keeps_the_order_things_happened_in(sandbox: Sa
         return found[0]
 
     backed_up = first("gpu backed up ")            # stdout
+    viewed = first("❱ ")                            # stdout: the read-back view, written as plain lines
     failed = first("gpu warning: deploy failed: ")  # stderr
     restored = first("gpu rolled back: ")          # stdout
     outcome = first("gpu: rolled_back")            # stderr
-    assert backed_up < failed < restored < outcome, proc.stdout
+    assert backed_up < viewed < failed < restored < outcome, proc.stdout
 
 
 def test_host_failures_row_with_json_stdout_is_only_the_report(sandbox: Sandbox) -> None:
