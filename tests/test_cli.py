@@ -102,7 +102,7 @@ def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) ->
     (sandbox.root / "bad-flag.yaml").write_text(BAD_FLAG)
     bad = run(sandbox, "deploy", "--host", "gpu", "bad-flag.yaml")
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    out = bad.stdout.splitlines()
+    out = bad.stderr.splitlines()  # a host's failure: on stderr
     assert "gpu: rolled_back" in " ".join(out)
     assert "  " + PREFLIGHT_SAID in out  # the parser's own words, the error on one line
     no_boxes(bad.stdout + bad.stderr)
@@ -110,7 +110,7 @@ def test_piped_at_80_columns_nothing_is_cut_folded_or_boxed(sandbox: Sandbox) ->
     (sandbox.root / "crashing.yaml").write_text(CRASHING)
     crash = run(sandbox, "deploy", "--host", "gpu", "crashing.yaml")
     assert crash.returncode == 1, crash.stdout + crash.stderr
-    out = crash.stdout.splitlines()
+    out = crash.stderr.splitlines()  # the failure and the log that explains it
     assert "  | RuntimeError: STANDIN_CRASH_AT_START=1: the server fails at start" in out  # the log, whole
     assert "  server exited during start (code 1)" in out
     no_boxes(crash.stdout + crash.stderr)
@@ -275,7 +275,7 @@ def test_status_and_check_exit_codes(sandbox: Sandbox) -> None:
     hist = run(sandbox, "history", "--host", "gpu", "--json")
     assert hist.returncode == 2
     assert as_json(hist)["failed"]["gpu"]["outcome"] == "unreachable"
-    assert "gpu: unreachable" in run(sandbox, "history", "--host", "gpu").stdout
+    assert "gpu: unreachable" in run(sandbox, "history", "--host", "gpu").stderr  # a host failure
 
 
 def test_rollback_to_an_unknown_release_is_exit_2_in_every_state(sandbox: Sandbox) -> None:

@@ -363,7 +363,7 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
     assert f"build {builds[0]} is no longer in {nightbox.builds}" in error
     assert nightbox.current() == builds[1] and box.server_pid() == pid and health_status(box.port) == 200
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
-    assert [r["outcome"] for r in rows[:4]] == ["good", "current", f"undone by {rows[5]['id']}",
+    assert [r["outcome"] for r in rows[:4]] == ["good; build pruned", "current", f"undone by {rows[5]['id']}",
                                                  f"undone by {rows[4]['id']}"]
     assert [r["kind"] for r in rows] == ["night"] * 4 + ["rollback"] * 2
     source = f"git {nightbox.commit[:12]}"

@@ -159,7 +159,7 @@ def test_no_secret_reaches_any_output_log_or_record(sandbox: Sandbox) -> None:
     crash = playbook(sandbox, "crash.yaml", extra_env=', STANDIN_CRASH_AT_START: "1"')
     failed = sandbox.orch("deploy", "-vv", "--host", "gpu", "--var", "threshold=33", *var, crash)
     assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "api_key='***'" in failed.stdout  # the tail was printed, the key in it masked
+    assert "api_key='***'" in failed.stderr  # the tail was printed (with the failure, on stderr), the key masked
     assert_no_secret(failed, "failed deploy -vv")
     as_json = sandbox.orch("deploy", "--json", "--host", "gpu", "--var", "threshold=33", *var, crash)
     assert as_json.returncode == 1, as_json.stdout + as_json.stderr
@@ -217,7 +217,7 @@ def test_a_hostile_log_tail_reaches_no_terminal_or_log_raw(sandbox: Sandbox, ver
         ', STANDIN_CRASH_AT_START: "1", STANDIN_SAY: "\\e]0;pwned\\a\\e[2J\\e[32mgpu: changed [bold]release ok[/]"'))
     proc = sandbox.orch("deploy", *verbosity, "--host", "gpu", "--var", f"hub_access={SECRET}", hostile)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "\\x1b]0;pwned\\x07\\x1b[2J\\x1b[32mgpu: changed [bold]release ok[/]" in proc.stdout  # shown, escaped
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\x1b[32mgpu: changed [bold]release ok[/]" in proc.stderr  # shown, escaped
     assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout + proc.stderr
     assert_no_secret(proc, "a hostile deploy")
     logs = [p.read_text() for p in sandbox.state_dir.glob("releases/*/run.log")]

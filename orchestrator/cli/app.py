@@ -73,7 +73,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BrokenPipeError:  # `orch history | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(ExitCode.FAILED)
+    clear_live_lines()
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+
+def clear_live_lines() -> None:
+    """Erase a spinner or live board still on screen, whatever ended the run: the next line
+    (the error, the shell's prompt) must start on a clean line. Rich was never imported
+    when nothing could have drawn one (``orch --help``)."""
+    output = sys.modules.get("orchestrator.cli.output")
+    if output is not None:
+        output.stop_live_views()
 
 
 def fail(message: str, exit_code: int, as_json: bool) -> None:
@@ -81,6 +91,7 @@ def fail(message: str, exit_code: int, as_json: bool) -> None:
     from orchestrator.core.safetext import printable
     from orchestrator.core.secrets import mask_urls
 
+    clear_live_lines()
     # URL passwords masked (no run's Masker exists out here: this error comes before or around it)
     line = mask_urls(re.sub(r"\s*\n\s*", " ", message.strip()))  # exactly one line, whatever it held
     # an error may quote a host (its answer, a file's line): control characters shown escaped

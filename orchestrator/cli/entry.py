@@ -24,6 +24,9 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         run_cli(args)
     except KeyboardInterrupt:
+        output = sys.modules.get("orchestrator.cli.output")
+        if output is not None:  # a spinner on screen: erased before the line that says so
+            output.stop_live_views()
         interrupted(args)
     finally:
         # The run is over (its report printed, its code chosen): a Ctrl-C now changes nothing,

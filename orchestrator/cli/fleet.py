@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.cli.live import FleetReporter, HostBoard, start_board
-from orchestrator.cli.output import Output
+from orchestrator.cli.output import Output, live_stopped
 from orchestrator.cli.views import ConsoleReporter
 from orchestrator.core.outcomes import INTERRUPTED as INTERRUPTED_VERDICT
 from orchestrator.core.outcomes import Outcome, read_verdict
@@ -90,6 +90,7 @@ def run_reports(
     finally:
         if live is not None:
             live.stop()
+            live_stopped(live)
     report = RunReport(stopped=run.stopped)
     for target in targets:
         name = target.name
@@ -141,6 +142,7 @@ def read_hosts(
     finally:
         if live is not None:
             live.stop()
+            live_stopped(live)
     return {t.name: run.results.get(t.name) or not_started(t.name, run.stopped or INTERRUPTED)
             for t in targets}
 
@@ -154,6 +156,6 @@ def write_retry_file(out: Output, report: RunReport) -> str | None:
     try:
         Path(RETRY_FILE).write_text(retry_file_text(hosts), encoding="utf-8")
     except OSError as e:
-        out.line(f"warning: could not write the retry file {RETRY_FILE}: {e.strerror or e}", "yellow")
+        out.problem(f"warning: could not write the retry file {RETRY_FILE}: {e.strerror or e}", "yellow")
         return None
     return RETRY_FILE

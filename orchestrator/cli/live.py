@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.output import VERBOSE, Output
+from orchestrator.cli.output import VERBOSE, Output, live_started
 from orchestrator.cli.views import ConsoleReporter, one_line, print_summary
 from orchestrator.core.gate import GateOutcome
 from orchestrator.pipeline.report import HostReport, RunReport
@@ -169,7 +169,7 @@ class FleetReporter:
         if self.out.quiet:
             return
         text = f"{host} finished: {report.outcome}" + (f": {one_line(report.error)}" if report.error else "")
-        self.out.line(text, STYLE.get(report.exit_code, "red"))
+        (self.out.line if report.exit_code == 0 else self.out.problem)(text, STYLE.get(report.exit_code, "red"))
 
     def started(self, host: str) -> None:
         if self.board is not None:
@@ -183,6 +183,7 @@ def start_board(out: Output, board: HostBoard) -> Live:
     live = Live(board, console=out.console, refresh_per_second=4, transient=True,
                 redirect_stdout=False, redirect_stderr=False)
     live.start()
+    live_started(live)
     return live
 
 
@@ -210,11 +211,11 @@ def draw_fleet_summary(out: Output, report: RunReport) -> None:
         with out.lock:
             print_summary(out, report)
     if report.stopped:
-        out.line(f"stopped: {report.stopped}", "red")
+        out.problem(f"stopped: {report.stopped}", "red")
     if report.retry_file:
         retry = [n for n, r in report.hosts.items() if r.exit_code != 0]
-        out.line(f"retry: {len(retry)} host{'s' if len(retry) != 1 else ''} failed or not started, listed in "
-                 f"{report.retry_file}; rerun them with --limit @{report.retry_file}", "yellow")
+        out.problem(f"retry: {len(retry)} host{'s' if len(retry) != 1 else ''} failed or not started, listed in "
+                    f"{report.retry_file}; rerun them with --limit @{report.retry_file}", "yellow")
 
 
 def draw_stats(out: Output, hosts: dict[str, HostReport]) -> None:

@@ -2,7 +2,10 @@
 
 One ``Output`` per run decides, once, everything the views need to know:
 
-- **the stream**: stdout, or stderr when ``--json`` owns stdout;
+- **the stream**: a host's steps on stdout, its warnings and failures
+  (``problem``) on stderr, each line flushed as it is written so that
+  ``2>&1`` keeps the order things happened in; with ``--json`` every human
+  line goes to stderr (stdout is only the JSON report);
 - **the medium**: a terminal gets Rich's layout at the terminal's width
   (long lines folded at word boundaries, tables and panels); anything else
   (a pipe, a file, CI) gets plain lines that are never cut, folded or
@@ -23,6 +26,7 @@ that prints; ``orch --help`` never gets this far.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shlex
@@ -30,7 +34,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import click
 from rich.console import Console
@@ -84,6 +88,9 @@ class Output:
     verbosity: int = NORMAL
     masker: Masker = field(default_factory=Masker)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    err: Console | None = None
+    """Where warnings and failures go: stderr (``console`` itself when that is stderr already)."""
+    err_terminal: bool | None = None
 
     @property
     def quiet(self) -> bool:
@@ -93,21 +100,47 @@ class Output:
         """``text`` fit to show: secrets masked, control characters escaped."""
         return printable(self.masker.text(text))
 
-    def line(self, text: str, style: str | None = None) -> None:
-        """One line of text as it is (never read as markup), made ``safe``.
+    @property
+    def problems(self) -> Console:
+        """The console of warnings and failures: stderr, so that a script reading stdout
+        gets the steps and a person sees what went wrong even with stdout redirected.
 
-        Where Rich would neither fold the line (``soft_wrap``: off a
-        terminal) nor colour it, the line is written as it is: Rich's layout
-        pass would only give it back unchanged, at a cost a fleet's hundreds
-        of lines notice.
+        While a live view (spinner, board) is on a terminal that stderr shares, stdout's
+        console, which draws it: Rich prints above its own live view only (it writes past
+        the redirect of ``sys.stderr`` a live view sets up), and a line written to the
+        terminal beside it would join the spinner's line.
+        """
+        if self.err is None or (self.err_terminal and self.terminal and _LIVE_VIEWS):
+            return self.console
+        return self.err
+
+    @property
+    def problems_terminal(self) -> bool:
+        return self.terminal if self.err_terminal is None else self.err_terminal
+
+    def line(self, text: str, style: str | None = None) -> None:
+        """One line of text as it is (never read as markup), made ``safe``, on stdout's console."""
+        self._write(self.console, text, style)
+
+    def problem(self, text: str, style: str | None = None) -> None:
+        """One warning or failure line, as ``line`` does it, on stderr's console."""
+        self._write(self.problems, text, style)
+
+    def _write(self, console: Console, text: str, style: str | None) -> None:
+        """Where Rich would neither fold the line (``soft_wrap``: off a terminal)
+        nor colour it, the line is written as it is: Rich's layout pass would
+        only give it back unchanged, at a cost a fleet's hundreds of lines
+        notice. Flushed at once (as Rich flushes each print): stdout and
+        stderr joined by ``2>&1`` then keep the order lines were written in.
         """
         line = Text(self.safe(text), style=style or "")
         with self.lock:
-            if not self.console.soft_wrap or self.console.color_system:
-                self.console.print(line)
+            if not console.soft_wrap or console.color_system:
+                console.print(line)
             else:
-                line.expand_tabs(self.console.tab_size)
-                self.console.file.write(line.plain + "\n")
+                line.expand_tabs(console.tab_size)
+                console.file.write(line.plain + "\n")
+                console.file.flush()
 
     def emit_json(self, data: dict[str, Any]) -> None:
         """The ``--json`` report: always on stdout, whatever the console uses; secrets masked
@@ -123,13 +156,34 @@ def make_output(
     *, as_json: bool = False, color: bool | None = None, verbosity: int = NORMAL,
     stream: IO[str] | None = None,
 ) -> Output:
-    """An ``Output`` for this process: the stream, the medium, colour and verbosity."""
+    """An ``Output`` for this process: the streams, the medium, colour and verbosity.
+
+    ``stream`` given (a test's buffer): every line goes to it, problems too.
+    """
+    separate = stream is None and not as_json
     stream = stream or (sys.stderr if as_json else sys.stdout)
     terminal = _isatty(stream)
     masker = Masker()
-    console = SafeConsole(
+    console = _console(stream, terminal, masker, color)
+    err, err_terminal = None, None
+    if separate:
+        # file=None, stderr=True: Rich looks sys.stderr up at each write, so a live view that
+        # redirects stderr (``cli.live``) prints these lines above itself, not through it
+        err_terminal = _isatty(sys.stderr)
+        err = _console(None, err_terminal, masker, color)
+    out = Output(console=console, terminal=terminal, json=as_json, verbosity=verbosity, masker=masker,
+                 err=err, err_terminal=err_terminal)
+    if verbosity >= VERBOSE:
+        _echo_protocol(out)
+    return out
+
+
+def _console(stream: IO[str] | None, terminal: bool, masker: Masker, color: bool | None) -> SafeConsole:
+    """A console on ``stream`` (``None``: stderr, looked up at each write) that masks and escapes."""
+    return SafeConsole(
         clean=lambda text: printable(masker.text(text)),
         file=stream,
+        stderr=stream is None,
         # --color off a terminal: colours, but still the plain layout (see ``terminal``)
         force_terminal=True if color else None,
         no_color=(not color) if color is not None else None,  # None: Rich reads NO_COLOR
@@ -137,10 +191,36 @@ def make_output(
         highlight=False,
         emoji=False,
     )
-    out = Output(console=console, terminal=terminal, json=as_json, verbosity=verbosity, masker=masker)
-    if verbosity >= VERBOSE:
-        _echo_protocol(out)
-    return out
+
+
+class LiveView(Protocol):
+    """A Rich live view (``Live``, ``Status``): a line redrawn in place until ``stop``."""
+
+    def stop(self) -> None: ...
+
+
+_LIVE_VIEWS: set[LiveView] = set()
+"""The live views now on screen. Process-wide on purpose: however a run ends (its
+report, an error, a first or a second Ctrl-C), ``app.main`` clears them through
+``stop_live_views`` before its last line, so no spinner is left on the screen for the
+shell's prompt to join (Rich's refresh thread is a daemon: nothing else would)."""
+
+
+def live_started(view: LiveView) -> None:
+    _LIVE_VIEWS.add(view)
+
+
+def live_stopped(view: LiveView) -> None:
+    _LIVE_VIEWS.discard(view)
+
+
+def stop_live_views() -> None:
+    """Stop (and so erase: they are transient) every live view still on screen."""
+    for view in list(_LIVE_VIEWS):
+        # the run is ending: a display problem must not hide its error
+        with contextlib.suppress(Exception):
+            view.stop()
+        _LIVE_VIEWS.discard(view)
 
 
 def _isatty(stream: IO[str]) -> bool:

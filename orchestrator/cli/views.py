@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from orchestrator.cli.diffs import unified_diff
-from orchestrator.cli.output import Output
+from orchestrator.cli.output import Output, live_started, live_stopped, stop_live_views
 from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
 from orchestrator.core.regions import ViewRange, count_lines, lines_between, view_ranges
 from orchestrator.core.secrets import redact_argv
@@ -72,12 +72,14 @@ class ConsoleReporter:
     def _settle(self) -> None:
         if self._status is not None:
             self._status.stop()
+            live_stopped(self._status)
             self._status = None
 
-    def _host_line(self, host: str, text: str, label: str = "", style: str = "") -> None:
+    def _host_line(self, host: str, text: str, label: str = "", style: str = "", *, problem: bool = False) -> None:
+        """``host [label] text``; a ``problem`` (warning, failure) on stderr's console."""
         self._settle()
         prefix = f"[bold cyan]{escape(host)}[/] " + (f"[{style}]{label}[/] " if label else "")
-        self.console.print(prefix + escape(text))
+        (self.out.problems if problem else self.console).print(prefix + escape(text))
 
     def step(self, host: str, text: str) -> None:
         if not self.out.quiet:
@@ -88,7 +90,7 @@ class ConsoleReporter:
             self._host_line(host, text, "note:", "dim")
 
     def warn(self, host: str, text: str) -> None:
-        self._host_line(host, text, "warning:", "bold yellow")
+        self._host_line(host, text, "warning:", "bold yellow", problem=True)
 
     def progress(self, host: str, event: dict[str, Any]) -> None:
         msg = event.get("msg")
@@ -102,6 +104,7 @@ class ConsoleReporter:
             if self._status is None:
                 self._status = self.console.status(line)
                 self._status.start()
+                live_started(self._status)
             else:
                 self._status.update(line)
             return
@@ -207,16 +210,17 @@ def draw_view(out: Output, path: str, text: str, ranges: Sequence[ViewRange], *,
 
 
 def draw_log(out: Output, title: str, lines: Sequence[str]) -> None:
-    """A server's log tail: a red panel on a terminal, ``| ``-prefixed lines elsewhere."""
-    if out.terminal:
+    """A server's log tail, shown because it failed: on stderr, with the failure it explains;
+    a red panel on a terminal, ``| ``-prefixed lines elsewhere."""
+    if out.problems_terminal:
         from rich.panel import Panel
 
         body = out.safe("\n".join(lines)) if lines else "(empty)"  # before Rich folds it or drops a BEL
-        out.console.print(Panel(Text(body), title=escape(title), border_style="red"))
+        out.problems.print(Panel(Text(body), title=escape(title), border_style="red"))
         return
-    out.line(f"{title}:", "red")
+    out.problem(f"{title}:", "red")
     for row in lines or ["(empty)"]:
-        out.line(f"  | {row}")
+        out.problem(f"  | {row}")
 
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
@@ -258,22 +262,26 @@ def draw_gate(out: Output, host: str, outcome: GateOutcome) -> None:
 
 
 def print_summary(out: Output, report: RunReport) -> None:
-    """The last word per host: ``name: outcome``, the release, then the error in one line."""
+    """The last word per host: ``name: outcome``, the release, then the error in one line.
+    A spinner still on screen (a run stopped in its wait) is erased first."""
+    stop_live_views()
     for name, r in report.hosts.items():
         summary_line(out, name, r)
 
 
 def summary_line(out: Output, name: str, r: HostReport) -> None:
+    """A host's outcome and its error; a failure (exit code not 0) on stderr, as its warnings."""
     style = {0: "green", 1: "yellow", 2: "red", 3: "bold red"}.get(r.exit_code, "red")
+    console = out.console if r.exit_code == 0 else out.problems
     line = f"[{style}]{escape(name)}: {r.outcome}[/]"
     summary = r.extra.get("summary")
     if summary:  # a rollback: what it undid and what is current, not its own record's id
         line += f"[{style}]:[/] {escape(str(summary))}"
     elif r.release:
         line += f" [dim]release {escape(r.release)}[/]"
-    out.console.print(line)
+    console.print(line)
     if r.error:
-        out.line("  " + one_line(r.error), style)
+        (out.line if r.exit_code == 0 else out.problem)("  " + one_line(r.error), style)
 
 
 def one_line(text: str) -> str:

@@ -117,22 +117,33 @@ def build_order(name: str, seqs: Mapping[str, int]) -> tuple[int, int, str]:
 
 def builds_to_prune(builds: Sequence[str], current: str | None, previous: str | None, keep: int,
                     complete: Sequence[str] | None = None,
-                    seqs: Mapping[str, int] | None = None) -> list[str]:
-    """The oldest builds beyond ``keep``; never ``current`` nor the previous good one.
+                    seqs: Mapping[str, int] | None = None,
+                    steps: Sequence[str] | None = None) -> list[str]:
+    """The builds to remove so that ``keep`` remain; never ``current`` nor the previous good one.
 
     Oldest by ``build_order``: ``seqs`` maps a build to its night's ``seq``.
     ``complete``: the builds a night confirmed (``None``: all of them). The
-    others — built half-way by a night that was killed, or never passed —
-    hold nothing a rollback can switch to: they never count toward ``keep``
-    (a good build must not be pruned in their place) and go first.
+    others — built half-way by a night that was killed, or never passed (a
+    failed night) — hold nothing a rollback can switch to: they never count
+    toward ``keep`` and always go. ``steps``: the nights in effect (the host's
+    ``applied``, deploys among them ignored), the builds ``orch rollback``
+    switches back to one by one (``None``: every confirmed build is one). A
+    confirmed build that is no step (its night undone by ``orch rollback``) goes
+    before any step, whatever its age: a rollback step is only removed when
+    more than ``keep`` steps are left, oldest first, so that ``keep`` is the
+    depth ``orch rollback`` has (issue 21: two crashed builds once took the
+    place of good ones and left a depth of 1).
     """
     protected = {b for b in (current, previous) if b}
     ordered = sorted(set(builds), key=lambda name: build_order(name, seqs or {}))
     whole = set(ordered) if complete is None else set(complete) | protected
+    chain = whole if steps is None else (set(steps) & whole) | protected
     out = [name for name in ordered if name not in whole]
-    good = [name for name in ordered if name in whole]
-    excess = len(good) - max(keep, len(protected))
-    for name in good:
+    kept = [name for name in ordered if name in whole]
+    # what goes first when more than ``keep`` are kept: undone builds, then the oldest steps
+    candidates = [name for name in kept if name not in chain] + [name for name in kept if name in chain]
+    excess = len(kept) - max(keep, len(protected))
+    for name in candidates:
         if excess <= 0:
             break
         if name in protected:

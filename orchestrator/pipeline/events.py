@@ -1,8 +1,11 @@
 """How the pipeline tells the interface what is happening, without importing it.
 
-The pipeline calls a ``Reporter``; the CLI passes one that draws with Rich
-(to stderr when ``--json`` owns stdout). Tests pass ``Recorder`` and read
-what was said.
+The pipeline calls a ``Reporter``; the CLI passes one that draws with Rich:
+``step``, ``note``, ``plan`` and the views on stdout, ``warn`` and
+``server_log`` (a host's warnings, and the log that explains a failure) on
+stderr, everything on stderr when ``--json`` owns stdout. So the pipeline
+says a problem with ``warn``, never with ``step``. Tests pass ``Recorder``
+and read what was said.
 """
 
 from __future__ import annotations

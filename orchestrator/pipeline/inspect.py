@@ -60,12 +60,14 @@ class HistoryRow:
     source: str | None = None  # nights: git <commit> / pip <n> packages
     tokens_per_s: float | None = None  # where the record has a probe
     drift_kept: list[str] = field(default_factory=list)  # files whose drift copy this release still keeps
+    build_pruned: bool = False  # a night whose build is no longer in its builds_dir (keep_builds removed it)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def history_rows(state: HostRecords) -> list[HistoryRow]:
+def history_rows(state: HostRecords, pruned_builds: frozenset[str] = frozenset()) -> list[HistoryRow]:
+    """One row per release; ``pruned_builds``: the nights whose build is gone (``nights_without_build``)."""
     applied = state.applied
     rows = []
     for m in sorted(state.releases, key=release_order):  # the host's order, not the time stamps
@@ -73,6 +75,8 @@ def history_rows(state: HostRecords) -> list[HistoryRow]:
         outcome = describe_release(m, applied)
         if kept:  # the only copy of what a person wrote: this release is not pruned while it holds it
             outcome += f"; drift kept: {', '.join(kept)}"
+        if m.id in pruned_builds:  # never "good" alone: `orch rollback` cannot switch back to it
+            outcome += "; build pruned"
         rows.append(
             HistoryRow(
                 id=m.id,
@@ -88,6 +92,7 @@ def history_rows(state: HostRecords) -> list[HistoryRow]:
                 source=record_source(m),
                 tokens_per_s=record_tokens_per_s(m),
                 drift_kept=kept,
+                build_pruned=m.id in pruned_builds,
             )
         )
     return rows
@@ -96,9 +101,28 @@ def history_rows(state: HostRecords) -> list[HistoryRow]:
 def read_state(target: HostTarget, options: ConnectOptions) -> HostRecords:
     """The host's records (``state_read``: reads only, never creates the state dir)."""
     with HostSession(target, options) as session:
-        state: HostRecords = session.run(ops.state_read(target.state_dir))
+        return records_of(session, target, options)
+
+
+def records_of(session: HostSession, target: HostTarget, options: ConnectOptions) -> HostRecords:
+    """``read_state`` on an open session; the records' secrets declared to the run's masker."""
+    state: HostRecords = session.run(ops.state_read(target.state_dir))
     options.masker.declare_recorded(m.to_wire() for m in state.releases)
     return state
+
+
+def nights_without_build(session: HostSession, state: HostRecords) -> frozenset[str]:
+    """The confirmed nights (current, good, undone) whose build is no longer in their
+    ``builds_dir``: ``keep_builds`` pruned it, and ``orch rollback`` cannot switch back to it.
+    One read-only listing per builds_dir, none without such nights. A night that failed or
+    was switched back is left out: its build never served, and always goes."""
+    nights = [m for m in state.releases if m.kind == "night" and m.outcome == "deployed"
+              and m.builds_dir and m.link and m.link.get("after")]
+    gone: set[str] = set()
+    for builds_dir in sorted({str(m.builds_dir) for m in nights}):
+        listed = set(session.run(ops.nightly_builds(builds_dir)).builds)
+        gone |= {m.id for m in nights if m.builds_dir == builds_dir and m.link and m.link["after"] not in listed}
+    return frozenset(gone)
 
 
 @dataclass
@@ -130,10 +154,12 @@ class HostHistory:
 
 
 def host_history(target: HostTarget, options: ConnectOptions) -> HostHistory:
-    state = read_state(target, options)
+    with HostSession(target, options) as session:
+        state = records_of(session, target, options)
+        without_build = nights_without_build(session, state)
     pruned = state.pruned or {}  # pruned.json; absent: an older state dir, how many were pruned unknown
     count, keep = pruned.get("count"), pruned.get("keep_releases")
-    return HostHistory(target.name, state.root or target.state_dir, state.exists, history_rows(state),
+    return HostHistory(target.name, state.root or target.state_dir, state.exists, history_rows(state, without_build),
                        count if type(count) is int else None, keep if type(keep) is int else None)
 
 

@@ -730,7 +730,7 @@ class Night:
         complete = None if self.complete_builds is None else [*self.complete_builds, self.name]
         seqs = dict(self.build_seqs, **({self.name: self.seq} if self.seq is not None else {}))
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
-                                       self.spec.keep_builds, complete, seqs)
+                                       self.spec.keep_builds, complete, seqs, steps=applied)
         prune = ops.nightly_prune(self.builds_dir, prune_builds)
         assert self.program is not None
         claim = ops.confirm_release(self.release_dir, [
