@@ -34,6 +34,7 @@ from orchestrator.host.records import (
     Journal,
     Lock,
     Manifest,
+    RecordedOutcome,
     ServerProcess,
     StatePaths,
 )
@@ -116,7 +117,7 @@ def nights_without_build(session: HostSession, state: HostRecords) -> frozenset[
     ``builds_dir``: ``keep_builds`` pruned it, and ``orch rollback`` cannot switch back to it.
     One read-only listing per builds_dir, none without such nights. A night that failed or
     was switched back is left out: its build never served, and always goes."""
-    nights = [m for m in state.releases if m.kind == "night" and m.outcome == "deployed"
+    nights = [m for m in state.releases if m.kind == "night" and m.outcome == RecordedOutcome.DEPLOYED
               and m.builds_dir and m.link and m.link.get("after")]
     gone: set[str] = set()
     for builds_dir in sorted({str(m.builds_dir) for m in nights}):
