@@ -371,8 +371,9 @@ def _size(value: Any) -> int:
 
 def _biggest_part(value: Any) -> tuple[Any, ...] | None:
     """The path to the part to elide next: the largest list or mapping, followed down while
-    one of its own parts makes up most of it (so a state read loses its list of releases,
-    not its journal and state beside it). Never ``value`` itself."""
+    one of its own parts makes up most of it (so a state read loses its releases, not its
+    journal and state beside it); where none does, that largest part alone (so a batch loses
+    its biggest step, and the steps beside it stay readable). Never ``value`` itself."""
     path: tuple[Any, ...] = ()
     node = value
     while True:
@@ -381,7 +382,7 @@ def _biggest_part(value: Any) -> tuple[Any, ...] | None:
             return path or None
         key, child = max(children, key=lambda kc: _size(kc[1]))
         if path and _size(child) * 2 < _size(node):
-            return path  # no one part dominates this one: elide it whole
+            return (*path, key)  # no one part dominates this one: its biggest goes first
         path, node = (*path, key), child
 
 
