@@ -789,6 +789,7 @@ def deploy_host(
             result.extra["execs"] = session.execs
             result.extra["timings"] = clock.timings
             result.extra["steps"] = clock.steps(session.host_time)
+            result.extra["events"] = [e.to_wire() for e in reporter.events]  # what was said, as fields
             return result
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
@@ -800,7 +801,8 @@ def deploy_host(
         else:
             error = str(cause)
         return HostReport(label, v.outcome, v.exit_code, error=error,  # type: ignore[arg-type]
-                          extra={"timings": clock.timings, "steps": clock.steps(session.host_time)})
+                          extra={"timings": clock.timings, "steps": clock.steps(session.host_time),
+                                 "events": [e.to_wire() for e in reporter.events]})
 
 
 def _deploy_in_session(

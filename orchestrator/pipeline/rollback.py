@@ -43,7 +43,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.host.restore_plan import RestoreSpec
-from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
@@ -58,6 +58,7 @@ def rollback_host(
     """The rollback on one host; every error becomes this host's report, which carries
     ``steps`` (``StepClock.steps``) as far as the host got."""
     label = target.name
+    reporter = RunLog(reporter, options.masker, options.words)  # keeps the events for ``--json``
     reached = Step.CONNECTING
     clock = StepClock(label, reporter)
     session = HostSession(target, options)
@@ -68,12 +69,14 @@ def rollback_host(
             reached = Step.PLANNING
             report = _rollback_in_session(session, to, options, reporter, clock)
             report.extra["steps"] = clock.steps(session.host_time)
+            report.extra["events"] = [e.to_wire() for e in reporter.events]  # what was said, as fields
             return report
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
         v = verdict(cause, reached)
         return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)",  # type: ignore[arg-type]
-                          extra={"steps": clock.steps(session.host_time)})
+                          extra={"steps": clock.steps(session.host_time),
+                                 "events": [e.to_wire() for e in reporter.events]})
 
 
 def _rollback_in_session(
