@@ -82,7 +82,7 @@ class DriftKept(Event):
 
     level: ClassVar[Level] = WARNING
     path: str
-    kept_in: str
+    kept_in: str | None
     during_deploy: bool = True  # False: found by a rollback
 
 

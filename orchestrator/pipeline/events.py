@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 Words = Callable[[Event], str]
 """How an event reads: the CLI's ``cli.words.line``, or ``core.events.plain`` without a CLI."""
 
-LOG_KIND = {"step": "step", "note": "note", "warning": "warning"}
-"""An event's level as ``run.log`` names it (the column the old ``step``/``note``/``warn`` wrote)."""
-
 
 class Reporter(Protocol):
     def event(self, host: str, ev: Event) -> None: ...
@@ -116,7 +113,7 @@ class RunLog:
 
     def event(self, host: str, ev: Event) -> None:
         self.events.append(ev)
-        self._keep(LOG_KIND[ev.level], self.words(ev))
+        self._keep(ev.level, self.words(ev))  # the column step/note/warn wrote: step, note, warning
         self.inner.event(host, ev)
 
     def step(self, host: str, text: str) -> None:

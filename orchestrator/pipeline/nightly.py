@@ -169,6 +169,7 @@ class NightResult:
     notes: list[str] = field(default_factory=list)
     seq: int | None = None  # the host's sequence number of the night's release, once it was made
     steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
+    events: list[dict[str, Any]] = field(default_factory=list)  # what was said, as fields (``core.events``)
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -185,6 +186,7 @@ class NightResult:
             extra["restore"] = self.restore
         extra["flag_changes"] = self.flag_changes()
         extra["steps"] = list(self.steps)
+        extra["events"] = list(self.events)
         return HostReport(self.host, self.outcome, self.exit_code, release=self.name,  # type: ignore[arg-type]
                           files=[f.path for f in self.manifest.files] if self.manifest else [],
                           error=self.error, notes=list(self.notes), extra=extra)
@@ -925,6 +927,7 @@ def nightly_host(
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
             result.steps = clock.steps(session.host_time)
+            result.events = [e.to_wire() for e in current.reporter.events]
             return result
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
@@ -940,6 +943,7 @@ def nightly_host(
                              steps=clock.steps(session.host_time))
         if current is not None:
             result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq
+            result.events = [e.to_wire() for e in current.reporter.events]
         return result
 
 
