@@ -32,6 +32,7 @@ from typing import Any
 from orchestrator.cli.output import Output
 from orchestrator.cli.tables import draw_history
 from orchestrator.cli.views import ConsoleReporter, print_summary
+from orchestrator.cli.words import line
 from orchestrator.core.inventory import resolve_hosts
 from orchestrator.core.models import parse_inventory
 from orchestrator.core.outcomes import ExitCode, Outcome, demo_exit_code
@@ -306,7 +307,7 @@ def run_demo(out: Output, *, keep: bool = False) -> int:
     (tmp / "inventory.yaml").write_text(inventory_text)
     target = resolve_hosts(parse_inventory(inventory_text, str(tmp / "inventory.yaml")),
                            ["sandbox"], filename=str(tmp / "inventory.yaml"))[0]
-    options = ConnectOptions()
+    options = ConnectOptions(words=line)  # run.log in the words the console shows
     env = dict(os.environ, **launch_env(tmp / "sglang"), STANDIN_STARTUP_DELAY="1")
     with open(tmp / "hand-started.log", "wb") as log:
         hand = subprocess.Popen(

@@ -38,6 +38,7 @@ from typing import Any
 from orchestrator.cli.output import Output
 from orchestrator.cli.tables import draw_history
 from orchestrator.cli.views import ConsoleReporter, print_summary
+from orchestrator.cli.words import line
 from orchestrator.core.inventory import resolve_hosts
 from orchestrator.core.models import parse_inventory
 from orchestrator.core.nightly import manifest_changes
@@ -111,7 +112,7 @@ def run_nightly_demo(out: Output, *, keep: bool = False) -> int:
     )
     (tmp / "inventory.yaml").write_text(inventory)
     target = resolve_hosts(parse_inventory(inventory, "inventory.yaml"), ["sandbox"], filename="inventory.yaml")[0]
-    options = ConnectOptions()
+    options = ConnectOptions(words=line)  # run.log in the words the console shows
     report = RunReport()
     ok = True
 

@@ -42,6 +42,13 @@ def assert_steps(report: dict[str, Any], first: list[str]) -> list[dict[str, Any
     return list(steps)
 
 
+def events_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``events``: each line the run said, as ``{"event", "level", ...its fields}``; by name
+    (the last of a name), without the name."""
+    assert all({"event", "level"} <= set(e) for e in report["events"]), report["events"]
+    return {e["event"]: {k: v for k, v in e.items() if k != "event"} for e in report["events"]}
+
+
 def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(sandbox: Sandbox) -> None:
     sandbox.start_by_hand()
 
@@ -52,6 +59,13 @@ def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(
     assert added["flag_changes_text"] == [f"{FLAG}: (absent) -> 32"]  # the line people read, kept
     steps = assert_steps(added, ["connect", "lock", "plan", "stage", "backup", "commit", "restart", "health"])
     assert steps[-1]["step"] == "confirm"
+    # what the console said, as fields (``core.events``): a script reads these, not the lines
+    said = events_by_name(added)
+    assert said["committed"] == {"level": "step", "files": 1}
+    assert said["backed_up"]["release"] == added["release"] and isinstance(said["backed_up"]["deadline"], float)
+    assert any(FLAG in word for word in said["restarting"]["argv"])
+    assert isinstance(said["healthy"]["polls"], int) and said["healthy"]["polls"] >= 1
+    assert said["release_current"] == {"level": "step", "release": added["release"]}
 
     # status: the current release's fields, read from the host's record (its steps as recorded
     # before the confirm, on the host's clock: the same times)
@@ -75,12 +89,15 @@ def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(
     assert planned["outcome"] == "planned"
     assert planned["flag_changes"] == [{"flag": FLAG, "from": "16", "to": "8"}]
     assert_steps(planned, ["connect", "plan"])
+    assert events_by_name(planned)["check_validated"] == {"level": "step", "would_refuse": False}
 
     # a rollback puts the value back: its flag changes go the other way
     back = orch_json(sandbox, "rollback")
     assert back["outcome"] == "rolled_back" and back["undid"] == [changed["release"]]
     assert back["flag_changes"] == [{"flag": FLAG, "from": "16", "to": "32"}]
     assert_steps(back, ["connect", "lock", "rollback"])
+    rolling = events_by_name(back)["rolling_back"]
+    assert rolling["releases"] == [changed["release"]] and rolling["restart"] is True
     assert get_json(sandbox.port, "/get_server_info")["speculative_disable_batch_threshold"] == 32
     assert health_status(sandbox.port) == 200
 

@@ -306,6 +306,10 @@ def test_a_new_server_that_crashes_at_start_is_switched_back(nightbox: NightBox)
     record = json.loads((release / "restored.json").read_text())
     assert record["by"] == "controller" and record["ok"] and record["links"][0]["action"] == "restored"
     assert host["restore"].startswith(f"{nightbox.builds}/current points at {good} again")
+    # what the console said, as fields (``core.events``): the failure, then the switch back
+    said = {e["event"]: e for e in host["events"]}
+    assert said["night_failed"]["switching_back"] is True and said["night_failed"]["level"] == "warning"
+    assert said["switched_back"]["by"] == "controller" and said["switched_back"]["done"] == host["restore"]
     assert box.journal()["finished"] is True and box.journal()["step"] == "rolled_back"
     assert not (nightbox.builds / host["build"] / "manifest.json").exists()  # never a good night
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]

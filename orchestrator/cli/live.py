@@ -28,7 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.output import VERBOSE, Output, live_started
-from orchestrator.cli.views import ConsoleReporter, one_line, print_summary
+from orchestrator.cli.views import ConsoleReporter, one_line, print_summary, say
+from orchestrator.core.events import Event
 from orchestrator.core.gate import GateOutcome
 from orchestrator.pipeline.report import HostReport, RunReport
 from orchestrator.pipeline.timings import STEPS
@@ -116,6 +117,10 @@ class FleetReporter:
     def _note(self, host: str, text: str) -> None:
         if self.board is not None:
             self.board.event(host, text)
+
+    def event(self, host: str, ev: Event) -> None:
+        """As a line at its level, so the board's row and the scroll say the same words."""
+        say(self, host, ev)
 
     def step(self, host: str, text: str) -> None:
         self._note(host, text)

@@ -159,11 +159,12 @@ class HostFlags:
 
     def connect(self, output: Output, *, break_lock: bool = False) -> ConnectOptions:
         """How to reach the hosts; the pipeline shares ``output``'s masker (one per run)."""
+        from orchestrator.cli.words import line
         from orchestrator.pipeline.session import ConnectOptions
 
         return ConnectOptions(accept_new_host_key=self.accept_new_host_key,
                               ssh_config_path=self.ssh_config, break_lock=break_lock,
-                              connect_timeout=self.connect_timeout, masker=output.masker)
+                              connect_timeout=self.connect_timeout, masker=output.masker, words=line)
 
     def fleet(self, batches: BatchFlags | None = None) -> FleetPlan:
         """How many hosts at once, and (deploy) in which batches."""

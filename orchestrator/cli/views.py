@@ -29,9 +29,12 @@ from rich.text import Text
 
 from orchestrator.cli.diffs import unified_diff
 from orchestrator.cli.output import Output, live_started, live_stopped, stop_live_views
+from orchestrator.cli.words import line
+from orchestrator.core.events import Event
 from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
 from orchestrator.core.regions import ViewRange, count_lines, lines_between, view_ranges
 from orchestrator.core.secrets import redact_argv
+from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.report import HostReport, RunReport
 
 if TYPE_CHECKING:
@@ -80,6 +83,10 @@ class ConsoleReporter:
         self._settle()
         prefix = f"[bold cyan]{escape(host)}[/] " + (f"[{style}]{label}[/] " if label else "")
         (self.out.problems if problem else self.console).print(prefix + escape(text))
+
+    def event(self, host: str, ev: Event) -> None:
+        """What happened, in the CLI's words (``cli.words``), at the event's level."""
+        say(self, host, ev)
 
     def step(self, host: str, text: str) -> None:
         if not self.out.quiet:
@@ -155,6 +162,17 @@ class ConsoleReporter:
 
 RichReporter = ConsoleReporter
 """The name this class had; kept for callers written before the media split."""
+
+
+def say(reporter: Reporter, host: str, ev: Event) -> None:
+    """An event as a line at its level: a step, a note or a warning of ``reporter``."""
+    text = line(ev)
+    if ev.level == "warning":
+        reporter.warn(host, text)
+    elif ev.level == "note":
+        reporter.note(host, text)
+    else:
+        reporter.step(host, text)
 
 
 def change_summary(f: PlannedFile) -> str:

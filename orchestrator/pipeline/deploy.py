@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core import events
 from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
 from orchestrator.core.outcomes import (
     CHANGED,
@@ -38,7 +39,6 @@ from orchestrator.core.outcomes import (
 )
 from orchestrator.core.predates import (
     commit_time,
-    predates_note,
     server_predates,
     server_whereabouts,
 )
@@ -53,7 +53,6 @@ from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import (
     FileState,
     drift_kept,
-    held_note,
     new_release_id,
     ordered_ids,
     prune_plan,
@@ -210,8 +209,7 @@ class Deployment:
         self.release_created = True
         self.reached = Step.ARMED
         self._stop("backup")
-        self.reporter.step(self.label, f"backed up {len(files)} file(s) into release {self.release_id}; "
-                                       f"the watchdog restores it at {at(self.deadline)} unless confirmed")
+        self.reporter.event(self.label, events.BackedUp(len(files), self.release_id, self.deadline))
 
     def commit_and_preflight(self) -> None:
         """Steps 5–7 in one round trip: compare-and-swap the files in, then the program's
@@ -255,7 +253,7 @@ class Deployment:
         """The commit, the ``sed -n`` view of each file the host read back as planned (the
         executor compared the sha256), the pre-flight's acceptance: as far as they went."""
         if committed:
-            self.reporter.step(self.label, f"committed {len(self.staged)} file(s)")
+            self.reporter.event(self.label, events.Committed(len(self.staged)))
         if self.readback is not None and self.readback in answers:
             for f in self.plan.changed_files:
                 # The host's file hashes to the planned text, so that text is what it holds:
@@ -264,7 +262,7 @@ class Deployment:
                 ranges = view_ranges(f.plan.changes, count_lines(text), context=3)
                 self.reporter.readback(self.label, f.path, text, ranges)
         if self.parser_check is not None and self.parser_check in answers:
-            self.reporter.step(self.label, "pre-flight: the server's parser accepts the new command line")
+            self.reporter.event(self.label, events.PreflightAccepted())
 
     def _step_failure(self, e: RemoteStepError) -> OrchError:
         """The error a step the host's executor failed stands for (the same as when the
@@ -289,10 +287,8 @@ class Deployment:
         self._start("restart")
         gate = self.gate
         if gate is not None and gate.to_probe:
-            self.reporter.step(self.label, f"gate: probing the running server before the stop "
-                                           f"({', '.join(p.label for p in gate.to_probe)})")
-        shown = " ".join(self._shown_argv(change.after_argv) or [])
-        self.reporter.step(self.label, f"restarting the server: {shown}")
+            self.reporter.event(self.label, events.GateBaseline(tuple(p.label for p in gate.to_probe)))
+        self.reporter.event(self.label, events.Restarting(tuple(self._shown_argv(change.after_argv) or [])))
         through = StepName.GATE if gate is not None else StepName.AFTER_HEALTHY
         run = self.program.run(self.release_dir, through)
         self.reached = Step.RESTARTING
@@ -308,8 +304,7 @@ class Deployment:
                     self._start("gate")
                 return
             if isinstance(event, ReprobeEvent):
-                self.reporter.step(self.label, f"gate: inconclusive (within the spread), probing again: "
-                                               f"{', '.join(event.probes)}")
+                self.reporter.event(self.label, events.GateReprobe(tuple(event.probes)))
                 return
             self.reporter.progress(self.label, ev)
 
@@ -401,8 +396,7 @@ class Deployment:
     def _show_healthy(self, answers: StepResults) -> None:
         if self.health_op is not None and self.health_op in answers:
             got = answers[self.health_op]
-            stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
-            self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
+            self.reporter.event(self.label, events.Healthy(got["elapsed"], got["polls"], got.get("stable_for")))
 
     def confirm(self) -> HostReport:
         """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""
@@ -434,13 +428,12 @@ class Deployment:
         self._stop("confirm")
         if not answer.confirmed:
             return self._restored_before_confirm(answer)
-        self.reporter.step(self.label, f"release {self.release_id} is current")
+        self.reporter.event(self.label, events.ReleaseCurrent(self.release_id))
         for rid, paths in pruning.held.items():
-            self.reporter.note(self.label, held_note(rid, paths))
+            self.reporter.event(self.label, events.HeldForDrift(rid, tuple(paths)))
         in_effect = len(applied)
         if in_effect > keep:
-            self.reporter.note(self.label, f"{in_effect} releases are in effect, more than keep_releases {keep}: "
-                                           "none of them is pruned, each is a step of `orch rollback`")
+            self.reporter.event(self.label, events.ManyInEffect(in_effect, keep))
         return HostReport.ended(
             self.label, CHANGED, release=self.release_id,
             files=[f.path for f in self.plan.changed_files],
@@ -462,7 +455,7 @@ class Deployment:
             return {"server_predates_release": None}  # the release stands; only this note is unknown
         predates = server_predates(server, commit_time(self._steps()))
         if predates and server is not None:
-            self.reporter.note(self.label, predates_note(server))
+            self.reporter.event(self.label, events.ServerPredates(server.pid, server.started_at))
         return {"server_predates_release": predates}
 
     # ---------------------------------------------------------------- failure
@@ -479,8 +472,7 @@ class Deployment:
         changed = self.reached >= Step.COMMITTING
         if not changed and isinstance(cause, KeyboardInterrupt):
             reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
-        self.reporter.warn(self.label, f"deploy failed: {reason}; "
-                                       + ("rolling back" if changed else "closing the release (nothing was changed)"))
+        self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=changed))
         pb = self.plan.loaded.model
         within = total(restore_budget(pb.server, pb.health))
         until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
@@ -542,18 +534,16 @@ class Deployment:
             if self.commit_written:
                 done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
             if record.ok and v.outcome == Outcome.ROLLED_BACK:
-                who = "" if record.by == "controller" else f" (by the {record.by})"
-                self.reporter.step(label, f"rolled back{who}: {done}")
+                self.reporter.event(label, events.RolledBack(record.by, done))
             elif record.ok:
-                self.reporter.step(label, f"release {self.release_id} closed: nothing on the host was changed")
+                self.reporter.event(label, events.ReleaseClosed(self.release_id))
             else:
                 reason = (f"{reason}; and the ROLLBACK FAILED: {done}. The host is not known to be healthy; "
                           f"backups are in {self.release_dir}; fix the cause and run `orch rollback --host {label}`")
             for f in record.drift:
-                self.reporter.warn(label, f"{f.path} had changed on the host during the deploy: that content is "
-                                          f"kept in {f.drift}")
+                self.reporter.event(label, events.DriftKept(f.path, f.drift))
             for problem in record.record_errors:
-                self.reporter.warn(label, f"the host could not record the restore: {problem}")
+                self.reporter.event(label, events.RestoreNotRecorded(problem))
             return HostReport(label, v.outcome, v.exit_code, release=self.release_id, files=files,  # type: ignore[arg-type]
                               error=reason, extra={"restore": done, "drift": [f.path for f in record.drift],
                                                    "timings": self.timings, **self._gate_report()})
@@ -749,7 +739,8 @@ class Deployment:
 
     def _log_op(self, last: str) -> ops.Op:
         """The op that writes this run's log into the release (made safe by ``RunLog.text``)."""
-        log = self.reporter if isinstance(self.reporter, RunLog) else RunLog(self.reporter, self.masker)
+        log = self.reporter if isinstance(self.reporter, RunLog) else RunLog(self.reporter, self.masker,
+                                                                             self.session.options.words)
         return ops.release_log(self.state_dir, self.release_id, log.text(end=last))
 
     def _preflight_timeout(self) -> float:
@@ -811,7 +802,7 @@ def deploy_host(
     (``pipeline.timings``), as far as the host got.
     """
     label = target.name
-    reporter = RunLog(reporter, options.masker)
+    reporter = RunLog(reporter, options.masker, options.words)
     clock = StepClock(label, reporter)
     reached = Step.CONNECTING
     session = HostSession(target, options)
@@ -825,6 +816,7 @@ def deploy_host(
             result.extra["execs"] = session.execs
             result.extra["timings"] = clock.timings
             result.extra["steps"] = clock.steps(session.host_time)
+            result.extra["events"] = [e.to_wire() for e in reporter.events]  # what was said, as fields
             return result
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
@@ -836,7 +828,8 @@ def deploy_host(
         else:
             error = str(cause)
         return HostReport(label, v.outcome, v.exit_code, error=error,  # type: ignore[arg-type]
-                          extra={"timings": clock.timings, "steps": clock.steps(session.host_time)})
+                          extra={"timings": clock.timings, "steps": clock.steps(session.host_time),
+                                 "events": [e.to_wire() for e in reporter.events]})
 
 
 def _deploy_in_session(
@@ -857,21 +850,21 @@ def _deploy_in_session(
     try:
         refuse_busy(label, state)
         if state.journal is not None and state.journal.step == JournalStep.RESTORED_BY_WATCHDOG:
-            reporter.note(label, f"the watchdog restored release {state.journal.release} earlier")
+            reporter.event(label, events.WatchdogRestoredEarlier(str(state.journal.release)))
         with clock.step("plan"):
             plan = make_plan(session, loaded, cli_vars, current_release_dir=current_release_dir(state), state=state)
         plan.teach(options.masker)
         for note in plan.notes:
-            reporter.note(label, note)
+            reporter.event(label, events.PlanNote(note))
         reporter.plan(label, plan)
         if not plan.changed:
-            reporter.step(label, "unchanged: files and server command line already as planned")
+            reporter.event(label, events.AlreadyAsPlanned())
             # the lock goes back with the helper's goodbye as the session closes: no round trip
             return HostReport.ended(label, UNCHANGED)
         with clock.step("stage"):
             staged = stage_and_validate(session, plan, keep=True)
         if staged:
-            reporter.step(label, f"staged {len(staged)} file(s) beside their targets; validated")
+            reporter.event(label, events.Staged(len(staged)))
         report = Deployment(session, plan, staged, state_dir, state, reporter, clock=clock,
                             force_baseline=baseline).run()
         if report.outcome != Outcome.CHANGED:  # a confirmed deploy gave the lock back with its confirm
@@ -895,9 +888,9 @@ def _check(
     plan.teach(session.options.masker)
     reporter.plan(label, plan)
     for note in plan.notes:  # the same level as the deploy's: a layout found is news, not a warning
-        reporter.note(label, note)
+        reporter.event(label, events.PlanNote(note))
     if not plan.changed and plan.refusal is None:
-        reporter.step(label, "unchanged: nothing to do")
+        reporter.event(label, events.CheckUnchanged())
         return HostReport.ended(label, UNCHANGED)
     change = plan.server
     runs_preflight = plan.refusal is None and change is not None and change.restart and bool(change.preflight)
@@ -905,16 +898,16 @@ def _check(
         # kept (not cleaned beside the targets: --check holds no lock) until the pre-flight read them
         staged = stage_and_validate(session, plan, keep=runs_preflight, clean_stale=False)
     if plan.refusal is not None:
-        reporter.step(label, "validated on the host; nothing was changed (--check), but a deploy would refuse")
+        reporter.event(label, events.CheckValidated(would_refuse=True))
         return HostReport.ended(label, CHECK_REFUSED, files=[f.path for f in plan.changed_files], error=plan.refusal)
     preflight = _check_preflight(session, plan, staged, reporter) if runs_preflight else None
     notes = list(plan.notes) + ([NOT_CHECKED_NOTE] if preflight == NOT_CHECKED else [])
     if isinstance(preflight, PreflightResult):
-        reporter.step(label, "validated on the host; nothing was changed (--check), but the pre-flight refused")
+        reporter.event(label, events.CheckValidated(preflight_refused=True))
         return HostReport.ended(label, CHECK_REFUSED, files=[f.path for f in plan.changed_files],
                                 error=session.options.masker.text(preflight.refusal(staged=True)),
                                 extra={"preflight": REFUSED})
-    reporter.step(label, "validated on the host; nothing was changed (--check)")
+    reporter.event(label, events.CheckValidated())
     return HostReport.ended(
         label, PLANNED,
         files=[f.path for f in plan.changed_files],
@@ -936,8 +929,7 @@ def _check_preflight(
     try:
         command = staged_preflight(plan, {s.file.path: s.staged for s in staged})
         if command is None:
-            reporter.note(label, f"{NOT_CHECKED_NOTE}: server.preflight uses neither {{{{ staged_files }}}} "
-                                 "nor ORCH_STAGED")
+            reporter.event(label, events.PreflightNotChecked())
             if copies:
                 session.run(ops.remove(copies))
             return NOT_CHECKED
@@ -951,5 +943,5 @@ def _check_preflight(
         raise
     if not result.ok:
         return result
-    reporter.step(label, "pre-flight: the server's parser accepts the new command line with the staged files")
+    reporter.event(label, events.PreflightAccepted(staged=True))
     return PASSED

@@ -4,17 +4,23 @@ The pipeline calls a ``Reporter``; the CLI passes one that draws with Rich:
 ``step``, ``note``, ``plan`` and the views on stdout, ``warn`` and
 ``server_log`` (a host's warnings, and the log that explains a failure) on
 stderr, everything on stderr when ``--json`` owns stdout. So the pipeline
-says a problem with ``warn``, never with ``step``. Tests pass ``Recorder``
-and read what was said.
+says a problem at the warning level, never as a step. Tests pass
+``Recorder`` and read what was said.
+
+What happened is reported as a typed event (``Reporter.event``, the types in
+``core.events``); the words are the CLI's (``cli.words.line``), so the pipeline
+never composes a step's English. ``step``/``note``/``warn`` with text stay for
+lines the CLI itself writes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchestrator.core.events import Event, plain
 from orchestrator.core.gate import GateOutcome, plain_table
 from orchestrator.core.safetext import printable
 from orchestrator.core.secrets import Masker
@@ -23,7 +29,12 @@ if TYPE_CHECKING:
     from orchestrator.pipeline.plan import HostPlan
 
 
+Words = Callable[[Event], str]
+"""How an event reads: the CLI's ``cli.words.line``, or ``core.events.plain`` without a CLI."""
+
+
 class Reporter(Protocol):
+    def event(self, host: str, ev: Event) -> None: ...
     def step(self, host: str, text: str) -> None: ...
     def note(self, host: str, text: str) -> None: ...
     def warn(self, host: str, text: str) -> None: ...
@@ -40,10 +51,17 @@ class Recorder:
     """A Reporter that keeps everything, for tests and for ``--json`` runs."""
 
     lines: list[tuple[str, str, str]] = field(default_factory=list)
+    events: list[tuple[str, Event]] = field(default_factory=list)
+    words: Words = plain
     plans: list[HostPlan] = field(default_factory=list)
     readbacks: list[tuple[str, str, str, list[Any]]] = field(default_factory=list)
     logs: list[tuple[str, str, list[str]]] = field(default_factory=list)
     gates: list[tuple[str, GateOutcome]] = field(default_factory=list)
+
+    def event(self, host: str, ev: Event) -> None:
+        """Kept as the event (tests assert on its fields) and as its line (``text``)."""
+        self.events.append((host, ev))
+        self.lines.append(("warn" if ev.level == "warning" else ev.level, host, self.words(ev)))
 
     def step(self, host: str, text: str) -> None:
         self.lines.append(("step", host, text))
@@ -83,14 +101,23 @@ class RunLog:
     ``text`` is the one place that copy is made fit for a file people read:
     the run's secrets masked (``masker``), control characters from the host
     escaped (a log tail's ``\\x1b[2J`` stays text in ``less`` and in CI).
+    ``words``: how an event reads, given by the CLI (``cli.words.line``) so the
+    log says what the console says; ``core.events.plain`` without one.
     """
 
     inner: Reporter
     masker: Masker = field(default_factory=Masker)
+    words: Words = plain
     lines: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
     def _keep(self, kind: str, text: str) -> None:
         self.lines.append(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {kind:8} {text}")
+
+    def event(self, host: str, ev: Event) -> None:
+        self.events.append(ev)
+        self._keep(ev.level, self.words(ev))  # the column step/note/warn wrote: step, note, warning
+        self.inner.event(host, ev)
 
     def step(self, host: str, text: str) -> None:
         self._keep("step", text)

@@ -15,6 +15,7 @@ import os
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from orchestrator.core import events
 from orchestrator.core.progress import (
     FRESH_HEARTBEAT_SECONDS,
     HostState,
@@ -106,9 +107,9 @@ def take_over_lock(
         stale_after=STALE_LOCK_SECONDS)
     age = lock.heartbeat_age
     if decision is TakeOver.TAKE:
-        reporter.note(label, f"took the lock left by {who}: that process is gone, and so is its helper on the host")
+        reporter.event(label, events.LockTakenOver(who))
     elif decision is TakeOver.BREAK:
-        reporter.warn(label, f"breaking the stale lock of {who} (no heartbeat for {age:.0f} s)")
+        reporter.event(label, events.StaleLockBroken(who, age))
     elif decision is TakeOver.STALE:
         raise LockHeldError(
             f"{label}: stale lock held by {who}, no heartbeat for {age:.0f} s; "

@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core import events
 from orchestrator.core.budget import BudgetItem, deploy_budget, probe_seconds, restore_budget, total
 from orchestrator.core.cmdline import flag_change_fields, flag_changes, render_words
 from orchestrator.core.models import Playbook
@@ -68,7 +69,6 @@ from orchestrator.core.probe import ProbeResult
 from orchestrator.core.releases import (
     LinkState,
     drift_kept,
-    held_note,
     new_release_id,
     ordered_ids,
     prune_plan,
@@ -170,6 +170,7 @@ class NightResult:
     notes: list[str] = field(default_factory=list)
     seq: int | None = None  # the host's sequence number of the night's release, once it was made
     steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
+    events: list[dict[str, Any]] = field(default_factory=list)  # what was said, as fields (``core.events``)
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -186,6 +187,7 @@ class NightResult:
             extra["restore"] = self.restore
         extra["flag_changes"] = self.flag_changes()
         extra["steps"] = list(self.steps)
+        extra["events"] = list(self.events)
         return HostReport(self.host, self.outcome, self.exit_code, release=self.name,  # type: ignore[arg-type]
                           files=[f.path for f in self.manifest.files] if self.manifest else [],
                           error=self.error, notes=list(self.notes), extra=extra)
@@ -435,7 +437,7 @@ class Night:
                     "Look at them (`orch status`), then pass --force to build anyway"
                 )
             for path in drift:
-                self.reporter.warn(self.label, f"drift in the current build: {path} (--force: building anyway)")
+                self.reporter.event(self.label, events.BuildDrift(path))
         if self.options.frozen:
             self.refuse_unless_frozen()
 
@@ -472,13 +474,13 @@ class Night:
         self.existing_builds = list(prepared.builds)
         self.complete_builds = None if prepared.complete is None else list(prepared.complete)
         self.build_seqs = dict(prepared.seqs)
-        self.reporter.step(self.label, f"building {self.build_dir} (log {self.log_path})")
+        self.reporter.event(self.label, events.Building(self.build_dir, self.log_path))
         source = self.spec.source
         if source.git is not None:
             self.session.run(ops.nightly_fetch_git(self.repo, source.git.commit, self.builds_dir, self.name,
                                                    self.log_path), on_event=self._events())
             self.resolved_source = self.source_record()
-            self.reporter.step(self.label, f"checked out {source.git.commit} (HEAD verified)")
+            self.reporter.event(self.label, events.CheckedOut(source.git.commit))
         else:
             self.install_pinned()
         self.install_argvs = []
@@ -489,7 +491,7 @@ class Night:
             self.install_argvs.append(argv)
             steps.append(ops.nightly_run(argv, self.build_dir, self.log_path))
         if steps:
-            self.reporter.step(self.label, f"install: {len(steps)} command(s) in {self.build_dir}")
+            self.reporter.event(self.label, events.Installing(len(steps), self.build_dir))
             self.session.batch(steps, on_event=self._events())
 
     def install_pinned(self) -> None:
@@ -512,7 +514,7 @@ class Night:
                 raise RemoteError(f"{pin.name}=={pin.version} is not what the venv has "
                                   f"({installed.get(canonical_name(pin.name), 'missing')})")
         self.resolved_source = self.source_record()
-        self.reporter.step(self.label, f"installed {len(requirements.pins)} pinned package(s) with --require-hashes")
+        self.reporter.event(self.label, events.InstalledPinned(len(requirements.pins)))
 
     def patch(self) -> None:
         """The stack, in order, each playbook committed into the build before the next is planned."""
@@ -546,7 +548,7 @@ class Night:
                 self.session.run(ops.commit(wire, None))
             self.stack_records.append(StackRecord(playbook=entry, sha256=loaded.sha256, files=records))
             changed = sum(1 for f in plan.files if f.changed)
-            self.reporter.step(self.label, f"stack[{i}] {entry}: {changed} file(s) patched and validated")
+            self.reporter.event(self.label, events.StackPatched(i, entry, changed))
         self.file_records = [FileRecord(path=p, sha256_before=firsts[p], sha256_after=lasts[p]) for p in firsts]
 
     def abandon(self, cause: BaseException) -> NightResult:
@@ -558,7 +560,7 @@ class Night:
             reason = self._redact(str(cause))
             if isinstance(cause, RemoteStepError) and cause.log_tail:
                 self.reporter.server_log(self.label, "build output (last lines)", cause.log_tail)
-        self.reporter.warn(self.label, f"night failed before the switch: {reason}")
+        self.reporter.event(self.label, events.NightFailedBeforeSwitch(reason))
         if not self.prepared:  # nothing was made on the host
             return self.result(v.outcome, v.exit_code, reason)
         result = self.result(v.outcome, v.exit_code, reason)
@@ -573,7 +575,7 @@ class Night:
                 self.journal(JournalStep.FAILED, finished=True),
                 self.log_op(f"failed before the switch: {reason}"),
             ])
-            self.reporter.step(self.label, f"removed the half-built {self.build_dir}; nothing running was touched")
+            self.reporter.event(self.label, events.HalfBuiltRemoved(self.build_dir))
         return result
 
     def disarm(self, reason: str) -> None:
@@ -650,8 +652,7 @@ class Night:
         ])[arm]
         self.deadline = armed or self.deadline
         self.reached = Step.ARMED
-        self.reporter.step(self.label, f"armed: the watchdog switches back at {at(self.deadline)} unless "
-                                       "the night is confirmed")
+        self.reporter.event(self.label, events.NightArmed(self.deadline))
 
     def make_program(self, new_start: ServerStart) -> ReleaseProgram:
         """Every step after the arm, as requests: stop the old server, point ``current`` at
@@ -686,14 +687,12 @@ class Night:
         new_start = self.new_start()
         running = self.running
         run = self.program.run(self.release_dir, StepName.HEALTH)
-        shown = " ".join(redact_argv(new_start.argv, self.secret_list))
-        stop = f"stop the old server (pid {running.pid}), " if running and running.pid else ""
-        self.reporter.step(self.label, f"switching: {stop}current -> {self.name}, start {shown}")
+        self.reporter.event(self.label, events.Switching(running.pid if running else None, self.name,
+                                                         tuple(redact_argv(new_start.argv, self.secret_list))))
         self.reached = Step.RESTARTING
         got = self.session.batch([self.journal(JournalStep.SWITCHING), run],
                                  on_event=self._events())[run][self.healthy]
-        stable = f", stable for {got['stable_for']:g} s" if got.get("stable_for") else ""
-        self.reporter.step(self.label, f"healthy after {got['elapsed']:.1f} s ({got['polls']} polls){stable}")
+        self.reporter.event(self.label, events.Healthy(got["elapsed"], got["polls"], got.get("stable_for")))
 
     def probe(self) -> ProbeResult | None:
         config = self.spec.probe
@@ -710,10 +709,9 @@ class Night:
         result = read_probe(config, got.each(self.probe_rounds))
         summary = result.summary()
         tps = summary.get("output_tokens_per_s")
-        self.reporter.step(self.label, (
-            f"probe {config.post}: {summary['requests_per_s']} req/s, "
-            f"{tps if tps is not None else '?'} tok/s, p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, "
-            f"{summary['errors']} error(s), greedy {str(result.greedy_sha256)[:12]}"))
+        self.reporter.event(self.label, events.Probed(
+            config.post, summary["requests_per_s"], tps, summary["p50_ms"], summary["p99_ms"], summary["errors"],
+            result.greedy_sha256))
         return result
 
     def confirm(self, probe: ProbeResult | None) -> NightResult:
@@ -757,10 +755,10 @@ class Night:
             return self.restored(RemoteError(why), why, answer.restored)
         removed = answer.results[prune]
         if removed:
-            self.reporter.step(self.label, f"pruned {len(removed)} old build(s): {', '.join(removed)}")
+            self.reporter.event(self.label, events.BuildsPruned(tuple(removed)))
         for rid, paths in pruning.held.items():
-            self.reporter.note(self.label, held_note(rid, paths))
-        self.reporter.step(self.label, f"night {self.name} is current ({self.build_dir})")
+            self.reporter.event(self.label, events.HeldForDrift(rid, tuple(paths)))
+        self.reporter.event(self.label, events.NightCurrent(self.name, self.build_dir))
         result = self.result(CHANGED.outcome, CHANGED.exit_code)
         result.build_log = self.read_log()
         return result
@@ -782,8 +780,7 @@ class Night:
                        f"see, or `orch rollback --host {self.label}` to switch back now")
             return self.result(v.outcome, v.exit_code, reason)
         switched = self.reached >= Step.RESTARTING
-        self.reporter.warn(self.label, f"night failed: {reason}; " + (
-            "switching back" if switched else "closing the release (nothing live was touched)"))
+        self.reporter.event(self.label, events.NightFailed(reason, switching_back=switched))
         spec = self.spec
         within = total(restore_budget(spec.server, spec.health))
         until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
@@ -815,13 +812,12 @@ class Night:
         if record.log_tail:
             self.reporter.server_log(self.label, "server log, switch back (last 40 lines)", record.log_tail)
         for problem in record.record_errors:
-            self.reporter.warn(self.label, f"the host could not record the switch back: {problem}")
+            self.reporter.event(self.label, events.RestoreNotRecorded(problem, switch_back=True))
         never_switched = v.outcome == Outcome.FAILED
         if record.ok and v.outcome == Outcome.ROLLED_BACK:
-            who = "" if record.by == "controller" else f" (by the {record.by})"
-            self.reporter.step(self.label, f"switched back{who}: {done}")
+            self.reporter.event(self.label, events.SwitchedBack(record.by, done))
         elif record.ok:
-            self.reporter.step(self.label, f"night {self.name} closed: nothing live was touched")
+            self.reporter.event(self.label, events.NightClosed(self.name))
         else:
             reason = (f"{reason}; and the SWITCH BACK FAILED: {done}. The host is not known to be healthy; its "
                       f"restore plan is {self.release_dir}/restore.json; fix the cause and run "
@@ -937,11 +933,12 @@ def nightly_host(
             clock.stop("connect")
             started = session.host_time()
             name = night_name(loaded, datetime.fromtimestamp(started, timezone.utc))
-            current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker), night, name, started, options.break_lock,
+            current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker, options.words), night, name, started, options.break_lock,
                             clock=clock)
             result = current.run()
             result.notes.append(f"round trips: {session.round_trips}")
             result.steps = clock.steps(session.host_time)
+            result.events = [e.to_wire() for e in current.reporter.events]
             return result
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
@@ -957,6 +954,7 @@ def nightly_host(
                              steps=clock.steps(session.host_time))
         if current is not None:
             result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq
+            result.events = [e.to_wire() for e in current.reporter.events]
         return result
 
 

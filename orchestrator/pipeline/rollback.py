@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core import events
 from orchestrator.core.cmdline import flag_change_fields, flag_changes
 from orchestrator.core.outcomes import UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
@@ -43,7 +44,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.host.restore_plan import RestoreSpec
-from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
@@ -58,6 +59,7 @@ def rollback_host(
     """The rollback on one host; every error becomes this host's report, which carries
     ``steps`` (``StepClock.steps``) as far as the host got."""
     label = target.name
+    reporter = RunLog(reporter, options.masker, options.words)  # keeps the events for ``--json``
     reached = Step.CONNECTING
     clock = StepClock(label, reporter)
     session = HostSession(target, options)
@@ -68,12 +70,14 @@ def rollback_host(
             reached = Step.PLANNING
             report = _rollback_in_session(session, to, options, reporter, clock)
             report.extra["steps"] = clock.steps(session.host_time)
+            report.extra["events"] = [e.to_wire() for e in reporter.events]  # what was said, as fields
             return report
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
         v = verdict(cause, reached)
         return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)",  # type: ignore[arg-type]
-                          extra={"steps": clock.steps(session.host_time)})
+                          extra={"steps": clock.steps(session.host_time),
+                                 "events": [e.to_wire() for e in reporter.events]})
 
 
 def _rollback_in_session(
@@ -92,7 +96,7 @@ def _rollback_in_session(
             with clock.step("rollback"):
                 return finish_unfinished(session, state_dir, journal, reporter)
         if rid is not None and rid == applied[-1]:
-            reporter.step(label, f"release {rid} is already current: nothing to do")
+            reporter.event(label, events.AlreadyCurrent(rid))
             return HostReport.ended(label, UNCHANGED, release=rid)
         with clock.step("rollback"):
             return undo_releases(session, state_dir, state, to, reporter)
@@ -111,9 +115,9 @@ def report_restore(
     """The rollback's report, from what the host recorded."""
     done = describe_restore(record, planned)
     for f in record.drift:
-        reporter.warn(label, f"{f.path} had changed on the host (drift): that content is kept in {f.drift}")
+        reporter.event(label, events.DriftKept(f.path, f.drift, during_deploy=False))
     for problem in record.record_errors:
-        reporter.warn(label, f"the host could not record the restore: {problem}")
+        reporter.event(label, events.RestoreNotRecorded(problem))
     if record.log_tail:
         reporter.server_log(label, "server log (last 40 lines)", record.log_tail)
     info = {"restore": done, "drift": [f.path for f in record.drift], **(extra or {})}
@@ -123,7 +127,7 @@ def report_restore(
         return HostReport.ended(label, v, release=release_id, files=planned, extra=info, error=(
             f"{label}: {what} FAILED: {done}. The host is not known to be healthy; fix the cause and run "
             f"`orch rollback --host {label}` again"))
-    reporter.step(label, f"{what}: {done}")
+    reporter.event(label, events.RestoreDone(what, done))
     return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
 
 
@@ -147,14 +151,14 @@ def finish_unfinished(
     paths = StatePaths(state_dir)
     release_dir = paths.release(rid)
     kind = journal.kind
-    reporter.step(label, f"finishing the unfinished {kind} {rid} (last step: {journal.step})")
+    reporter.event(label, events.FinishingUnfinished(str(kind), rid, str(journal.step)))
     wire = session.run(ops.get_json(paths.restore(rid)))
     session.options.masker.learn(wire)  # its env, argv and headers: masked in what follows
     if wire is None:
         # Died before its release was written: nothing was changed.
         remove_half_built(session, journal, reporter)
         session.run(ops.put_json(paths.journal, journal.moved_to(JournalStep.ABANDONED, finished=True).to_wire()))
-        reporter.step(label, f"{kind} {rid} had not changed anything; journal closed")
+        reporter.event(label, events.UnfinishedChangedNothing(str(kind), rid))
         return HostReport.ended(label, UNCHANGED, release=rid)
     try:
         record = session.run(ops.restore_release(release_dir, "rollback", reason="unfinished; restored by orch rollback"),
@@ -163,7 +167,7 @@ def finish_unfinished(
         if e.kind != "confirmed":
             raise
         session.run(ops.put_json(paths.journal, journal.moved_to(JournalStep.CONFIRMED, finished=True).to_wire()))
-        reporter.warn(label, f"{rid} had been confirmed before its run ended; journal closed")
+        reporter.event(label, events.ConfirmedBeforeEnd(rid))
         return HostReport.ended(label, UNCHANGED, release=rid)
     if record.ok and journal.step == JournalStep.ARMED:
         remove_half_built(session, journal, reporter)  # armed, never switched: its build never ran
@@ -185,10 +189,10 @@ def remove_half_built(session: HostSession, journal: Journal, reporter: Reporter
     try:
         removed = session.run(ops.nightly_remove_build(builds_dir, journal.release))
     except RemoteStepError as e:
-        reporter.warn(label, f"could not remove the build of night {journal.release}: {e.message}")
+        reporter.event(label, events.BuildNotRemoved(journal.release, e.message))
         return
     if removed:
-        reporter.step(label, f"removed the half-built {builds_dir}/{journal.release} (its log is kept)")
+        reporter.event(label, events.HalfBuildRemoved(builds_dir, journal.release))
 
 
 def refuse_pruned_builds(session: HostSession, links: Sequence[LinkState]) -> None:
@@ -214,7 +218,7 @@ def undo_releases(
     paths_of = StatePaths(state_dir)
     releases_dir = paths_of.releases
     if not applied:
-        reporter.step(label, "nothing to roll back: no release is current (there is nothing before)")
+        reporter.event(label, events.NothingToRollBack())
         return HostReport.ended(label, UNCHANGED, notes=["nothing before"])
     target = rollback_target(applied, releases, releases_dir, to)
     refuse_pruned_builds(session, target.links)
@@ -270,8 +274,8 @@ def undo_releases(
                 "before": {"copy_of": i["real"], "sha256": i["sha256"]} if i["exists"] else None}
                for n, i in enumerate(live)]
     what = ", ".join(target.undo)
-    switching = "".join(f", switching {link.path} back to {link.target or '(none)'}" for link in target.links)
-    reporter.step(label, f"rolling back {what}{switching}" + (" and restarting the previous server" if server else ""))
+    reporter.event(label, events.RollingBack(tuple(target.undo), tuple((link.path, link.target) for link in target.links),
+                                             restart=server is not None))
     steps = [
         ops.release_create(state_dir, rid, manifest, backups, restore=restore_spec(rid, "rollback", plan)),
         ops.put_json(paths_of.journal, Journal(rid, "rollback", JournalStep.ROLLING_BACK, session.host_time(),

@@ -11,13 +11,14 @@ import getpass
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.core.events import Event, plain
 from orchestrator.core.secrets import Masker
 from orchestrator.core.target import HostTarget
 from orchestrator.shell import ops
@@ -36,6 +37,9 @@ class ConnectOptions:
     # the run's secrets (``core.secrets``): the pipeline masks its records and run.log with it,
     # and teaches it what it finds (a server's env, a restore plan), which the console then masks too
     masker: Masker = field(default_factory=Masker, compare=False)
+    # how a run's events read in its ``run.log`` (``pipeline.events.RunLog``): the CLI's words
+    # (``cli.words.line``), passed in because the pipeline does not import the CLI
+    words: Callable[[Event], str] = field(default=plain, compare=False)
 
 
 def controller_id() -> str:

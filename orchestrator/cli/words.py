@@ -1,0 +1,312 @@
+"""The one place a run's events (``orchestrator.core.events``) become English.
+
+The pipeline reports what happened as typed events; the console, a fleet's
+board and the host's ``run.log`` (``RunLog``, given ``line`` by the CLI) all
+say it with ``line``. Each event type has its function here; the wording is
+pinned by tests (tests/test_cli_words.py, tests/test_progress.py, …), so a
+change here is a change people and their ``grep`` see.
+"""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from orchestrator.core import events as ev
+from orchestrator.core.predates import predates_note
+from orchestrator.core.preflight import NOT_CHECKED_NOTE
+from orchestrator.host.records import ServerProcess
+from orchestrator.host.retention import held_note
+from orchestrator.pipeline.session import at
+
+
+@singledispatch
+def line(event: ev.Event) -> str:
+    """The line a person reads for ``event`` (an event without words here: its fields)."""
+    return ev.plain(event)
+
+
+def _stable(stable_for: float | None) -> str:
+    return f", stable for {stable_for:g} s" if stable_for else ""
+
+
+def _by(by: str) -> str:
+    """`` (by the watchdog)``; nothing when the controller itself restored."""
+    return "" if by == "controller" else f" (by the {by})"
+
+
+# ---------------------------------------------------------------- shared
+
+
+@line.register
+def _(e: ev.PlanNote) -> str:
+    return e.text
+
+
+@line.register
+def _(e: ev.Healthy) -> str:
+    return f"healthy after {e.elapsed:.1f} s ({e.polls} polls){_stable(e.stable_for)}"
+
+
+@line.register
+def _(e: ev.HeldForDrift) -> str:
+    return held_note(e.release, e.paths)
+
+
+@line.register
+def _(e: ev.DriftKept) -> str:
+    where = "during the deploy" if e.during_deploy else "(drift)"
+    return f"{e.path} had changed on the host {where}: that content is kept in {e.kept_in}"
+
+
+@line.register
+def _(e: ev.RestoreNotRecorded) -> str:
+    return f"the host could not record the {'switch back' if e.switch_back else 'restore'}: {e.problem}"
+
+
+# ---------------------------------------------------------------- deploy
+
+
+@line.register
+def _(e: ev.WatchdogRestoredEarlier) -> str:
+    return f"the watchdog restored release {e.release} earlier"
+
+
+@line.register
+def _(e: ev.AlreadyAsPlanned) -> str:
+    return "unchanged: files and server command line already as planned"
+
+
+@line.register
+def _(e: ev.Staged) -> str:
+    return f"staged {e.files} file(s) beside their targets; validated"
+
+
+@line.register
+def _(e: ev.BackedUp) -> str:
+    return (f"backed up {e.files} file(s) into release {e.release}; "
+            f"the watchdog restores it at {at(e.deadline)} unless confirmed")
+
+
+@line.register
+def _(e: ev.Committed) -> str:
+    return f"committed {e.files} file(s)"
+
+
+@line.register
+def _(e: ev.PreflightAccepted) -> str:
+    return "pre-flight: the server's parser accepts the new command line" + (
+        " with the staged files" if e.staged else "")
+
+
+@line.register
+def _(e: ev.PreflightNotChecked) -> str:
+    return f"{NOT_CHECKED_NOTE}: server.preflight uses neither {{{{ staged_files }}}} nor ORCH_STAGED"
+
+
+@line.register
+def _(e: ev.GateBaseline) -> str:
+    return f"gate: probing the running server before the stop ({', '.join(e.probes)})"
+
+
+@line.register
+def _(e: ev.GateReprobe) -> str:
+    return f"gate: inconclusive (within the spread), probing again: {', '.join(e.probes)}"
+
+
+@line.register
+def _(e: ev.Restarting) -> str:
+    return f"restarting the server: {' '.join(e.argv)}"
+
+
+@line.register
+def _(e: ev.ReleaseCurrent) -> str:
+    return f"release {e.release} is current"
+
+
+@line.register
+def _(e: ev.ManyInEffect) -> str:
+    return (f"{e.in_effect} releases are in effect, more than keep_releases {e.keep}: "
+            "none of them is pruned, each is a step of `orch rollback`")
+
+
+@line.register
+def _(e: ev.ServerPredates) -> str:
+    return predates_note(ServerProcess(pid=e.pid, started_at=e.started_at))
+
+
+@line.register
+def _(e: ev.DeployFailed) -> str:
+    return f"deploy failed: {e.reason}; " + ("rolling back" if e.rolling_back
+                                             else "closing the release (nothing was changed)")
+
+
+@line.register
+def _(e: ev.RolledBack) -> str:
+    return f"rolled back{_by(e.by)}: {e.done}"
+
+
+@line.register
+def _(e: ev.ReleaseClosed) -> str:
+    return f"release {e.release} closed: nothing on the host was changed"
+
+
+@line.register
+def _(e: ev.CheckUnchanged) -> str:
+    return "unchanged: nothing to do"
+
+
+@line.register
+def _(e: ev.CheckValidated) -> str:
+    return "validated on the host; nothing was changed (--check)" + (
+        ", but a deploy would refuse" if e.would_refuse else
+        ", but the pre-flight refused" if e.preflight_refused else "")
+
+
+# ---------------------------------------------------------------- night
+
+
+@line.register
+def _(e: ev.BuildDrift) -> str:
+    return f"drift in the current build: {e.path} (--force: building anyway)"
+
+
+@line.register
+def _(e: ev.Building) -> str:
+    return f"building {e.build_dir} (log {e.log})"
+
+
+@line.register
+def _(e: ev.CheckedOut) -> str:
+    return f"checked out {e.commit} (HEAD verified)"
+
+
+@line.register
+def _(e: ev.Installing) -> str:
+    return f"install: {e.commands} command(s) in {e.build_dir}"
+
+
+@line.register
+def _(e: ev.InstalledPinned) -> str:
+    return f"installed {e.packages} pinned package(s) with --require-hashes"
+
+
+@line.register
+def _(e: ev.StackPatched) -> str:
+    return f"stack[{e.index}] {e.playbook}: {e.files} file(s) patched and validated"
+
+
+@line.register
+def _(e: ev.NightFailedBeforeSwitch) -> str:
+    return f"night failed before the switch: {e.reason}"
+
+
+@line.register
+def _(e: ev.HalfBuiltRemoved) -> str:
+    return f"removed the half-built {e.build_dir}; nothing running was touched"
+
+
+@line.register
+def _(e: ev.NightArmed) -> str:
+    return f"armed: the watchdog switches back at {at(e.deadline)} unless the night is confirmed"
+
+
+@line.register
+def _(e: ev.Switching) -> str:
+    stop = f"stop the old server (pid {e.old_pid}), " if e.old_pid else ""
+    return f"switching: {stop}current -> {e.night}, start {' '.join(e.argv)}"
+
+
+@line.register
+def _(e: ev.Probed) -> str:
+    return (f"probe {e.post}: {e.requests_per_s} req/s, "
+            f"{e.tokens_per_s if e.tokens_per_s is not None else '?'} tok/s, p50 {e.p50_ms} ms, "
+            f"p99 {e.p99_ms} ms, {e.errors} error(s), greedy {str(e.greedy_sha256)[:12]}")
+
+
+@line.register
+def _(e: ev.BuildsPruned) -> str:
+    return f"pruned {len(e.builds)} old build(s): {', '.join(e.builds)}"
+
+
+@line.register
+def _(e: ev.NightCurrent) -> str:
+    return f"night {e.night} is current ({e.build_dir})"
+
+
+@line.register
+def _(e: ev.NightFailed) -> str:
+    return f"night failed: {e.reason}; " + ("switching back" if e.switching_back
+                                            else "closing the release (nothing live was touched)")
+
+
+@line.register
+def _(e: ev.SwitchedBack) -> str:
+    return f"switched back{_by(e.by)}: {e.done}"
+
+
+@line.register
+def _(e: ev.NightClosed) -> str:
+    return f"night {e.night} closed: nothing live was touched"
+
+
+# ---------------------------------------------------------------- rollback
+
+
+@line.register
+def _(e: ev.AlreadyCurrent) -> str:
+    return f"release {e.release} is already current: nothing to do"
+
+
+@line.register
+def _(e: ev.RestoreDone) -> str:
+    return f"{e.what}: {e.done}"
+
+
+@line.register
+def _(e: ev.FinishingUnfinished) -> str:
+    return f"finishing the unfinished {e.kind_of_run} {e.release} (last step: {e.last_step})"
+
+
+@line.register
+def _(e: ev.UnfinishedChangedNothing) -> str:
+    return f"{e.kind_of_run} {e.release} had not changed anything; journal closed"
+
+
+@line.register
+def _(e: ev.ConfirmedBeforeEnd) -> str:
+    return f"{e.release} had been confirmed before its run ended; journal closed"
+
+
+@line.register
+def _(e: ev.BuildNotRemoved) -> str:
+    return f"could not remove the build of night {e.night}: {e.problem}"
+
+
+@line.register
+def _(e: ev.HalfBuildRemoved) -> str:
+    return f"removed the half-built {e.builds_dir}/{e.night} (its log is kept)"
+
+
+@line.register
+def _(e: ev.NothingToRollBack) -> str:
+    return "nothing to roll back: no release is current (there is nothing before)"
+
+
+@line.register
+def _(e: ev.RollingBack) -> str:
+    switching = "".join(f", switching {path} back to {target or '(none)'}" for path, target in e.links)
+    return (f"rolling back {', '.join(e.releases)}{switching}"
+            + (" and restarting the previous server" if e.restart else ""))
+
+
+# ---------------------------------------------------------------- the lock
+
+
+@line.register
+def _(e: ev.LockTakenOver) -> str:
+    return f"took the lock left by {e.holder}: that process is gone, and so is its helper on the host"
+
+
+@line.register
+def _(e: ev.StaleLockBroken) -> str:
+    return f"breaking the stale lock of {e.holder} (no heartbeat for {e.age:.0f} s)"

@@ -1,0 +1,419 @@
+"""What a run tells the person watching it, as data: one small type per line the pipeline emits.
+
+The pipeline says *what happened* (``Committed(files=3)``), never how it reads:
+the words are the CLI's (``orchestrator.cli.words.line``), made in one place so
+that a console line, a fleet's board row and the host's ``run.log`` say the same
+thing, and ``--json`` can carry the fields a script wants instead of English.
+
+Every event is a frozen dataclass with a ``level`` (``step``, ``note`` or
+``warning``) kept on its type: the level is part of what happened (a drift kept
+is a warning wherever it is said), not a choice of the caller. Pure: no I/O.
+Times are seconds on the host's clock (``HostSession.host_time``); the words
+say them in UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Literal
+
+Level = Literal["step", "note", "warning"]
+STEP: Level = "step"
+NOTE: Level = "note"
+WARNING: Level = "warning"
+
+
+@dataclass(frozen=True)
+class Event:
+    """The base of every event: its ``level`` and its wire form."""
+
+    level: ClassVar[Level] = STEP
+
+    @classmethod
+    def kind(cls) -> str:
+        """``Committed`` -> ``committed``, ``BackedUp`` -> ``backed_up``: the event's name in JSON."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{"event": "committed", "level": "step", "files": 3}``: fields for ``--json``."""
+        return {"event": self.kind(), "level": self.level, **asdict(self)}
+
+
+def plain(ev: Event) -> str:
+    """The fallback words of an event where no CLI gave its own (a ``RunLog`` or a
+    ``Recorder`` built in a test): its name and fields, never empty."""
+    shown = ", ".join(f"{f.name}={getattr(ev, f.name)!r}" for f in fields(ev))
+    return f"{ev.kind()}({shown})"
+
+
+# ---------------------------------------------------------------- shared by deploy, night, rollback
+
+
+@dataclass(frozen=True)
+class PlanNote(Event):
+    """A note the plan made (a layout found, a flag already set): its text is the planner's."""
+
+    level: ClassVar[Level] = NOTE
+    text: str
+
+
+@dataclass(frozen=True)
+class Healthy(Event):
+    """The new server answered health (and stayed up ``stable_for`` seconds, when asked)."""
+
+    elapsed: float
+    polls: int
+    stable_for: float | None = None
+
+
+@dataclass(frozen=True)
+class HeldForDrift(Event):
+    """A release outlives ``keep_releases``: it holds the only copy of a person's edit."""
+
+    level: ClassVar[Level] = NOTE
+    release: str
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DriftKept(Event):
+    """A file a person changed on the host while orch worked: its content is kept aside."""
+
+    level: ClassVar[Level] = WARNING
+    path: str
+    kept_in: str | None
+    during_deploy: bool = True  # False: found by a rollback
+
+
+@dataclass(frozen=True)
+class RestoreNotRecorded(Event):
+    """The restore (or a night's switch back) ran, but the host could not write its record."""
+
+    level: ClassVar[Level] = WARNING
+    problem: str
+    switch_back: bool = False
+
+
+# ---------------------------------------------------------------- deploy
+
+
+@dataclass(frozen=True)
+class WatchdogRestoredEarlier(Event):
+    level: ClassVar[Level] = NOTE
+    release: str
+
+
+@dataclass(frozen=True)
+class AlreadyAsPlanned(Event):
+    """A deploy with nothing to change: files and command line are already as planned."""
+
+
+@dataclass(frozen=True)
+class Staged(Event):
+    files: int
+
+
+@dataclass(frozen=True)
+class BackedUp(Event):
+    """The release is made and the watchdog armed: it restores at ``deadline`` unless confirmed."""
+
+    files: int
+    release: str
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Committed(Event):
+    files: int
+
+
+@dataclass(frozen=True)
+class PreflightAccepted(Event):
+    """The server's own parser accepts the new command line (``staged``: ``--check``'s,
+    run against the staged files)."""
+
+    staged: bool = False
+
+
+@dataclass(frozen=True)
+class PreflightNotChecked(Event):
+    """``--check`` did not run a custom pre-flight: it reads neither the staged files' map
+    (``{{ staged_files }}``) nor ``ORCH_STAGED``."""
+
+    level: ClassVar[Level] = NOTE
+
+
+@dataclass(frozen=True)
+class GateBaseline(Event):
+    """The gate probes the running server before the stop."""
+
+    probes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GateReprobe(Event):
+    """The gate's comparison is inconclusive (within the spread): these probes run again."""
+
+    probes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Restarting(Event):
+    """The server restarts with ``argv`` (secrets already redacted by the pipeline)."""
+
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseCurrent(Event):
+    release: str
+
+
+@dataclass(frozen=True)
+class ManyInEffect(Event):
+    """More releases are in effect than ``keep_releases``: none of them is pruned."""
+
+    level: ClassVar[Level] = NOTE
+    in_effect: int
+    keep: int
+
+
+@dataclass(frozen=True)
+class ServerPredates(Event):
+    """Files changed and no restart: the running server still runs the code it loaded before."""
+
+    level: ClassVar[Level] = NOTE
+    pid: int | None
+    started_at: float | None
+
+
+@dataclass(frozen=True)
+class DeployFailed(Event):
+    level: ClassVar[Level] = WARNING
+    reason: str
+    rolling_back: bool  # False: closing a release that changed nothing
+
+
+@dataclass(frozen=True)
+class RolledBack(Event):
+    """The restore machine put the host back; ``by`` who ran it, ``done`` what it did."""
+
+    by: str
+    done: str
+
+
+@dataclass(frozen=True)
+class ReleaseClosed(Event):
+    """A failed release that had changed nothing on the host, closed."""
+
+    release: str
+
+
+@dataclass(frozen=True)
+class CheckUnchanged(Event):
+    """``--check`` with nothing to do."""
+
+
+@dataclass(frozen=True)
+class CheckValidated(Event):
+    """``--check`` staged and validated on the host, changing nothing (``would_refuse``: the
+    plan refuses; ``preflight_refused``: the server's parser refused the staged files)."""
+
+    would_refuse: bool = False
+    preflight_refused: bool = False
+
+
+# ---------------------------------------------------------------- night
+
+
+@dataclass(frozen=True)
+class BuildDrift(Event):
+    """A file of the current build changed by hand; ``--force`` builds anyway."""
+
+    level: ClassVar[Level] = WARNING
+    path: str
+
+
+@dataclass(frozen=True)
+class Building(Event):
+    build_dir: str
+    log: str
+
+
+@dataclass(frozen=True)
+class CheckedOut(Event):
+    commit: str
+
+
+@dataclass(frozen=True)
+class Installing(Event):
+    commands: int
+    build_dir: str
+
+
+@dataclass(frozen=True)
+class InstalledPinned(Event):
+    packages: int
+
+
+@dataclass(frozen=True)
+class StackPatched(Event):
+    index: int
+    playbook: str
+    files: int
+
+
+@dataclass(frozen=True)
+class NightFailedBeforeSwitch(Event):
+    level: ClassVar[Level] = WARNING
+    reason: str
+
+
+@dataclass(frozen=True)
+class HalfBuiltRemoved(Event):
+    """A night that failed before its switch: its build removed, nothing running touched."""
+
+    build_dir: str
+
+
+@dataclass(frozen=True)
+class NightArmed(Event):
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Switching(Event):
+    """``current`` moves to the night's build; the old server (``old_pid``) stops, the new one starts."""
+
+    old_pid: int | None
+    night: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Probed(Event):
+    """A night's probe of its new server: the summary's figures as the host measured them."""
+
+    post: str
+    requests_per_s: Any
+    tokens_per_s: Any
+    p50_ms: Any
+    p99_ms: Any
+    errors: Any
+    greedy_sha256: str | None
+
+
+@dataclass(frozen=True)
+class BuildsPruned(Event):
+    builds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NightCurrent(Event):
+    night: str
+    build_dir: str
+
+
+@dataclass(frozen=True)
+class NightFailed(Event):
+    level: ClassVar[Level] = WARNING
+    reason: str
+    switching_back: bool  # False: closing a release that touched nothing live
+
+
+@dataclass(frozen=True)
+class SwitchedBack(Event):
+    by: str
+    done: str
+
+
+@dataclass(frozen=True)
+class NightClosed(Event):
+    night: str
+
+
+# ---------------------------------------------------------------- rollback
+
+
+@dataclass(frozen=True)
+class AlreadyCurrent(Event):
+    """``orch rollback --to`` a release that is already current."""
+
+    release: str
+
+
+@dataclass(frozen=True)
+class RestoreDone(Event):
+    """A rollback's restore ran: ``what`` it was (the rollback's own words), ``done`` what it did."""
+
+    what: str
+    done: str
+
+
+@dataclass(frozen=True)
+class FinishingUnfinished(Event):
+    kind_of_run: str  # deploy, night or rollback
+    release: str
+    last_step: str
+
+
+@dataclass(frozen=True)
+class UnfinishedChangedNothing(Event):
+    kind_of_run: str
+    release: str
+
+
+@dataclass(frozen=True)
+class ConfirmedBeforeEnd(Event):
+    """The unfinished run had confirmed its release before it ended: only its journal is closed."""
+
+    level: ClassVar[Level] = WARNING
+    release: str
+
+
+@dataclass(frozen=True)
+class BuildNotRemoved(Event):
+    level: ClassVar[Level] = WARNING
+    night: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class HalfBuildRemoved(Event):
+    """``orch rollback`` removed the build of a night that died before its switch (its log stays)."""
+
+    builds_dir: str
+    night: str
+
+
+@dataclass(frozen=True)
+class NothingToRollBack(Event):
+    """No release is current: there is nothing before."""
+
+
+@dataclass(frozen=True)
+class RollingBack(Event):
+    """``releases`` undone, newest first; ``links`` (path, target) switched back; the server restarted."""
+
+    releases: tuple[str, ...]
+    links: tuple[tuple[str, str | None], ...]
+    restart: bool
+
+
+# ---------------------------------------------------------------- the lock
+
+
+@dataclass(frozen=True)
+class LockTakenOver(Event):
+    """The lock's holder is gone (and its helper with it): this run takes the lock."""
+
+    level: ClassVar[Level] = NOTE
+    holder: str
+
+
+@dataclass(frozen=True)
+class StaleLockBroken(Event):
+    level: ClassVar[Level] = WARNING
+    holder: str
+    age: float
