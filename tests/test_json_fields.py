@@ -89,7 +89,8 @@ def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(
     assert planned["outcome"] == "planned"
     assert planned["flag_changes"] == [{"flag": FLAG, "from": "16", "to": "8"}]
     assert_steps(planned, ["connect", "plan"])
-    assert events_by_name(planned)["check_validated"] == {"level": "step", "would_refuse": False}
+    assert events_by_name(planned)["check_validated"] == {"level": "step", "would_refuse": False,
+                                                          "preflight_refused": False}
 
     # a rollback puts the value back: its flag changes go the other way
     back = orch_json(sandbox, "rollback")
