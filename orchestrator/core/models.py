@@ -620,12 +620,8 @@ class Bounds(_Model):
 
 
 class GateRules(_Model):
-    """What must hold after the deploy, figure by figure.
-
-    ``errors``: at most this many failed requests over all rounds of the new
-    server's probe; ``greedy: same``: the greedy fingerprint (one request at
-    temperature 0) equals the baseline's.
-    """
+    """A playbook's ``rules:``, validated where they are written; the host judges by
+    ``host.gate.GateRules`` (``to_host``), whose docstring says what each rule means."""
 
     tokens_per_s: Bounds | None = None
     requests_per_s: Bounds | None = None
