@@ -23,7 +23,7 @@ from .dispatch import find_op
 from .files import read_record, write_json
 from .program import Program, StepName
 from .protocol import ConfirmRelease, ProtocolError, parse_request
-from .protocol_events import ReprobeEvent, StepEvent
+from .protocol_steps import ReprobeEvent, StepEvent
 from .wire import AgentError, expand
 
 PROGRAM_FILE = "program.json"

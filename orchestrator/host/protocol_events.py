@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 from .protocol import ProtocolError
+from .protocol_steps import ReprobeEvent, StepEvent
 
 if TYPE_CHECKING:
     from .protocol import Wire
@@ -80,30 +81,6 @@ class HealthEvent(Event):
     polls: int = 0
 
 
-@dataclass(frozen=True)
-class StepEvent(Event):
-    """A step of a release's program began, ended or failed (``program.StepName``), on the
-    host's clock: what the release's event log (``events.jsonl``) holds, line for line."""
-
-    KIND: ClassVar[str] = "step"
-    step: str = ""
-    state: str = ""  # "began", "ended" or "failed"
-    at: float = 0.0  # the host's wall time
-    seconds: float | None = None  # how long the step took (ended and failed)
-
-    BEGAN: ClassVar[str] = "began"
-    ENDED: ClassVar[str] = "ended"
-    FAILED: ClassVar[str] = "failed"
-
-
-@dataclass(frozen=True)
-class ReprobeEvent(Event):
-    """The gate's verdicts are inconclusive (within the spread): these probes are measured again."""
-
-    KIND: ClassVar[str] = "reprobe"
-    probes: tuple = ()
-
-
 def _progress_step(wire: Mapping[str, Any]) -> ProgressStep | None:
     step = wire.get("step")
     if step is None and str(wire.get("msg", "")).startswith("waiting up to"):
@@ -116,7 +93,7 @@ def _progress_step(wire: Mapping[str, Any]) -> ProgressStep | None:
         return None  # a step a newer helper names: shown, not acted on
 
 
-def event_from_wire(wire: Mapping[str, Any]) -> Event | None:
+def event_from_wire(wire: Mapping[str, Any]) -> Event | StepEvent | ReprobeEvent | None:
     """The typed event of a wire event; None for a kind this controller does not know."""
     kind = wire.get("event")
     if kind == TickEvent.KIND:
@@ -131,13 +108,9 @@ def event_from_wire(wire: Mapping[str, Any]) -> Event | None:
         return HealthEvent(str(wire.get("msg", "")), float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
                            polls if isinstance(polls, int) else 0)
     if kind == ReprobeEvent.KIND:
-        probes = wire.get("probes")
-        return ReprobeEvent(tuple(str(p) for p in probes) if isinstance(probes, list) else ())
+        return ReprobeEvent.from_wire(wire)
     if kind == StepEvent.KIND:
-        at, seconds = wire.get("at"), wire.get("seconds")
-        return StepEvent(str(wire.get("step", "")), str(wire.get("state", "")),
-                         float(at) if isinstance(at, (int, float)) else 0.0,
-                         float(seconds) if isinstance(seconds, (int, float)) else None)
+        return StepEvent.from_wire(wire)
     return None
 
 
