@@ -272,9 +272,10 @@ def test_state_paths_are_built_in_one_place() -> None:
 def test_the_helper_writes_its_steps_from_the_step_enum() -> None:
     """The helper names every step it writes by ``JournalStep`` (a step written as a word
     anywhere in orchestrator/host is reported by tests/test_outcome_literals.py's scan)."""
-    from orchestrator.host import restore
+    from orchestrator.host import restore_records
 
-    assert restore.JOURNAL_STEP_BY and all(type(s) is JournalStep for s in restore.JOURNAL_STEP_BY.values())
+    steps = restore_records.JOURNAL_STEP_BY
+    assert steps and all(type(s) is JournalStep for s in steps.values())
     assert f"{JournalStep.ROLLED_BACK}" == "rolled_back"  # the word in f-strings on every Python
 
 

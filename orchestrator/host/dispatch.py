@@ -81,10 +81,15 @@ def package_attr(module, name):
     return getattr(__import__(module, globals(), {}, [name], 1), name)
 
 
+IMPORTED_LATER = ("restore_records", "gate_step", "figures")
+"""Modules an op imports only when it needs them (a restore's records, the gate's judgement)."""
+
+
 def load_all():
-    """Import the module of every op: a process that may lose its files (the watchdog,
-    whose kept copy a newer version can replace) has all it could run in memory."""
-    for module in sorted(set(where[0] for where in OPS.values())):
+    """Import the module of every op, and those they import later: a process that may lose
+    its files (the watchdog, whose kept copy a newer version can replace) has all it could
+    run in memory."""
+    for module in sorted(set(where[0] for where in OPS.values()) | set(IMPORTED_LATER)):
         __import__(module, globals(), {}, ["__name__"], 1)
 
 
