@@ -23,11 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.gate import (
-    GateOutcome,
-    RuleCheck,
-    check_probe,
-)
+from orchestrator.core.gate import GateOutcome
 from orchestrator.core.models import GateProbe, GateRules
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.rendering import RenderedGate, RenderedProbe
@@ -105,12 +101,6 @@ class GateRun:
         self.after.update(_read(self.spec.probes if probes is None else probes, answers))
 
     # ---------------------------------------------------------------- the judgement
-
-    def checks(self) -> list[RuleCheck]:
-        found: list[RuleCheck] = []
-        for probe in self.spec.probes:
-            found += check_probe(probe.label, probe.rules, self.before.get(probe.label), self.after[probe.label])
-        return found
 
     def judge(self, session: HostSession, on_event: Callable[[dict[str, Any]], None] | None = None,
               on_reprobe: Callable[[list[str]], None] | None = None, *, decide: bool = True) -> GateOutcome:

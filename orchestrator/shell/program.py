@@ -36,10 +36,6 @@ class StepResults:
     def each(self, ops: Sequence[Op]) -> list[Any]:
         return [self[o] for o in ops]
 
-    @property
-    def ops(self) -> list[Op]:
-        return list(self._answers)
-
     def __contains__(self, op: Op) -> bool:
         return op in self._answers
 
@@ -92,8 +88,8 @@ class ReleaseProgram:
             steps[StepName.CONFIRM] = [confirm]
 
         def parse(answer: dict[str, Any]) -> StepResults:
-            read = read_steps(steps, answer.get("results") or {}, list(answer.get("ran") or []))
-            return StepResults(dict(zip(read.ops, read, strict=True)), read.ran, answer.get("judged"))
+            return read_steps(steps, answer.get("results") or {}, list(answer.get("ran") or []),
+                              answer.get("judged"))
 
         return _op(p.RunSteps(release_dir, through.value, extra=extra), parse,
                    {"results": DictOf(ListOf(ANY)), "ran": ListOf(str), "judged": Opt(dict)})
@@ -110,7 +106,8 @@ class ReleaseProgram:
             return StepResults({}, [])
 
 
-def read_steps(steps: dict[StepName, list[Op]], results: dict[str, Any], ran: Sequence[str]) -> StepResults:
+def read_steps(steps: dict[StepName, list[Op]], results: dict[str, Any], ran: Sequence[str],
+               judged: dict[str, Any] | None = None) -> StepResults:
     """Each answer of the steps that ran, read by the ``Op`` that asked for it."""
     names = [StepName(n) for n in ran]
     read: dict[Op, Any] = {}
@@ -120,5 +117,5 @@ def read_steps(steps: dict[StepName, list[Op]], results: dict[str, Any], ran: Se
             raise Malformed(f"step {name.value} has {len(got)} answers for {len(ops)} requests")
         for i, (o, a) in enumerate(zip(ops, got, strict=True)):
             read[o] = o.read(a, f"result.results.{name.value}[{i}] ({o.name})")
-    return StepResults(read, names)
+    return StepResults(read, names, judged)
 
