@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from tests.fixtures.sandbox import Sandbox, cmdline, get_json, health_status, sha256
+from tests.fixtures.sandbox import Sandbox, cmdline, get_json, health_status, sha256, wait_until
 
 BAD_FLAG = """\
 name: bad-flag
@@ -232,10 +232,11 @@ def test_stale_lock_is_reported_and_break_lock_takes_it(sandbox: Sandbox) -> Non
     assert not (sandbox.state_dir / "lock.json").exists()
 
 
-def test_unfinished_deploy_in_journal_is_refused_and_rollback_finishes_it(sandbox: Sandbox) -> None:
+def test_controller_killed_at_health_is_in_progress_and_an_aborted_runner_restores(
+        sandbox: Sandbox) -> None:
     sandbox.start_by_hand()
     original = sha256(sandbox.server_args)
-    # A deploy whose controller dies (kill -9) mid-health-wait leaves the journal unfinished.
+    # A deploy whose controller dies (kill -9) mid-health-wait: the host's runner goes on alone.
     import signal
     import subprocess
     import sys
@@ -248,24 +249,25 @@ def test_unfinished_deploy_in_journal_is_refused_and_rollback_finishes_it(sandbo
                              "--ssh-config", str(sandbox.sshd.ssh_config), str(slow)],
                             cwd=sandbox.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     journal = sandbox.state_dir / "journal.json"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if journal.exists() and json.loads(journal.read_text()).get("step") == "restarting":
-            break
-        time.sleep(0.05)
-    time.sleep(1.0)
+    wait_until(lambda: journal.exists() and json.loads(journal.read_text()).get("step") == "restarting",
+               timeout=120, what="the deploy to reach its restart")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert sha256(sandbox.server_args) != original
-
+    release = json.loads(journal.read_text())["release"]
+    manifest = sandbox.state_dir / "releases" / release / "manifest.json"
+    # its runner holds the lock and waits for health (15 minutes): a new deploy is refused
     refused = sandbox.orch("deploy", "--host", "gpu", "speculative-disable")
     assert refused.returncode == 2, refused.stderr
-    out = refused.stdout + refused.stderr
-    # its watchdog still lives: the words say the controller is gone, and what rollback does
-    assert "its controller is gone (last step restarting)" in out and "orch rollback --host gpu" in out
-
-    fixed = sandbox.orch("rollback", "--host", "gpu")
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert f"release {release} in progress" in refused.stdout + refused.stderr
+    # an abort (what `orch rollback --abort` sends): the runner stops waiting and restores by itself
+    runner = json.loads((manifest.parent / "runner.json").read_text())
+    os.kill(runner["pid"], signal.SIGTERM)
+    wait_until(lambda: json.loads(manifest.read_text()).get("outcome") == "rolled_back", timeout=180,
+               what="the runner to restore the release")
+    record = json.loads((manifest.parent / "restored.json").read_text())
+    assert record["by"] == "runner" and record["ok"] is True
     assert sha256(sandbox.server_args) == original
     assert health_status(sandbox.port) == 200
+    status = sandbox.orch("status", "--host", "gpu")
+    assert status.returncode == 0, status.stdout + status.stderr
     assert cmdline(sandbox.server_pid()) == sandbox.hand_argv

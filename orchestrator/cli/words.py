@@ -124,6 +124,11 @@ def _(e: ev.ReleaseCurrent) -> str:
 
 
 @line.register
+def _(e: ev.InterruptedAfterConfirm) -> str:
+    return f"Ctrl-C came after the confirm: release {e.release} stays current"
+
+
+@line.register
 def _(e: ev.ManyInEffect) -> str:
     return (f"{e.in_effect} releases are in effect, more than keep_releases {e.keep}: "
             "none of them is pruned, each is a step of `orch rollback`")

@@ -171,6 +171,14 @@ class ReleaseCurrent(Event):
 
 
 @dataclass(frozen=True)
+class InterruptedAfterConfirm(Event):
+    """Ctrl-C came after the host's runner had confirmed the release: it stays current."""
+
+    level: ClassVar[Level] = NOTE
+    release: str
+
+
+@dataclass(frozen=True)
 class ManyInEffect(Event):
     """More releases are in effect than ``keep_releases``: none of them is pruned."""
 

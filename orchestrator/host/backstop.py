@@ -40,8 +40,16 @@ def op_release_arm(s, state_dir, release_dir, python=None):
         raise AgentError("arm", "release %s has no restore plan with a budget" % release_dir)
     fire_at = time.monotonic() + budget
     fires_at = time.time() + budget
-    load_all()  # in memory before the fork: a newer orch may replace the kept copy while it waits
-    pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"), fire_at)
+    load_all(gate=gate_in_program(release_dir))  # in memory before the fork: a newer orch may replace the kept copy while it waits
+    go_read, go_write = os.pipe()  # "run" through it starts the runner (``runner.op_release_run``)
+    try:
+        pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"), fire_at, go_read)
+    finally:
+        os.close(go_read)
+    old = s.guards.pop(release_dir, None)
+    if old is not None:
+        os.close(old)
+    s.guards[release_dir] = go_write
     write_mark(os.path.join(release_dir, "watchdog.pid"), "%d\n" % pid)
     # pid + start time (``same_process``): ``state_read`` tells a live watchdog from a reused pid;
     # fires_at: when it acts, in this host's wall time (for people and ``orch status``)
@@ -49,6 +57,12 @@ def op_release_arm(s, state_dir, release_dir, python=None):
                {"pid": pid, "starttime": proc_starttime(pid), "budget": budget, "armed": fires_at - budget,
                 "fires_at": fires_at, "clock": "host"})
     return {"pid": pid, "deadline": fires_at, "fires_at": fires_at, "budget": budget}
+
+
+def gate_in_program(release_dir):
+    """The release's program judges a gate: its runner needs the gate's modules in memory."""
+    program = read_record(os.path.join(release_dir, "program.json")) or {}
+    return any(isinstance(st, dict) and st.get("step") == "gate" for st in program.get("steps") or [])
 
 
 WATCHDOG_FILE = "watchdog.json"  # when the watchdog fires, in this host's wall time: for people and `orch status`
@@ -66,7 +80,7 @@ def watchdog_budget(spec):
     return None
 
 
-def fork_watchdog(release_dir, log_path, fire_at=None):
+def fork_watchdog(release_dir, log_path, fire_at=None, go_fd=None):
     """Fork ``watchdog_main`` off this helper, detached: its own session, its
     output to ``log_path``, none of this helper's files (the SSH channel
     must close when the helper leaves, and the lock file is the helper's).
@@ -94,10 +108,17 @@ def fork_watchdog(release_dir, log_path, fire_at=None):
         os.dup2(null_fd, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        close_fds_from(3)
+        if go_fd is not None:
+            os.dup2(go_fd, 3)
+        close_fds_from(3 if go_fd is None else 4)
         sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
         name_process("orch-watchdog")
-        code = watchdog_main(release_dir, fire_at)
+        if go_fd is None:
+            code = watchdog_main(release_dir, fire_at)
+        else:
+            from .runner import guard_main
+
+            code = guard_main(release_dir, fire_at, 3)
     except SystemExit as e:  # SIGTERM (watchdog_main's handler)
         code = e.code if isinstance(e.code, int) else 0
     except BaseException as e:  # noqa: BLE001 - the child must never return into the helper's loop

@@ -52,6 +52,10 @@ OPS = {
     "release_steps": ("executor", "op_release_steps"),
     "mark": ("files", "op_mark"),
     "release_arm": ("backstop", "op_release_arm"),
+    "release_run": ("runner", "op_release_run"),
+    "release_follow": ("runner", "op_release_follow"),
+    "release_abort": ("runner", "op_release_abort"),
+    "release_stamp": ("stamp", "op_release_stamp"),
     "read_host": ("facts", "op_read_host"),
     "preflight": ("facts", "op_preflight"),
     "nightly_prepare": ("nightly", "op_nightly_prepare"),
@@ -87,11 +91,12 @@ loads besides the ops' modules. Not the gate's judgement (``gate_step``, ``figur
 watchdog never judges, and their import costs every armed deploy's watchdog ~20 ms of CPU."""
 
 
-def load_all():
+def load_all(gate=False):
     """Import the module of every op, and those they import later: a process that may lose
     its files (the watchdog, whose kept copy a newer version can replace) has all it could
     run in memory."""
-    for module in sorted(set(where[0] for where in OPS.values()) | set(IMPORTED_LATER)):
+    later = set(IMPORTED_LATER) | (set(("gate_step", "gate", "figures")) if gate else set())
+    for module in sorted(set(where[0] for where in OPS.values()) | later):
         __import__(module, globals(), {}, ["__name__"], 1)
 
 

@@ -28,6 +28,7 @@ from .wire import AgentError, expand
 
 PROGRAM_FILE = "program.json"
 EVENTS_FILE = "events.jsonl"
+GATE_JUDGED = "gate_judged.json"  # the gate step's outcome and the figures it was decided on
 BASELINE_ANSWERS = "baseline.json"  # the baseline step's probe answers: the gate step may come in a later call
 
 
@@ -143,6 +144,7 @@ def gate_verdict(s, release_dir, step, answers, results):
 
     outcome, after = judge_gate(step.expect["gate"], answers, baseline, run_again)
     verdict = {"outcome": outcome.to_json(), "after": {k: v.to_json() for k, v in after.items()}}
+    write_json(os.path.join(release_dir, GATE_JUDGED), verdict)  # the confirm's records are written from it
     if outcome.verdict != "pass":
         raise AgentError("gate", outcome.message(), **verdict)
     return verdict
@@ -200,5 +202,6 @@ def op_release_steps(s, release_dir, through, extra=None):
             write_json(os.path.join(release_dir, BASELINE_ANSWERS), done)
         seconds = round(time.monotonic() - started, 3)
         record_event(s, release_dir, StepEvent(step.name.value, StepEvent.ENDED, time.time(), seconds))
+        s.answered(step.name.value, done, judged.get(step.name.value))
         results[step.name.value] = done
     return {"results": results, "ran": list(results), "judged": judged}

@@ -60,8 +60,7 @@ class Field:
 
 def fields_of(kind: Any) -> tuple[Field, ...]:
     """The arguments of a request type (or of a request), in the helper function's order."""
-    found: tuple[Field, ...] = getattr(kind, "__fields__", ())
-    return found
+    return getattr(kind, "__fields__", ())  # type: ignore[no-any-return]
 
 
 def _message(cls: Any) -> Any:
@@ -546,11 +545,13 @@ class NightlyLinkSwap(Request):
     expect: str | None
 
 
+from .protocol_runner import ReleaseAbort, ReleaseFollow, ReleaseRun, ReleaseStamp  # noqa: E402 - they need Request
+
 REQUEST_TYPES: tuple[type[Request], ...] = (
     Hello, Bye, Batch, Read, Sha256, Stage, Run, Validate, Remove, Commit, ReadHost, Preflight,
     StateInit, LockAcquire, OpenState, LockRelease, GetJson, PutJson, StateRead, Mark,
     ReleaseCreate, ReleaseUpdate, ReleasePrune, ReleaseLog, ReleaseArm, RestoreRelease, ConfirmRelease,
-    ProgramWrite, RunSteps,
+    ProgramWrite, RunSteps, ReleaseRun, ReleaseFollow, ReleaseAbort, ReleaseStamp,
     ServerFind, Process, ServerStop, ServerStart, RunOk, CommandsStart, HealthWait, LogTail, ProbeHttp,
     NightlyPrepare, NightlyBuilds, NightlyFetchGit, NightlyPip, NightlyRun, NightlyRemoveBuild, NightlyPrune,
     NightlyLinkSwap,

@@ -61,6 +61,7 @@ class Session(object):
         self.archive = archive
         self.cache = cache
         self.kept = False
+        self.guards = {}  # release dir -> the pipe's write end to its guard (``runner.op_release_run``)
 
     def reader(self, stdin):
         """Read requests while an op runs, so a ``cancel`` or the end of the
@@ -206,6 +207,10 @@ class Session(object):
         fields["id"] = self.current_id
         fields["event"] = kind
         self.send(fields)
+
+    def answered(self, step, answers, judged=None):
+        """A program's step ended with ``answers``: a controller reads them in the step's answer;
+        the runner's session logs them (``runner.RunnerSession``)."""
 
     def background(self):
         """Ticks while an op runs; renews the lock heartbeat while held."""

@@ -52,6 +52,7 @@ from orchestrator.core.preflight import (
 from orchestrator.core.regions import count_lines, view_ranges
 from orchestrator.core.releases import (
     FileState,
+    PrunePlan,
     drift_kept,
     new_release_id,
     ordered_ids,
@@ -111,7 +112,18 @@ from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
-from orchestrator.shell.program import ReleaseProgram, StepResults
+from orchestrator.shell.program import (
+    STEPS_FILE,
+    ReleaseProgram,
+    RunVerdict,
+    StepResults,
+    read_steps,
+    release_abort,
+    release_follow,
+    release_run,
+    release_stamp,
+)
+from orchestrator.shell.replies import Malformed
 
 
 @dataclass
@@ -137,6 +149,11 @@ class Deployment:
     commit_written: list[str] | None = None  # the host's record of what a failed commit batch wrote
     program: ReleaseProgram | None = None  # every step after the commit, kept in the release when it is armed
     readback: ops.Op | None = None  # the program's requests whose answers the deploy reads
+    pruning: PrunePlan | None = None  # what the confirm prunes (decided before the commit)
+    committed_shown: bool = False
+    restart_shown: bool = False
+    runner_verdict: RunVerdict | None = None  # how the host's runner ended a failed release
+    runner_record: RestoreRecord | None = None  # the restore it (or its guard) ran
     parser_check: ops.Op | None = None
     health_op: ops.Op | None = None
     baseline: list[ops.Op] | None = None
@@ -165,9 +182,7 @@ class Deployment:
         try:
             self.gate = self._gate_run()
             self.back_up_and_arm()
-            self.commit_and_preflight()
-            self.restart_and_check()
-            return self.confirm()
+            return self.commit_and_follow()
         except (OrchError, KeyboardInterrupt) as cause:
             return self.fail(cause)
 
@@ -211,10 +226,11 @@ class Deployment:
         self._stop("backup")
         self.reporter.event(self.label, events.BackedUp(len(files), self.release_id, self.deadline))
 
-    def commit_and_preflight(self) -> None:
-        """Steps 5–7 in one round trip: compare-and-swap the files in, then the program's
-        read-back (the sha256 behind the ``sed -n`` view) and the server's own parser on the
-        new command line."""
+    def commit_and_follow(self) -> HostReport:
+        """Steps 5–9 in one round trip: compare-and-swap the files in, then the host's runner
+        (``host/runner.py``) carries the release from the read-back to its verdict by itself;
+        this controller prints its events as they come. The verdict is the host's whether
+        or not the controller is still there to hear it."""
         assert self.program is not None
         steps: list[ops.Op] = []
         wire = [{"path": s.file.path, "staged": s.staged, "before": s.file.remote.sha256,
@@ -222,16 +238,14 @@ class Deployment:
         if wire:
             steps += [ops.commit(wire, self.release_dir),
                       ops.put_json(self._journal_path(), self._journal(JournalStep.COMMITTED))]
-        checks = None
-        if self.program.has(StepName.READ_BACK) or self.program.has(StepName.PREFLIGHT):
-            checks = self.program.run(self.release_dir, StepName.PREFLIGHT)
-            steps.append(checks)
-        if not steps:
-            return
         self.reached = Step.COMMITTING if wire else self.reached
         self._start("commit")
+        before = self._steps() + [{"step": "commit", "at": round(self.session.host_time(), 3), "seconds": None}]
+        run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
+        steps += [ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started_at, "steps": before}),
+                  run, follow]
         try:
-            results = self.session.batch(steps)
+            got = self.session.batch(steps, on_event=self._on_runner_event)
         except RemoteStepError as e:
             if wire and e.op == "batch":
                 # what the commit wrote, by the host's record: never assumed from where the batch failed
@@ -240,14 +254,111 @@ class Deployment:
                     self.reached = Step.ARMED  # the host says the commit wrote nothing
                     if e.kind == "changed":
                         raise ContentChangedError(f"{self.label}: {e.message}") from None
-            if e.details.get("program_step"):
-                # the host's executor decided the step: show what it did before, then why it failed
-                self._show_checks(self.program.ended(e.details), bool(wire))
-                raise self._step_failure(e) from None
             raise
+        except KeyboardInterrupt:
+            return self._interrupted()
         finally:
+            for phase in ("commit", "restart", "health", "gate"):
+                self._stop(phase)
+        return self._verdict(got[follow])
+
+    def _on_runner_event(self, ev: dict[str, Any]) -> None:
+        """One event of the runner's log, as it comes: the step lines in the order the host
+        ran them, each step's answers shown once it ended, progress on the live line."""
+        if ev.get("event") == "answers":
+            self._on_answers(str(ev.get("step")), ev.get("answers"), ev.get("judged"))
+            return
+        event = event_from_wire(ev)
+        if isinstance(event, StepEvent):
+            if event.state == StepEvent.BEGAN:
+                self._on_step_began(event.step)
+            return
+        if isinstance(event, ReprobeEvent):
+            self.reporter.event(self.label, events.GateReprobe(tuple(event.probes)))
+            return
+        self.reporter.progress(self.label, ev)
+
+    def _on_step_began(self, step: str) -> None:
+        if self.staged and not self.committed_shown:
+            self.committed_shown = True  # the runner's first step: the commit is done
+            self.reporter.event(self.label, events.Committed(len(self.staged)))
+        change = self.plan.server
+        if step in (StepName.BEFORE_STOP.value, StepName.BASELINE.value, StepName.STOP.value,
+                    StepName.START.value) and self.reached < Step.RESTARTING:
+            self.reached = Step.RESTARTING
             self._stop("commit")
-        self._show_checks(results[checks] if checks is not None else StepResults({}, []), bool(wire))
+            self._start("restart")
+        if step == StepName.BASELINE.value and self.gate is not None:
+            self.reporter.event(self.label, events.GateBaseline(tuple(p.label for p in self.gate.to_probe)))
+        if step in (StepName.STOP.value, StepName.START.value) and not self.restart_shown and change is not None:
+            self.restart_shown = True
+            self.reporter.event(self.label, events.Restarting(tuple(self._shown_argv(change.after_argv) or [])))
+        if step == StepName.HEALTH.value:
+            self._stop("restart")
+            self._start("health")
+        elif step == StepName.GATE.value:
+            self._stop("health")
+            self._start("gate")
+        elif step == StepName.CONFIRM.value:
+            for phase in ("commit", "restart", "health", "gate"):
+                self._stop(phase)
+            self.reached = Step.CONFIRMING
+            self._start("confirm")
+
+    def _on_answers(self, step: str, answers: Any, judged: Any) -> None:
+        """What a step that ended answered, shown: the ``sed -n`` view, the pre-flight's
+        acceptance, health, the gate's verdicts."""
+        assert self.program is not None
+        try:
+            results = read_steps(self.program.steps, {step: answers}, [step],
+                                 {step: judged} if isinstance(judged, dict) else None)
+        except (Malformed, ValueError):
+            return  # a step this controller did not plan (a newer runner): nothing of ours to show
+        if step in (StepName.READ_BACK.value, StepName.PREFLIGHT.value):
+            self._show_checks(results, committed=False)
+        elif step == StepName.HEALTH.value:
+            self._show_healthy(results)
+        elif step == StepName.GATE.value and self.gate is not None and isinstance(judged, dict):
+            self.reporter.gate(self.label, self.gate.take_judged(judged))
+
+    def _verdict(self, v: RunVerdict) -> HostReport:
+        """The runner's verdict as this host's report: confirmed, or the failure it restored."""
+        if v.confirmed:
+            return self._confirmed()
+        self.runner_verdict = v
+        self.runner_record = RestoreRecord.from_wire(v.restore) if v.restore else None
+        if v.verdict == RunVerdict.NOT_CONFIRMED:
+            return self._restored_before_confirm(self.runner_record)
+        failed = v.failed or {}
+        details = dict(failed.get("details") or {}, program_step=failed.get("step"), results=v.results)
+        e = RemoteStepError("release_steps", str(failed.get("kind") or "runner"),
+                            str(failed.get("message") or "the host's runner failed"), details)
+        if e.kind == "gate" and failed.get("step") == StepName.GATE.value and self.gate is not None:
+            self.reporter.gate(self.label, self.gate.take_judged(e.details))
+            raise GateFailedError(e.message)
+        raise self._step_failure(e)
+
+    def _interrupted(self) -> HostReport:
+        """Ctrl-C after the commit was sent: the runner aborts and restores (its verdict is
+        followed to the end); a runner that had confirmed already keeps the release."""
+        abort, follow = release_abort(self.release_dir), release_follow(self.release_dir)
+        try:
+            v: RunVerdict = self.session.batch([abort, follow], on_event=self._on_runner_event)[follow]
+        except KeyboardInterrupt:
+            return self._unsafe(
+                f"{self.label}: interrupted again: orch stopped following release {self.release_id}; its "
+                f"runner on the host still finishes it; `orch status --host {self.label}` gives the verdict",
+                "interrupted twice (Ctrl-C)")
+        except RemoteStepError as e:
+            if e.kind == "norunner":
+                raise KeyboardInterrupt from None  # the commit's batch stopped before the runner: restore here
+            raise
+        if v.confirmed:
+            self.reporter.event(self.label, events.InterruptedAfterConfirm(self.release_id))
+            return self._confirmed()
+        self.runner_verdict = v
+        self.runner_record = RestoreRecord.from_wire(v.restore) if v.restore else None
+        raise KeyboardInterrupt
 
     def _show_checks(self, answers: StepResults, committed: bool) -> None:
         """The commit, the ``sed -n`` view of each file the host read back as planned (the
@@ -275,60 +386,6 @@ class Deployment:
                 result = PreflightResult.from_wire(answer)
                 return PreflightRefusedError(self._redact(result.refusal()))
         return e
-
-    def restart_and_check(self) -> None:
-        """Steps 7 and 8 in one round trip: the program on through the stop, the start, health
-        and stability; with a gate, its probes (the baseline after the drain, before the stop;
-        the new server once it is stable), then ``judge_gate``; then ``after_healthy``."""
-        change = self.plan.server
-        if change is None or not change.restart:
-            return
-        assert self.program is not None
-        self._start("restart")
-        gate = self.gate
-        if gate is not None and gate.to_probe:
-            self.reporter.event(self.label, events.GateBaseline(tuple(p.label for p in gate.to_probe)))
-        self.reporter.event(self.label, events.Restarting(tuple(self._shown_argv(change.after_argv) or [])))
-        through = StepName.GATE if gate is not None else StepName.AFTER_HEALTHY
-        run = self.program.run(self.release_dir, through)
-        self.reached = Step.RESTARTING
-
-        def on_event(ev: dict[str, Any]) -> None:
-            event = event_from_wire(ev)
-            if isinstance(event, StepEvent):
-                if event.state == StepEvent.BEGAN and event.step == StepName.HEALTH.value:
-                    self._stop("restart")  # the server is started: the health wait begins
-                    self._start("health")
-                elif event.state == StepEvent.BEGAN and event.step == StepName.GATE.value:
-                    self._stop("health")
-                    self._start("gate")
-                return
-            if isinstance(event, ReprobeEvent):
-                self.reporter.event(self.label, events.GateReprobe(tuple(event.probes)))
-                return
-            self.reporter.progress(self.label, ev)
-
-        try:
-            results = self.session.batch(
-                [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING)), run],
-                on_event=on_event)[run]
-        except RemoteStepError as e:
-            if gate is not None and e.kind == "gate" and e.details.get("program_step") == StepName.GATE.value:
-                # the host judged the new server and the gate failed: show how, then fail
-                self._show_healthy(self.program.ended(e.details))
-                self.reporter.gate(self.label, gate.take_judged(e.details))
-                raise GateFailedError(e.message) from None
-            raise
-        finally:
-            self._stop("restart")
-            self._stop("health")
-            self._stop("gate")
-        self._show_healthy(results)
-        if gate is not None:
-            self.reporter.gate(self.label, gate.take_judged(results.judged.get(StepName.GATE.value) or {}))
-            if self.program.has(StepName.AFTER_HEALTHY):
-                # only a server that passed the gate goes back behind the router
-                self.session.run(self.program.run(self.release_dir, StepName.AFTER_HEALTHY))
 
     def _program(self) -> ReleaseProgram:
         """Every step after the commit, as requests: kept in the release when it is armed,
@@ -375,6 +432,9 @@ class Deployment:
                                                           change.replace_env)])
         program.prepend([StepName.STOP, StepName.START],
                         [ops.mark(StatePaths(self.state_dir).server_touched(self.release_id))])
+        # the journal's step for status and for an older orch, before anything is stopped
+        program.prepend([StepName.BEFORE_STOP, StepName.BASELINE, StepName.STOP, StepName.START],
+                        [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING))])
         health = self._health_wire(for_restore=False)
         if health is not None:
             # poll health while watching the process just started
@@ -388,9 +448,30 @@ class Deployment:
         return self._with_confirm(program)
 
     def _with_confirm(self, program: ReleaseProgram) -> ReleaseProgram:
-        """The confirm step: the claim, whose steps (the run's figures, its log, the
-        current release) the controller sends when it confirms."""
-        program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, [])])
+        """The confirm step: the claim, and the records it writes — every one known now, before
+        the commit, so that the host's runner confirms without this controller: the run's
+        figures (``release_stamp``, from the host's own record of the run), the state, the
+        journal, the pruning, the run log, the lock given back."""
+        applied = self.state.applied + [self.release_id]
+        releases = ordered_ids(self.state.releases) + [self.release_id]  # its seq is the newest
+        keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
+        self.pruning = prune_plan(releases, applied, keep, drift_kept(self.state.releases))
+        gate_records: list[ops.Op] = []
+        stamp_gate = None
+        if self.gate is not None:
+            gate_records = [ops.put_json(f"{self.release_dir}/{SPEC_FILE}", self.gate.spec_record())]
+            stamp_gate = self.gate.stamp_template()
+        records = [
+            release_stamp(self.state_dir, self.release_id, self.release_dir, self.started_at, [], stamp_gate),
+            ops.release_update(self.state_dir, self.release_id, {"outcome": RecordedOutcome.DEPLOYED}),
+            *gate_records,
+            ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
+            ops.put_json(self._journal_path(), self._journal(JournalStep.CONFIRMED, finished=True)),
+            ops.release_prune(self.state_dir, self.pruning.remove, keep),
+            self._log_op(f"release {self.release_id} is current"),
+            ops.lock_release(self.state_dir),
+        ]
+        program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, records)])
         return program
 
     def _show_healthy(self, answers: StepResults) -> None:
@@ -398,40 +479,15 @@ class Deployment:
             got = answers[self.health_op]
             self.reporter.event(self.label, events.Healthy(got["elapsed"], got["polls"], got.get("stable_for")))
 
-    def confirm(self) -> HostReport:
-        """Step 9: claim the release as confirmed (the watchdog leaves), make it current, prune."""
-        self.reached = Step.CONFIRMING
-        self._start("confirm")
-        applied = self.state.applied + [self.release_id]
-        releases = ordered_ids(self.state.releases) + [self.release_id]  # its seq is the newest
-        keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
-        pruning = prune_plan(releases, applied, keep, drift_kept(self.state.releases))
-        prune = pruning.remove
-        finished = self.session.host_time()
-        gate_records = []
-        if self.gate is not None and self.gate.outcome is not None:
-            gate_records = [ops.put_json(f"{self.release_dir}/{SPEC_FILE}", self.gate.spec_record())]
-        assert self.program is not None
-        claim = ops.confirm_release(self.release_dir, [
-            ops.release_update(self.state_dir, self.release_id, {
-                "outcome": RecordedOutcome.DEPLOYED, "finished": finished, "duration": round(finished - self.started_at, 3),
-                "timings": self.timings, "steps": self._steps(), **self._gate_fields()}),
-            *gate_records,
-            ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
-            ops.put_json(self._journal_path(), self._journal(JournalStep.CONFIRMED, finished=True)),
-            ops.release_prune(self.state_dir, prune, keep),
-            self._log_op(f"release {self.release_id} is current"),
-            ops.lock_release(self.state_dir),
-        ])
-        answer: ops.ConfirmAnswer = self.session.run(
-            self.program.run(self.release_dir, StepName.CONFIRM, confirm=claim))[claim]
+    def _confirmed(self) -> HostReport:
+        """Step 9 as the runner did it: the release is current; what was pruned or held."""
         self._stop("confirm")
-        if not answer.confirmed:
-            return self._restored_before_confirm(answer)
         self.reporter.event(self.label, events.ReleaseCurrent(self.release_id))
-        for rid, paths in pruning.held.items():
+        assert self.pruning is not None
+        for rid, paths in self.pruning.held.items():
             self.reporter.event(self.label, events.HeldForDrift(rid, tuple(paths)))
-        in_effect = len(applied)
+        in_effect = len(self.state.applied) + 1
+        keep = self.plan.playbook.keep_releases or self.session.target.keep_releases
         if in_effect > keep:
             self.reporter.event(self.label, events.ManyInEffect(in_effect, keep))
         return HostReport.ended(
@@ -473,32 +529,43 @@ class Deployment:
         if not changed and isinstance(cause, KeyboardInterrupt):
             reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
         self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=changed))
-        pb = self.plan.loaded.model
-        within = total(restore_budget(pb.server, pb.health))
-        until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
-        self._start("rollback")
-        try:
-            record: RestoreRecord = self.session.run(
-                ops.restore_release(self.release_dir, "controller", within=within, reason=reason),
-                on_event=lambda ev: self.reporter.progress(self.label, ev))
-        except LinkLostError as e:
-            return self._report(e, reason, None, restoring_until=until)
-        except KeyboardInterrupt:
-            return self._unsafe(
-                f"{self.label}: interrupted again during the rollback of {self.release_id}: orch stopped "
-                f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
-                f"{at(until)}; or run `orch rollback --host {self.label}` now", reason)
-        except (RemoteStepError, OrchError) as e:
-            if isinstance(e, RemoteStepError) and e.kind == "absent":
-                # the Ctrl-C came before the host made the release: there is nothing to close
-                self._remove_staged()
-                return self._report(cause, reason, None)
-            return self._unsafe(
-                f"{self.label}: deploy failed ({reason}) and its restore could not run: {e}. Backups are in "
-                f"{self.release_dir}; the watchdog restores at {at(until)}; run `orch status --host "
-                f"{self.label}`", reason)
-        finally:
-            self._stop("rollback")
+        record: RestoreRecord | None = self.runner_record
+        if self.runner_verdict is not None:
+            # the host's runner restored it (or its guard did): its record is the one
+            if record is None:
+                error = self.runner_verdict.wire.get("error") or {}
+                return self._unsafe(
+                    f"{self.label}: deploy failed ({reason}) and the host's runner could not restore it: "
+                    f"{error.get('message', '?')}. Backups are in {self.release_dir}; run "
+                    f"`orch rollback --host {self.label}`", reason)
+        else:
+            pb = self.plan.loaded.model
+            within = total(restore_budget(pb.server, pb.health))
+            until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
+            self._start("rollback")
+            try:
+                record = self.session.run(
+                    ops.restore_release(self.release_dir, "controller", within=within, reason=reason),
+                    on_event=lambda ev: self.reporter.progress(self.label, ev))
+            except LinkLostError as e:
+                return self._report(e, reason, None, restoring_until=until)
+            except KeyboardInterrupt:
+                return self._unsafe(
+                    f"{self.label}: interrupted again during the rollback of {self.release_id}: orch stopped "
+                    f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
+                    f"{at(until)}; or run `orch rollback --host {self.label}` now", reason)
+            except (RemoteStepError, OrchError) as e:
+                if isinstance(e, RemoteStepError) and e.kind == "absent":
+                    # the Ctrl-C came before the host made the release: there is nothing to close
+                    self._remove_staged()
+                    return self._report(cause, reason, None)
+                return self._unsafe(
+                    f"{self.label}: deploy failed ({reason}) and its restore could not run: {e}. Backups are in "
+                    f"{self.release_dir}; the watchdog restores at {at(until)}; run `orch status --host "
+                    f"{self.label}`", reason)
+            finally:
+                self._stop("rollback")
+        assert record is not None
         if not changed:
             self._remove_staged()
         if record.log_tail:
@@ -513,9 +580,8 @@ class Deployment:
             with contextlib.suppress(OrchError):
                 self.session.run(ops.remove([s.staged for s in self.staged]))
 
-    def _restored_before_confirm(self, answer: ops.ConfirmAnswer) -> HostReport:
-        """The watchdog (or a person's ``orch rollback``) restored the release before we could confirm."""
-        record = answer.restored
+    def _restored_before_confirm(self, record: RestoreRecord | None) -> HostReport:
+        """The guard (or a person's ``orch rollback``) restored the release before it could confirm."""
         why = "the watchdog's deadline passed before the deploy could confirm"
         if record is None:
             return self._unsafe(
@@ -553,9 +619,9 @@ class Deployment:
                            f"dropped: the host finishes it by itself, and the watchdog backs it up at "
                            f"{at(restoring_until)}; run `orch status --host {label}` to see")
             elif self.reached >= Step.COMMITTING:
-                reason += (f" after the commit of release {self.release_id}; the host-side watchdog restores it "
-                           f"by itself at {at(self.deadline)} unless confirmed; run `orch status --host {label}` "
-                           f"to see, or `orch rollback --host {label}` to restore now")
+                reason += (f" after the commit of release {self.release_id}; the host finishes it by itself (its "
+                           f"runner confirms or restores it; the backstop restores it at {at(self.deadline)} at "
+                           f"the latest); `orch status --host {label}` gives the verdict")
             elif self.release_created:
                 reason += (f"; nothing on the host was changed. The watchdog closes release {self.release_id} at "
                            f"{at(self.deadline)}, or `orch rollback --host {label}` does it now")

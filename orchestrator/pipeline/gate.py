@@ -158,6 +158,13 @@ class GateRun:
         summary = probes[0]["result"]["summary"] if probes else None
         return {"base_url": self.spec.base_url, "summary": summary, "probes": probes}
 
+    def stamp_template(self) -> dict[str, Any]:
+        """What the host's ``release_stamp`` needs to write ``record()`` from the figures its
+        gate step judged (``gate_judged.json``): every probe's settings, its result left out."""
+        return {"base_url": self.spec.base_url,
+                "probes": [{"label": p.label, "key": p.key, "post": p.config.post, "requests": p.config.requests,
+                            "concurrency": p.config.concurrency} for p in self.spec.probes]}
+
     def spec_record(self) -> dict[str, Any]:
         """``probe.json``: what ``status --probe`` sends again, and the rules it judges by."""
         return {

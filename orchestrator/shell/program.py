@@ -119,3 +119,58 @@ def read_steps(steps: dict[StepName, list[Op]], results: dict[str, Any], ran: Se
             read[o] = o.read(a, f"result.results.{name.value}[{i}] ({o.name})")
     return StepResults(read, names, judged)
 
+
+
+# ---------------------------------------------------------------- the runner (``host/runner.py``)
+
+
+STEPS_FILE = "steps.json"  # the controller's steps before the commit, for ``host/stamp.py``
+
+
+class RunVerdict:
+    """How the runner ended a release (its log's last event), read by field."""
+
+    CONFIRMED = "confirmed"
+    RESTORED = "restored"
+    RESTORE_FAILED = "restore_failed"
+    NOT_CONFIRMED = "not_confirmed"  # someone else restored it first (`orch rollback`, the guard)
+    ROLLBACK_FAILED = "rollback_failed"
+
+    def __init__(self, wire: dict[str, Any], lines: int) -> None:
+        self.wire = wire
+        self.lines = lines  # where a later follow goes on
+        self.verdict = str(wire.get("verdict") or "")
+        failed = wire.get("failed")
+        self.failed: dict[str, Any] | None = failed if isinstance(failed, dict) else None
+        restore = wire.get("restore")
+        self.restore: dict[str, Any] | None = restore if isinstance(restore, dict) else None
+        results = wire.get("results")
+        self.results: dict[str, Any] = results if isinstance(results, dict) else {}
+        judged = wire.get("judged")
+        self.judged: dict[str, Any] = judged if isinstance(judged, dict) else {}
+        self.by = str(wire.get("by") or (self.restore or {}).get("by") or "runner")
+
+    @property
+    def confirmed(self) -> bool:
+        return self.verdict == self.CONFIRMED
+
+
+def release_run(release_dir: str, state_dir: str) -> Op:
+    """The commit is done: the host's runner takes the release (and the lock) from here."""
+    return _op(p.ReleaseRun(release_dir, state_dir), shape={"pid": Opt(int), "guard": Opt(int)})
+
+
+def release_follow(release_dir: str, after: int = 0) -> Op:
+    """The runner's events from line ``after`` on, then its verdict."""
+    return _op(p.ReleaseFollow(release_dir, after), lambda a: RunVerdict(a["verdict"], int(a.get("lines") or 0)),
+               {"verdict": dict, "lines": Opt(int)})
+
+
+def release_abort(release_dir: str) -> Op:
+    return _op(p.ReleaseAbort(release_dir), shape={"aborted": bool})
+
+
+def release_stamp(state_dir: str, release_id: str, release_dir: str, started: float,
+                  steps: Sequence[dict[str, Any]], gate: dict[str, Any] | None = None) -> Op:
+    """Inside the confirm: the run's figures from the host's own record of it (``host/stamp.py``)."""
+    return _op(p.ReleaseStamp(state_dir, release_id, release_dir, started, [dict(s) for s in steps], gate))

@@ -1,0 +1,79 @@
+"""The confirm's record of a run, written on the host from the release's event log.
+
+A runner confirms without any controller, so what the controller used to
+send with its confirm — when the run finished, how long each step took,
+the gate's verdict and the new server's figures — is worked out here from
+what the host itself recorded: the steps' events (host clock), the gate
+step's judgement (``gate_judged.json``) and the steps before the commit
+that the controller wrote with its commit (``steps``).
+
+Standard library only, Python 3.8 syntax: this module is shipped to the host.
+"""
+
+import os
+import time
+
+from .executor import GATE_JUDGED, step_events
+from .files import read_record
+from .state import op_release_log, op_release_update
+from .wire import expand
+
+STEPS_FILE = "steps.json"  # the controller's steps before the commit (``shell/program.py``)
+
+PHASES = (
+    ("restart", ("before_stop", "baseline", "stop", "switch", "start")),
+    ("health", ("health",)),
+    ("gate", ("gate", "probe")),
+    ("confirm", ("after_healthy", "confirm")),
+)
+"""The run's step names (``pipeline/timings.py``) and the program steps each spans."""
+
+
+def phase_steps(events, now):
+    """``[{"step", "at", "seconds"}]`` of the program's phases, on the host's clock."""
+    began, ended = {}, {}
+    for e in events:
+        if e.state == "began":
+            began.setdefault(e.step, e.at)
+        else:
+            ended[e.step] = e.at + 0.0
+    out = []
+    for name, parts in PHASES:
+        starts = [began[p] for p in parts if p in began]
+        if not starts:
+            continue
+        ends = [ended[p] for p in parts if p in ended] or [now]
+        out.append({"step": name, "at": round(min(starts), 3), "seconds": round(max(max(ends), min(starts)) - min(starts), 3)})
+    return out
+
+
+def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate=None):
+    """Set the release's ``finished``, ``duration``, ``steps``, ``timings`` (and with a gate
+    its ``gate`` and ``probe``) in its manifest; add the program's steps to its run log."""
+    release_dir = expand(release_dir)
+    now = time.time()
+    events = step_events(release_dir)
+    written = read_record(os.path.join(release_dir, STEPS_FILE)) or {}  # the commit's batch wrote it
+    started = written.get("started", started)
+    steps = written.get("steps") or steps
+    before = [dict(st) for st in steps if isinstance(st, dict)]
+    first = min([e.at for e in events] or [now])
+    for st in before:
+        if st.get("seconds") is None:  # the commit: until the program's first step
+            st["seconds"] = round(max(0.0, first - float(st.get("at") or first)), 3)
+    every = before + phase_steps(events, now)
+    fields = {"finished": now, "duration": round(now - float(started), 3), "steps": every,
+              "timings": dict((st["step"], st["seconds"]) for st in every)}
+    judged = read_record(os.path.join(release_dir, GATE_JUDGED)) if gate else None
+    if gate and isinstance(judged, dict):
+        after = judged.get("after") or {}
+        probes = [dict(p, result=after[p["label"]]) for p in gate.get("probes") or [] if p.get("label") in after]
+        fields["gate"] = judged.get("outcome")
+        fields["probe"] = {"base_url": gate.get("base_url"),
+                           "summary": probes[0]["result"].get("summary") if probes else None, "probes": probes}
+    op_release_update(s, state_dir, release_id, fields)
+    lines = ["%s %s: %.1f s\n" % (time.strftime("%H:%M:%S", time.gmtime(st["at"])), st["step"], st["seconds"])
+             for st in phase_steps(events, now)]
+    if lines:
+        op_release_log(s, state_dir, release_id, "".join(["on the host (UTC):\n"] + lines))
+    return fields
