@@ -67,14 +67,14 @@ def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(
     assert isinstance(said["healthy"]["polls"], int) and said["healthy"]["polls"] >= 1
     assert said["release_current"] == {"level": "step", "release": added["release"]}
 
-    # status: the current release's fields, read from the host's record (its steps as recorded
-    # before the confirm, on the host's clock: the same times)
+    # status: the current release's fields, read from the host's record (its steps as the
+    # host's runner recorded them when it confirmed, on the host's clock: the same figures)
     status = orch_json(sandbox, "status")
     assert status["current"] == added["release"]
     assert status["flag_changes"] == added["flag_changes"]
     recorded = assert_steps(status, ["connect", "lock", "plan", "stage", "backup", "commit"])
-    assert [s["step"] for s in recorded] == [s["step"] for s in steps[:-1]]
-    for mine, theirs in zip(recorded, steps, strict=False):
+    assert [s["step"] for s in recorded] == [s["step"] for s in steps]
+    for mine, theirs in zip(recorded, steps, strict=True):
         assert mine["seconds"] == theirs["seconds"] and abs(mine["at"] - theirs["at"]) < 0.01
 
     # a flag's value changed: only the command line, the files are as planned

@@ -5,13 +5,13 @@ each step is held from outside by a ``before_stop`` hook that waits for a file."
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import yaml
 
+from orchestrator.host import eventlog
 from tests.fixtures.sandbox import Sandbox, cmdline, get_json, sha256, wait_until
 from tests.test_faults import Link, finish, read, story
 from tests.test_faults import link as link  # noqa: F401 - the fixture, used by name
@@ -86,8 +86,7 @@ def test_runner_killed_the_guard_restores_at_once(link: Link) -> None:
     assert sha256(box.server_args) == original
     assert cmdline(box.server_pid()) == box.hand_argv
     assert not (box.state_dir / "lock.json").exists()
-    verdicts = [json.loads(line) for line in (release / "events.jsonl").read_text().splitlines()
-                if json.loads(line).get("event") == "verdict"]
+    verdicts = [w for w in eventlog.lines(str(release)) if w.get("event") == "verdict"]
     assert [v["verdict"] for v in verdicts] == ["restored"]
     assert "the runner was killed (signal 9)" in read(release / "manifest.json")["error"]
 

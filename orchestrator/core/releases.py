@@ -97,7 +97,8 @@ def describe_release(manifest: Manifest, applied: list[str]) -> str:
     """What became of a release, in the words ``orch history`` prints.
 
     ``current``, ``deployed`` (in effect, under the current one), ``undone by
-    R``, ``rolled back`` (by the deploy itself), ``rolled back (watchdog)``;
+    R``, ``rolled back`` (by the deploy itself: its controller or its runner), ``rolled back
+    (guard)`` (the runner died or outlived its backstop), ``rolled back (watchdog)`` (an older orch's);
     for a rollback record, ``undid R…``. Never "deployed" for a release that
     is no longer in effect.
     """
@@ -117,7 +118,8 @@ def describe_release(manifest: Manifest, applied: list[str]) -> str:
             return "not in effect"
         return "deployed"
     if outcome == RecordedOutcome.ROLLED_BACK:
-        return "rolled back (watchdog)" if manifest.restored_by == "watchdog" else "rolled back"
+        by = manifest.restored_by
+        return f"rolled back ({by})" if by in ("watchdog", "guard") else "rolled back"
     return outcome.replace("_", " ")
 
 
@@ -133,7 +135,7 @@ def _describe_night(manifest: Manifest, applied: list[str]) -> str:
         return "good" if manifest.id in applied else "not in effect"
     if outcome == RecordedOutcome.ROLLED_BACK:
         by = manifest.restored_by
-        return "switched back" + (f" ({by})" if by in ("watchdog", "rollback") else "")
+        return "switched back" + (f" ({by})" if by in ("watchdog", "guard", "rollback") else "")
     if outcome == RecordedOutcome.ROLLBACK_FAILED:
         return "switch back failed"
     return outcome.replace("_", " ")

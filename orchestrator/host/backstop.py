@@ -15,6 +15,7 @@ import sys
 import time
 
 from .dispatch import load_all
+from .eventlog import reserve
 from .files import read_json, read_record, write_json, write_mark
 from .main import name_process
 from .processes import proc_starttime
@@ -40,6 +41,7 @@ def op_release_arm(s, state_dir, release_dir, python=None):
         raise AgentError("arm", "release %s has no restore plan with a budget" % release_dir)
     fire_at = time.monotonic() + budget
     fires_at = time.time() + budget
+    reserve(release_dir)  # the runner's log has room even if the disk fills up later
     load_all(gate=gate_in_program(release_dir))  # in memory before the fork: a newer orch may replace the kept copy while it waits
     go_read, go_write = os.pipe()  # "run" through it starts the runner (``runner.op_release_run``)
     try:

@@ -15,10 +15,10 @@ program without any controller — goes on after the last step that ended,
 and the manifest's step times can be read from it.
 """
 
-import json
 import os
 import time
 
+from . import eventlog
 from .dispatch import find_op
 from .files import read_record, write_json
 from .program import Program, StepName
@@ -27,7 +27,7 @@ from .protocol_steps import ReprobeEvent, StepEvent
 from .wire import AgentError, expand
 
 PROGRAM_FILE = "program.json"
-EVENTS_FILE = "events.jsonl"
+EVENTS_FILE = eventlog.EVENTS_FILE
 GATE_JUDGED = "gate_judged.json"  # the gate step's outcome and the figures it was decided on
 BASELINE_ANSWERS = "baseline.json"  # the baseline step's probe answers: the gate step may come in a later call
 
@@ -55,20 +55,7 @@ def op_program_write(s, release_dir, program):
 
 def step_events(release_dir):
     """The release's event log, as ``StepEvent``s (a line that is not one is skipped)."""
-    try:
-        with open(os.path.join(release_dir, EVENTS_FILE), "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-    events = []
-    for line in lines:
-        try:
-            wire = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash: the step it began is not ended
-        if isinstance(wire, dict) and wire.get("event") == StepEvent.KIND:
-            events.append(StepEvent.from_wire(wire))
-    return events
+    return [StepEvent.from_wire(w) for w in eventlog.lines(release_dir) if w.get("event") == StepEvent.KIND]
 
 
 def steps_ended(release_dir):
@@ -77,16 +64,8 @@ def steps_ended(release_dir):
 
 
 def record_event(s, release_dir, event):
-    """Append ``event`` to the release's log (flushed: a crash right after loses no line
-    before it), then tell the controller, if one listens."""
-    line = json.dumps(event.to_wire(), sort_keys=True) + "\n"
-    fd = os.open(os.path.join(release_dir, EVENTS_FILE),
-                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Append ``event`` to the release's log, then tell the controller, if one listens."""
+    eventlog.append(release_dir, event.to_wire())
     wire = event.to_wire()
     s.event(wire.pop("event"), **wire)
 

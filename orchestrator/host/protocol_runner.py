@@ -9,6 +9,9 @@ Standard library only, Python 3.8 syntax: this module is shipped to the host.
 
 from __future__ import annotations
 
+from .protocol import (
+    Field as Field,  # the base classes' annotations name it (``typing.get_type_hints``)
+)
 from .protocol import Request, message
 
 TYPE_CHECKING = False

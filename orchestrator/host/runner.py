@@ -37,7 +37,8 @@ import sys
 import threading
 import time
 
-from .executor import EVENTS_FILE, op_release_steps, program_of
+from . import eventlog
+from .executor import op_release_steps, program_of
 from .files import read_json, read_record, write_json
 from .processes import proc_starttime, same_process
 from .session import Session
@@ -79,35 +80,8 @@ class RunnerSession(Session):
         append_event(self.release_dir, wire, self.mask)
 
 
-def append_event(release_dir, wire, mask=()):
-    """One line of the release's log, masked, flushed to disk before anyone reads on."""
-    line = json.dumps(wire, sort_keys=True)
-    for secret in mask:
-        line = line.replace(json.dumps(secret)[1:-1], "***")
-    fd = os.open(os.path.join(release_dir, EVENTS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                 0o600)
-    try:
-        os.write(fd, (line + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def log_lines(release_dir, start=0):
-    """The log's whole lines from line ``start`` on (a line cut short by a crash is not one)."""
-    try:
-        with open(os.path.join(release_dir, EVENTS_FILE), "rb") as f:
-            data = f.read()
-    except OSError:
-        return []
-    out = []
-    for raw in data.split(b"\n")[:-1][start:]:
-        try:
-            wire = json.loads(raw.decode("utf-8", "replace"))
-        except ValueError:
-            wire = None
-        out.append(wire if isinstance(wire, dict) else {"event": "unreadable"})
-    return out
+append_event = eventlog.append
+log_lines = eventlog.lines
 
 
 def verdict_of(release_dir):
@@ -324,8 +298,17 @@ def runner_main(release_dir):
     spec = read_json(os.path.join(release_dir, "restore.json")) or {}
     s = RunnerSession(release_dir, spec.get("mask"))
 
+    aborted = []
+
     def abort(*_):
+        if aborted:
+            return  # once: its own group's SIGTERM (below) comes back here
+        aborted.append(True)
         s.cancel_requested = True  # the step under way stops at its next check; the runner restores
+        try:
+            os.killpg(os.getpgrp(), signal.SIGTERM)  # what it runs now (a hook, the pre-flight) stops too
+        except OSError:
+            pass
 
     signal.signal(signal.SIGTERM, abort)
     signal.signal(signal.SIGINT, abort)

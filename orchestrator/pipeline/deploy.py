@@ -324,7 +324,7 @@ class Deployment:
     def _verdict(self, v: RunVerdict) -> HostReport:
         """The runner's verdict as this host's report: confirmed, or the failure it restored."""
         if v.confirmed:
-            return self._confirmed()
+            return self._confirmed(v)
         self.runner_verdict = v
         self.runner_record = RestoreRecord.from_wire(v.restore) if v.restore else None
         if v.verdict == RunVerdict.NOT_CONFIRMED:
@@ -355,7 +355,7 @@ class Deployment:
             raise
         if v.confirmed:
             self.reporter.event(self.label, events.InterruptedAfterConfirm(self.release_id))
-            return self._confirmed()
+            return self._confirmed(v)
         self.runner_verdict = v
         self.runner_record = RestoreRecord.from_wire(v.restore) if v.restore else None
         raise KeyboardInterrupt
@@ -433,7 +433,7 @@ class Deployment:
         program.prepend([StepName.STOP, StepName.START],
                         [ops.mark(StatePaths(self.state_dir).server_touched(self.release_id))])
         # the journal's step for status and for an older orch, before anything is stopped
-        program.prepend([StepName.BEFORE_STOP, StepName.BASELINE, StepName.STOP, StepName.START],
+        program.prepend([StepName.BEFORE_STOP, StepName.STOP, StepName.START],  # not the baseline: its answers are probes
                         [ops.put_json(self._journal_path(), self._journal(JournalStep.RESTARTING))])
         health = self._health_wire(for_restore=False)
         if health is not None:
@@ -479,9 +479,11 @@ class Deployment:
             got = answers[self.health_op]
             self.reporter.event(self.label, events.Healthy(got["elapsed"], got["polls"], got.get("stable_for")))
 
-    def _confirmed(self) -> HostReport:
+    def _confirmed(self, v: RunVerdict | None = None) -> HostReport:
         """Step 9 as the runner did it: the release is current; what was pruned or held."""
         self._stop("confirm")
+        if v is not None and self.clock is not None:
+            self.clock.adopt(v.stamped_steps())
         self.reporter.event(self.label, events.ReleaseCurrent(self.release_id))
         assert self.pruning is not None
         for rid, paths in self.pruning.held.items():

@@ -46,6 +46,7 @@ class StepClock:
     timings: dict[str, float] = field(default_factory=dict)
     _started: dict[str, float] = field(default_factory=dict)
     _began: dict[str, float] = field(default_factory=dict)  # when each step last began (monotonic)
+    _recorded_at: dict[str, float] = field(default_factory=dict)  # steps the host timed: when they began (its clock)
 
     def start(self, name: str) -> None:
         """Step ``name`` begins now (the live view shows it)."""
@@ -73,9 +74,24 @@ class StepClock:
         off the host's never mixes into the host's times.
         """
         now, mono = wall(), time.monotonic()
-        ordered = sorted(self.timings, key=lambda name: self._began.get(name, mono))
-        return [{"step": name, "at": round(now - (mono - self._began.get(name, mono)), 3),
-                 "seconds": self.timings[name]} for name in ordered]
+
+        def began_at(name: str) -> float:
+            if name in self._recorded_at:
+                return self._recorded_at[name]
+            return round(now - (mono - self._began.get(name, mono)), 3)
+
+        ordered = sorted(self.timings, key=began_at)
+        return [{"step": name, "at": began_at(name), "seconds": self.timings[name]} for name in ordered]
+
+    def adopt(self, recorded: list[dict[str, object]]) -> None:
+        """The steps the host's runner timed (``host/stamp.py``), as it recorded them: what
+        ``--json`` and ``orch status`` say of one run are then the same figures."""
+        for entry in recorded:
+            name, at, seconds = entry.get("step"), entry.get("at"), entry.get("seconds")
+            if isinstance(name, str) and isinstance(at, int | float) and isinstance(seconds, int | float):
+                self._started.pop(name, None)
+                self.timings[name] = float(seconds)
+                self._recorded_at[name] = float(at)
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:

@@ -154,6 +154,15 @@ class RunVerdict:
     def confirmed(self) -> bool:
         return self.verdict == self.CONFIRMED
 
+    def stamped_steps(self) -> list[dict[str, Any]]:
+        """The steps the host recorded when it confirmed (``release_stamp``'s answer, the
+        first record the confirm wrote): [] where there is none."""
+        confirm = (self.results.get("confirm") or [None])[-1]
+        records = confirm.get("results") if isinstance(confirm, dict) else None
+        stamp = records[0] if isinstance(records, list) and records else None
+        steps = stamp.get("steps") if isinstance(stamp, dict) else None
+        return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+
 
 def release_run(release_dir: str, state_dir: str) -> Op:
     """The commit is done: the host's runner takes the release (and the lock) from here."""

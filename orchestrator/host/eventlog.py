@@ -1,0 +1,74 @@
+"""A release's event log (``events.jsonl``): what its runner did, line by line, on a full disk too.
+
+The log is the only channel from a runner to whoever follows it — a
+controller, ``orch status`` — so it is written into space reserved when the
+release is armed (``reserve``: the file is allocated ahead and its unwritten
+part is NUL bytes). A disk that fills up during the restart still takes the
+runner's steps and its verdict; only a log longer than the reserve needs new
+space. Writers (the runner, its guard, a helper fed step by step) take an
+``flock`` and write after the last line; readers stop at the first NUL.
+
+Standard library only, Python 3.8 syntax: this module is shipped to the host.
+"""
+
+import fcntl
+import json
+import os
+
+EVENTS_FILE = "events.jsonl"
+RESERVE_BYTES = 512 * 1024
+
+
+def reserve(release_dir):
+    """Allocate the log's space now, while the disk has room (best effort)."""
+    fd = os.open(os.path.join(release_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        if os.fstat(fd).st_size == 0:
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            except (OSError, AttributeError):
+                pass  # no room even now, or no fallocate here: the log grows as it is written
+    finally:
+        os.close(fd)
+
+
+def written(data):
+    """The part of the log's bytes that holds lines (before the reserved NULs)."""
+    end = data.find(b"\0")
+    return data if end < 0 else data[:end]
+
+
+def append(release_dir, wire, mask=()):
+    """One line after the last, masked (every secret value of ``mask`` as ``***``), on disk
+    before it returns: a crash right after loses no line before it."""
+    line = json.dumps(wire, sort_keys=True)
+    for secret in mask:
+        line = line.replace(json.dumps(secret)[1:-1], "***")
+    data = (line + "\n").encode()
+    fd = os.open(os.path.join(release_dir, EVENTS_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        end = len(written(os.pread(fd, size, 0))) if size else 0
+        os.pwrite(fd, data, end)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lines(release_dir, start=0):
+    """The log's whole lines from line ``start`` on, as dicts (a line cut short by a crash
+    is not one; a line that is not JSON is ``{"event": "unreadable"}``)."""
+    try:
+        with open(os.path.join(release_dir, EVENTS_FILE), "rb") as f:
+            data = written(f.read())
+    except OSError:
+        return []
+    out = []
+    for raw in data.split(b"\n")[:-1][start:]:
+        try:
+            wire = json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            wire = None
+        out.append(wire if isinstance(wire, dict) else {"event": "unreadable"})
+    return out
