@@ -43,6 +43,10 @@ def test_every_event_has_its_own_words_and_a_level() -> None:
 TODAY: list[tuple[events.Event, str]] = [
     (events.BackedUp(2, "r1", DEADLINE),
      f"backed up 2 file(s) into release r1; the watchdog restores it at {at(DEADLINE)} unless confirmed"),
+    (events.BackedUp(2, "r1", DEADLINE, runner=True),
+     f"backed up 2 file(s) into release r1; from the commit on the host carries it to its verdict by itself "
+     f"(backstop {at(DEADLINE)})"),
+    (events.InterruptedAfterConfirm("r1"), "Ctrl-C came after the confirm: release r1 stays current"),
     (events.Committed(3), "committed 3 file(s)"),
     (events.PreflightAccepted(), "pre-flight: the server's parser accepts the new command line"),
     (events.GateBaseline(("chat", "long")), "gate: probing the running server before the stop (chat, long)"),

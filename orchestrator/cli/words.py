@@ -83,6 +83,9 @@ def _(e: ev.Staged) -> str:
 
 @line.register
 def _(e: ev.BackedUp) -> str:
+    if e.runner:
+        return (f"backed up {e.files} file(s) into release {e.release}; from the commit on the host "
+                f"carries it to its verdict by itself (backstop {at(e.deadline)})")
     return (f"backed up {e.files} file(s) into release {e.release}; "
             f"the watchdog restores it at {at(e.deadline)} unless confirmed")
 

@@ -116,11 +116,14 @@ class Staged(Event):
 
 @dataclass(frozen=True)
 class BackedUp(Event):
-    """The release is made and the watchdog armed: it restores at ``deadline`` unless confirmed."""
+    """The release is made and its backstop armed at ``deadline``. ``runner``: from the commit
+    on the host's runner carries it to its verdict (a deploy); else the watchdog restores it
+    at ``deadline`` unless the controller confirms (a night)."""
 
     files: int
     release: str
     deadline: float
+    runner: bool = False
 
 
 @dataclass(frozen=True)

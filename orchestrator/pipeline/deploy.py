@@ -224,7 +224,7 @@ class Deployment:
         self.release_created = True
         self.reached = Step.ARMED
         self._stop("backup")
-        self.reporter.event(self.label, events.BackedUp(len(files), self.release_id, self.deadline))
+        self.reporter.event(self.label, events.BackedUp(len(files), self.release_id, self.deadline, runner=True))
 
     def commit_and_follow(self) -> HostReport:
         """Steps 5–9 in one round trip: compare-and-swap the files in, then the host's runner
