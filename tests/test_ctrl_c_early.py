@@ -102,5 +102,5 @@ def test_the_early_report_is_what_the_json_module_would_write() -> None:
     import orchestrator
 
     report = {"exit_code": 1, "error": "interrupted", "hosts": {}, "interrupted": True}
-    assert orchestrator.INTERRUPTED_REPORT == report
+    assert report == orchestrator.INTERRUPTED_REPORT
     assert json.dumps(report, indent=2, sort_keys=True) + "\n" == orchestrator.INTERRUPTED_JSON
