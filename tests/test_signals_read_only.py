@@ -82,13 +82,17 @@ def state_files(state_dir: Path) -> dict[str, str]:
 
 def held_python(box: Sandbox) -> tuple[Path, Path]:
     """A ``python`` for the host that says it was started (a file ``held.PID``) and starts
-    the real one only once ``go`` exists: the helper, and so the read, waits for the test."""
+    the real one only once ``go`` exists: the helper, and so the read, waits for the test.
+    It gives up after about 4 minutes (a test that failed half-way leaves nothing behind)."""
     marks = box.root / "held"
     marks.mkdir()
     wrapper = box.root / "held-python"
     wrapper.write_text("#!/bin/sh\n"
                        f'touch "{marks}/held.$$"\n'
-                       f'while [ ! -e "{marks}/go" ]; do sleep 0.05; done\n'
+                       "n=0\n"
+                       f'while [ ! -e "{marks}/go" ]; do\n'
+                       "  n=$((n + 1)); [ $n -gt 4800 ] && exit 1; sleep 0.05\n"
+                       "done\n"
                        f'exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper, marks
@@ -112,20 +116,23 @@ def test_ctrl_c_in_a_read_only_command_row_while_reading_the_host(sandbox: Sandb
     assert before, "the deploy left records to compare"
     wrapper, marks = held_python(sandbox)
     sandbox.write_inventory(python=str(wrapper))
-    for command in ("status", "history"):
-        for extra in ([], ["--json"]):
-            seen = set(marks.glob("held.*"))
-            proc = start(sandbox, command, *extra)
-            held = wait_until(lambda seen=seen: set(marks.glob("held.*")) - seen,
-                              f"{command}'s helper to be started")
-            pid = int(next(iter(held)).name.split(".", 1)[1])
-            proc.send_signal(signal.SIGINT)
-            got = ended(proc)
-            assert_interrupted(got, as_json=bool(extra))
-            # aborts nothing: the held helper, let go, finds no controller and ends by itself
-            (marks / "go").touch()
-            wait_until(lambda pid=pid: not alive(pid), "the helper left behind to end")
-            (marks / "go").unlink()
+    try:
+        for command in ("status", "history"):
+            for extra in ([], ["--json"]):
+                seen = set(marks.glob("held.*"))
+                proc = start(sandbox, command, *extra)
+                held = wait_until(lambda seen=seen: set(marks.glob("held.*")) - seen,
+                                  f"{command}'s helper to be started")
+                pid = int(next(iter(held)).name.split(".", 1)[1])
+                proc.send_signal(signal.SIGINT)
+                got = ended(proc)
+                assert_interrupted(got, as_json=bool(extra))
+                # aborts nothing: the held helper, let go, finds no controller and ends by itself
+                (marks / "go").touch()
+                wait_until(lambda pid=pid: not alive(pid), "the helper left behind to end")
+                (marks / "go").unlink()
+    finally:
+        (marks / "go").touch()  # a failed assertion leaves no helper waiting
     assert state_files(sandbox.state_dir) == before
     assert sandbox.server_pid() == server and health_status(sandbox.port) == 200
 
