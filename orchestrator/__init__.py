@@ -16,7 +16,13 @@ def interrupted(args: "list[str]") -> None:
     import _signal
 
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-    _sys.stderr.write("orch: error: interrupted\n")
+    try:
+        # a terminal echoed ``^C`` where the cursor was: the line starts below it (through a
+        # pipe there is no echo, and the line is the only one)
+        after_echo = "\n" if _sys.stderr.isatty() else ""
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        after_echo = ""
+    _sys.stderr.write(after_echo + "orch: error: interrupted\n")
     _sys.stderr.flush()
     if "--json" in (args[: args.index("--")] if "--" in args else args):
         # written out, not through the json module: the Ctrl-C may have come in the middle of
@@ -26,8 +32,11 @@ def interrupted(args: "list[str]") -> None:
     _sys.exit(1)  # SystemExit leaves even an import half-way quietly
 
 
-INTERRUPTED_JSON = '{\n  "error": "interrupted",\n  "exit_code": 1,\n  "hosts": {}\n}\n'
-"""``json.dumps({"exit_code": 1, "error": "interrupted", "hosts": {}}, indent=2, sort_keys=True)``."""
+INTERRUPTED_JSON = '{\n  "error": "interrupted",\n  "exit_code": 1,\n  "hosts": {},\n  "interrupted": true\n}\n'
+"""``json.dumps(INTERRUPTED_REPORT, indent=2, sort_keys=True)``: the report of a run a Ctrl-C
+ended before a host's own run could say more (``interrupted``: only such a report has it)."""
+
+INTERRUPTED_REPORT = {"exit_code": 1, "error": "interrupted", "hosts": {}, "interrupted": True}
 
 
 def _ctrl_c_while_starting(_signum: int, _frame: object) -> None:

@@ -87,4 +87,9 @@ def test_a_restore_with_no_file_says_files_to_restore_none(sandbox: Sandbox) -> 
     got = sandbox.orch("deploy", "--host", "gpu", "bad-flag.yaml")
     assert got.returncode == 1, got.stdout + got.stderr
     said = got.stdout + got.stderr
+    # said once, by the step line; the host's own progress line is for the live line and -v
+    assert said.count("no file to restore") == 1 and "files: none" not in said, said
+    verbose = sandbox.orch("deploy", "--host", "gpu", "-v", "bad-flag.yaml")
+    assert verbose.returncode == 1, verbose.stdout + verbose.stderr
+    said = verbose.stdout + verbose.stderr
     assert "files to restore: none" in said and "files: none" not in said, said

@@ -101,5 +101,6 @@ def test_the_early_report_is_what_the_json_module_would_write() -> None:
     """Written out by hand (the json module may be half-imported when Ctrl-C comes): the same text."""
     import orchestrator
 
-    report = {"exit_code": 1, "error": "interrupted", "hosts": {}}
+    report = {"exit_code": 1, "error": "interrupted", "hosts": {}, "interrupted": True}
+    assert report == orchestrator.INTERRUPTED_REPORT
     assert json.dumps(report, indent=2, sort_keys=True) + "\n" == orchestrator.INTERRUPTED_JSON

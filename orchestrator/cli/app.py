@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 
 import click
 
-from orchestrator import __version__
+from orchestrator import __version__, interrupted
 from orchestrator.cli.commands.config import config
 from orchestrator.cli.commands.demo import demo
 from orchestrator.cli.commands.deploy import deploy
@@ -36,7 +37,51 @@ from orchestrator.core.outcomes import ExitCode, error_exit_code
 from orchestrator.errors import OrchError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Interrupted(Exception):
+    """A Ctrl-C that ended a command, raised past Click: for a ``KeyboardInterrupt`` Click
+    prints a blank line on stderr before its ``Abort``, and the row of the signal table is
+    one line (docs/CLI.md, "Signals"), which ``main`` prints."""
+
+
+class SigintGate:
+    """Where a Ctrl-C is a ``KeyboardInterrupt``: inside a command only.
+
+    Inside a command everything that must answer it does (a deploy aborts and restores, a
+    read stops). While Click parses the command line or closes its context, Click would
+    catch it itself; there it is noted (``pending``) and answered once Click is out of the
+    way: at the command's start, or after it returned.
+    """
+
+    def __init__(self) -> None:
+        self.in_command = False
+        self.pending = False
+
+    def handler(self, _signum: int, _frame: object) -> None:
+        if self.in_command:
+            raise KeyboardInterrupt
+        self.pending = True
+
+
+SIGINT_GATE = SigintGate()
+
+
+class OrchGroup(click.Group):
+    """The ``orch`` group: a Ctrl-C in a command leaves it as ``Interrupted``."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        SIGINT_GATE.in_command = True
+        try:
+            if SIGINT_GATE.pending:  # it came while Click parsed the command line
+                raise KeyboardInterrupt
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            SIGINT_GATE.in_command = False
+            raise Interrupted() from None
+        finally:
+            SIGINT_GATE.in_command = False
+
+
+@click.group(cls=OrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orch")
 def cli() -> None:
     """Change code and flags on remote inference servers, and never leave a box broken.
@@ -56,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run the command, turn whatever it raised into one line and a code."""
     args = list(argv) if argv is not None else sys.argv[1:]
     as_json = "--json" in (args[: args.index("--")] if "--" in args else args)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored: a caller's wish, kept
+        signal.signal(signal.SIGINT, SIGINT_GATE.handler)
     try:
         code = cli.main(args=args, prog_name="orch", standalone_mode=False)
     except OrchError as e:
@@ -68,11 +115,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(f"{where}: {e.format_message()} (see '{where} --help')", ExitCode.REFUSED, as_json)
     except click.ClickException as e:
         fail(e.format_message(), ExitCode.REFUSED, as_json)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        fail("interrupted", ExitCode.FAILED, as_json)
+    except (Interrupted, click.exceptions.Abort, KeyboardInterrupt):
+        # a read (status, history, lint, --list-hosts) or a run before any host: one line, exit 1,
+        # the JSON report with its ``interrupted`` field (docs/CLI.md, "Signals")
+        clear_live_lines()
+        interrupted(args)
     except BrokenPipeError:  # `orch history | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(ExitCode.FAILED)
+    if SIGINT_GATE.pending:  # while Click closed the command's context: the same answer
+        clear_live_lines()
+        interrupted(args)
     clear_live_lines()
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
 

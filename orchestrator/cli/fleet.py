@@ -112,7 +112,13 @@ def read_hosts(
     """``read`` on every target, ``plan.forks`` at a time; what each host gave, in the selection's order.
 
     A host that could not be read (unreachable, refused) gets the
-    ``HostReport`` of why; the others are read all the same.
+    ``HostReport`` of why; the others are read all the same. A Ctrl-C ends
+    the read at once as a ``KeyboardInterrupt``: a read changes nothing, so
+    there is nothing to finish or undo and no host to wait for (a stalled
+    link would hold its worker up to the link timeout); the run is one line,
+    ``interrupted``, and no host is reported as "failed" (docs/CLI.md,
+    "Signals"). The workers left reading are daemon threads: they end with
+    the process, and each host's helper with its SSH session.
     """
     board = HostBoard([t.name for t in targets], title) if len(targets) > 1 and out.terminal else None
 
@@ -135,6 +141,7 @@ def read_hosts(
         interrupted=lambda t: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=INTERRUPTED),
         started=(lambda t: board.started(t.name)) if board else (lambda _t: None),
         finished=finished,
+        interrupting=stop_reading,
     )
     live = start_board(out, board) if board is not None else None
     try:
@@ -143,8 +150,15 @@ def read_hosts(
         if live is not None:
             live.stop()
             live_stopped(live)
+    if run.stopped == INTERRUPTED:
+        raise KeyboardInterrupt
     return {t.name: run.results.get(t.name) or not_started(t.name, run.stopped or INTERRUPTED)
             for t in targets}
+
+
+def stop_reading() -> None:
+    """The first Ctrl-C in a read: leave the pool now rather than wait for the hosts at work."""
+    raise KeyboardInterrupt
 
 
 def write_retry_file(out: Output, report: RunReport) -> str | None:

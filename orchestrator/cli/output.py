@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import shlex
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -144,7 +145,14 @@ class Output:
 
     def emit_json(self, data: dict[str, Any]) -> None:
         """The ``--json`` report: always on stdout, whatever the console uses; secrets masked
-        (JSON itself writes control characters as ``\\u001b``)."""
+        (JSON itself writes control characters as ``\\u001b``).
+
+        The report is the run's last word: from its first byte on, a Ctrl-C is ignored, so
+        that a script never reads half of it, or two reports (this one, then the one of an
+        interrupted run).
+        """
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         click.echo(json.dumps(self.masker.record(data), indent=2, sort_keys=True, default=str))
 
     def hide(self, values: Iterable[Any]) -> None:

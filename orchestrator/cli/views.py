@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from orchestrator.cli.diffs import unified_diff
-from orchestrator.cli.output import Output, live_started, live_stopped, stop_live_views
+from orchestrator.cli.output import VERBOSE, Output, live_started, live_stopped, stop_live_views
 from orchestrator.cli.words import line
 from orchestrator.core.events import Event
 from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
@@ -100,22 +100,36 @@ class ConsoleReporter:
         self._host_line(host, text, "warning:", "bold yellow", problem=True)
 
     def progress(self, host: str, event: dict[str, Any]) -> None:
+        """What the host says while a step runs: on the live line only, not as lines.
+
+        A health poll, ``probe: 43/64 requests answered``, ``SIGTERM sent``, "healthy
+        after 0.6 s; checking it stays healthy …": each is the state of a step under way,
+        and the step lines say the facts once when it ends (``healthy after …``, the gate's
+        table, ``rolled back: …``). Printed as lines those read as results (a probe's
+        count as failures, "healthy after" twice). So on a terminal they update one
+        live line, erased when the next line is printed; elsewhere (a pipe, a fleet
+        whose board shows them) they are not printed. ``-v`` prints them as lines, and a
+        build's own output (``stream``) is always lines: it is content, not progress.
+        """
         msg = event.get("msg")
         if not msg or self.out.quiet:
             return
         elapsed = event.get("elapsed")
         prefix = f"{elapsed:6.1f}s " if isinstance(elapsed, (int, float)) else ""
         line = f"{escape(host)} {prefix}{escape(str(msg))}"
-        if self.live_line and self.out.terminal and event.get("event") == "health" and self.out.verbosity < 1:
-            # one live line that updates, instead of a line per change
-            if self._status is None:
-                self._status = self.console.status(line)
-                self._status.start()
-                live_started(self._status)
-            else:
-                self._status.update(line)
+        if event.get("stream") is not None or self.out.verbosity >= VERBOSE:
+            self._settle()
+            self.console.print(f"[dim]{line}[/]")
             return
-        self.console.print(f"[dim]{line}[/]")
+        if not (self.live_line and self.out.terminal):
+            return  # no live line here: said by the step lines when the step ends
+        # one live line that updates, instead of a line per change
+        if self._status is None:
+            self._status = self.console.status(line)
+            self._status.start()
+            live_started(self._status)
+        else:
+            self._status.update(line)
 
     def plan(self, host: str, plan: HostPlan) -> None:
         if self.out.quiet:

@@ -34,6 +34,7 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
 
         return list_hosts(out, where)
     from orchestrator.cli.fleet import read_hosts
+    from orchestrator.cli.output import stop_live_views
     from orchestrator.cli.tables import draw_status
     from orchestrator.cli.views import ConsoleReporter, summary_line
     from orchestrator.pipeline.inspect import host_status
@@ -42,10 +43,12 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
     targets = where.targets()
     output = out.output()
     options = where.connect(output)
-    reporter = ConsoleReporter(output, live_line=False) if probe else None
+    # the probe's progress on a live line (one host; several have the board), erased before the panel
+    reporter = ConsoleReporter(output, live_line=len(targets) == 1) if probe else None
     found = read_hosts(output, targets, lambda target: host_status(target, options, probe=probe, reporter=reporter),
                        where.fleet(),
                        title="orch status", exit_code=lambda s: s.exit_code)
+    stop_live_views()
     hosts: dict[str, Any] = {}
     code = worst(got.exit_code for got in found.values())
     for name, got in found.items():
