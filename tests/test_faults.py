@@ -140,7 +140,7 @@ def test_link_severed_after_the_commit_exits_3_and_the_host_finishes_the_release
     assert code == 3, text
     assert rep["outcome"] == "unreachable"
     assert "after the commit" in rep["error"] and "the host finishes it by itself" in rep["error"]
-    assert "orch status --host gpu" in rep["error"]
+    assert "orch status --follow --host gpu" in rep["error"]
     # the runner's health wait ends; it restores; the link works again for new connections
     wait_until(lambda: box.journal().get("finished"), "the runner to restore", 240)
     assert box.journal()["step"] == "rolled_back"

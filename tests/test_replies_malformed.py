@@ -135,7 +135,7 @@ def test_garbage_after_the_commit_is_unreachable_with_what_is_known(sandbox: San
     assert re.search(r"result has 0 answers for \d+ steps", host["error"]), host["error"]
     # what is known: the release, its files, and who restores it
     assert host["release"] and host["files"] == [str(sandbox.server_args)]
-    assert "watchdog restores it" in host["error"] and "orch rollback --host gpu" in host["error"]
+    assert "the host finishes it by itself" in host["error"] and "orch status --follow --host gpu" in host["error"]
     assert (sandbox.state_dir / "releases" / host["release"] / "restore.json").exists()
 
 

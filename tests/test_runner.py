@@ -5,6 +5,7 @@ each step is held from outside by a ``before_stop`` hook that waits for a file."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -106,3 +107,40 @@ def test_ctrl_c_after_the_commit_aborts_the_runner_which_restores(link: Link) ->
     assert sha256(box.server_args) == original
     assert cmdline(box.server_pid()) == box.hand_argv
     assert not hold.exists()  # nothing let the hook go: the abort stopped it
+
+
+def test_status_follow_from_a_second_controller_gives_the_verdict_and_no_secret(link: Link) -> None:
+    from tests.test_secrets import SECRET, SECRETS, playbook
+
+    box = link.box
+    box.start_by_hand()
+    hold = box.root / "go"
+    path = Path(playbook(box, "secret.yaml"))
+    spec = yaml.safe_load(path.read_text())
+    spec["server"]["before_stop"] = f"sh -c 'while [ ! -e {hold} ]; do sleep 0.1; done'"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--var", f"hub_access={SECRET}", str(path))
+    release = held_at_before_stop(box)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # another controller, without the playbook: it follows the release from its start
+    follower = box.start_orch("status", "--follow", "--host", "gpu", "--json")
+    wait_until(lambda: (release / "events.jsonl").exists(), what="the runner's log")
+    hold.write_text("")
+    out, err = follower.communicate(timeout=240)
+    assert follower.returncode == 0, out + err
+    report = json.loads(out)["hosts"]["gpu"]
+    assert report.get("outcome") == "changed" and report.get("release") == release.name, out
+    for secret in SECRETS:
+        assert secret not in out + err
+    assert outcome(release) == "deployed"
+    assert read(release / "reported.json")["by"]["command"] == "status --follow"
+    # no record of the release but the program and the restore plan holds a secret value (the
+    # copy of the patched file holds it: this playbook writes it into that file)
+    holding = sorted(str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()
+                     and any(s.encode() in p.read_bytes() for s in SECRETS))
+    assert holding == ["files/0.after", "program.json", "restore.json"], holding
+    # reported: a second follow has nothing to follow
+    again = box.orch("status", "--follow", "--host", "gpu")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"nothing in progress (last: {release.name}, deployed)" in again.stdout

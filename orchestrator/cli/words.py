@@ -127,6 +127,21 @@ def _(e: ev.ReleaseCurrent) -> str:
 
 
 @line.register
+def _(e: ev.RunnerStep) -> str:
+    took = f" ({e.seconds:.1f} s)" if e.seconds is not None else ""
+    return f"{e.step}: {e.state}{took}"
+
+
+@line.register
+def _(e: ev.NothingToFollow) -> str:
+    if e.release is None:
+        return "nothing in progress (no release on this host)"
+    if e.in_progress:
+        return f"release {e.release} is in progress without a runner (a night, or an older orch's): see `orch status`"
+    return f"nothing in progress (last: {e.release}, {e.outcome or '?'})"
+
+
+@line.register
 def _(e: ev.InterruptedAfterConfirm) -> str:
     return f"Ctrl-C came after the confirm: release {e.release} stays current"
 

@@ -174,6 +174,25 @@ class ReleaseCurrent(Event):
 
 
 @dataclass(frozen=True)
+class RunnerStep(Event):
+    """A step of a release's runner began, ended or failed (``status --follow``)."""
+
+    step: str
+    state: str
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class NothingToFollow(Event):
+    """``status --follow``: no release in progress, none unreported. ``in_progress``: the journal's
+    release is in progress but has no runner (an older orch's, or a night)."""
+
+    release: str | None
+    outcome: str | None
+    in_progress: bool = False
+
+
+@dataclass(frozen=True)
 class InterruptedAfterConfirm(Event):
     """Ctrl-C came after the host's runner had confirmed the release: it stays current."""
 

@@ -149,6 +149,22 @@ INTERRUPTED = Verdict(Outcome.FAILED, ExitCode.FAILED)
 NOT_STARTED = Verdict(Outcome.NOT_STARTED, ExitCode.REFUSED)
 """A host a fleet run never reached: never connected, nothing changed."""
 
+STOPPED_FOLLOWING = Verdict(Outcome.UNREACHABLE, ExitCode.UNSAFE)
+"""The controller stopped following a release's runner (a second Ctrl-C): the host finishes it
+by itself, and this run cannot say how — as when the link is lost after the commit."""
+
+RESTORED = Verdict(Outcome.ROLLED_BACK, ExitCode.FAILED)
+"""A release after its commit, restored: the host is as it was."""
+
+
+def runner_verdict(confirmed: bool, restored_ok: bool | None) -> Verdict:
+    """The outcome of a release whose runner ended it: confirmed; restored (by the runner, its
+    guard, or a person's ``orch rollback``); or a restore that failed (``restored_ok`` False)
+    or that no record describes (None)."""
+    if confirmed:
+        return CHANGED
+    return RESTORED if restored_ok else UNSAFE
+
 
 def rollback_verdict(restore: RestoreRecord) -> Verdict:
     """``orch rollback``'s end, from the host's record of its restore: succeeding is its

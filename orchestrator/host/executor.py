@@ -93,7 +93,22 @@ def check_answer(step, answer):
     if "rc" in expect:
         rc = answer.get("rc") if isinstance(answer, dict) else None
         if rc != expect["rc"]:
-            raise AgentError("refused", "%s: exit %s" % (step.name.value, rc), answer=answer)
+            raise AgentError("refused", refusal(step, answer, rc), answer=answer)
+
+
+def refusal(step, answer, rc):
+    """The sentence a refused step is recorded with when no controller words it: the
+    command's own last line of complaint (as ``core.preflight.PreflightResult.refusal``)."""
+    said = ""
+    if isinstance(answer, dict):
+        said = str(answer.get("error_line") or "")
+        if not said:
+            tail = str(answer.get("stderr") or answer.get("stdout") or "").strip().splitlines()
+            said = tail[-1] if tail else ""
+    if step.name is StepName.PREFLIGHT:
+        return "the pre-flight refused the new command line (exit %s): %s; the running server was not touched" % (
+            rc, said or "exit %s" % rc)
+    return "%s: exit %s%s" % (step.name.value, rc, (": " + said) if said else "")
 
 
 def check_answered(probe, answers):

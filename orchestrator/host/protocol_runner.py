@@ -33,11 +33,12 @@ class ReleaseRun(Request):
 @message(frozen=True)
 class ReleaseFollow(Request):
     """The release's event log from line ``after`` on, as events, until its verdict (the answer);
-    a ``cancel`` meanwhile aborts the runner."""
+    a ``cancel`` meanwhile aborts the runner (``abort_on_cancel``), or only ends the call."""
 
     OP: ClassVar[str] = "release_follow"
     release_dir: str
     after: int = 0
+    abort_on_cancel: bool = True
 
 
 @message(frozen=True)

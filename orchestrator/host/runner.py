@@ -127,7 +127,7 @@ def op_release_run(s, release_dir, state_dir):
     return {"pid": pid, "guard": runner.get("guard")}
 
 
-def op_release_follow(s, release_dir, after=0):
+def op_release_follow(s, release_dir, after=0, abort_on_cancel=True):
     """The release's log from line ``after`` on, as events, until its verdict (the answer).
 
     A ``cancel`` (Ctrl-C on the controller) asks the runner to abort, and the
@@ -146,6 +146,8 @@ def op_release_follow(s, release_dir, after=0):
                 return {"verdict": wire, "lines": seen}
             kind = wire.pop("event", "unreadable")
             s.event(kind, **wire)
+        if s.cancel_requested and not abort_on_cancel:
+            raise AgentError("cancelled", "stopped following (the runner goes on)")
         if s.cancel_requested and not aborted:
             s.cancel_requested = False
             aborted = abort_runner(release_dir)
@@ -196,7 +198,7 @@ def guard_main(release_dir, fire_at, go_fd):
 
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(os.EX_OK))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    word = read_go(go_fd, fire_at)
+    word = read_go(go_fd, fire_at, release_dir)
     if word != b"run":
         return watchdog_main(release_dir, fire_at)
     pid = os.fork()
@@ -224,15 +226,20 @@ def guard_main(release_dir, fire_at, go_fd):
     return guard_wait(release_dir, pid, fire_at)
 
 
-def read_go(fd, fire_at):
+def read_go(fd, fire_at, release_dir):
     """The word the helper writes when the commit is done; b"" when it closed the pipe
-    without it (gone before its commit) or the deadline came first."""
+    without it (gone before its commit), or when the watchdog has something to do (or
+    nothing any more) before it comes: the deadline passed, a restore's claim ran out, the
+    release was confirmed or restored by its controller (a night's, fed step by step)."""
+    from .backstop import watchdog_due
+
     data = b""
     try:
         while not data.endswith(b"\n"):
-            left = fire_at - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], min(left, 60.0))[0]:
-                if left <= 0:
+            if not select.select([fd], [], [], 0.5)[0]:
+                claim = read_record(os.path.join(release_dir, "claim.json")) or {}
+                done = read_record(os.path.join(release_dir, "restored.json")) or {}
+                if claim.get("by") == "confirmed" or done.get("completed") or watchdog_due(claim, fire_at):
                     return b""
                 continue
             piece = os.read(fd, 16)

@@ -29,6 +29,7 @@ from orchestrator.core.outcomes import (
     CHANGED,
     CHECK_REFUSED,
     PLANNED,
+    STOPPED_FOLLOWING,
     UNCHANGED,
     UNSAFE,
     Outcome,
@@ -88,6 +89,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.follow import reported_op
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -243,7 +245,7 @@ class Deployment:
         before = self._steps() + [{"step": "commit", "at": round(self.session.host_time(), 3), "seconds": None}]
         run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
         steps += [ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started_at, "steps": before}),
-                  run, follow]
+                  run, follow, reported_op(self.release_dir, "deploy")]
         try:
             got = self.session.batch(steps, on_event=self._on_runner_event)
         except RemoteStepError as e:
@@ -343,12 +345,15 @@ class Deployment:
         followed to the end); a runner that had confirmed already keeps the release."""
         abort, follow = release_abort(self.release_dir), release_follow(self.release_dir)
         try:
-            v: RunVerdict = self.session.batch([abort, follow], on_event=self._on_runner_event)[follow]
+            v: RunVerdict = self.session.batch([abort, follow, reported_op(self.release_dir, "deploy")],
+                                               on_event=self._on_runner_event)[follow]
         except KeyboardInterrupt:
-            return self._unsafe(
-                f"{self.label}: interrupted again: orch stopped following release {self.release_id}; its "
-                f"runner on the host still finishes it; `orch status --host {self.label}` gives the verdict",
-                "interrupted twice (Ctrl-C)")
+            return HostReport.ended(
+                self.label, STOPPED_FOLLOWING, release=self.release_id,
+                files=[f.path for f in self.plan.changed_files], extra={"timings": self.timings},
+                error=f"interrupted again: orch stopped following release {self.release_id}, which its runner "
+                      f"on the host still finishes (aborting it); `orch status --follow --host {self.label}` "
+                      "gives the verdict")
         except RemoteStepError as e:
             if e.kind == "norunner":
                 raise KeyboardInterrupt from None  # the commit's batch stopped before the runner: restore here
@@ -533,7 +538,11 @@ class Deployment:
         self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=changed))
         record: RestoreRecord | None = self.runner_record
         if self.runner_verdict is not None:
-            # the host's runner restored it (or its guard did): its record is the one
+            # the host's runner restored it (or its guard did): its record is the one, and its time
+            raw = self.runner_verdict.restore or {}
+            began, ended = raw.get("started"), raw.get("finished")
+            if isinstance(began, int | float) and isinstance(ended, int | float) and self.clock is not None:
+                self.clock.adopt([{"step": "rollback", "at": began, "seconds": round(ended - began, 3)}])
             if record is None:
                 error = self.runner_verdict.wire.get("error") or {}
                 return self._unsafe(
@@ -572,7 +581,9 @@ class Deployment:
             self._remove_staged()
         if record.log_tail:
             self.reporter.server_log(self.label, "server log, restore (last 40 lines)", record.log_tail)
-        self._close_record(record, verdict(cause, self.reached, record).outcome)
+        # the runner recorded its own words for the failure; these are the controller's, as printed
+        self._close_record(record, verdict(cause, self.reached, record).outcome,
+                           reason if self.runner_verdict is not None else None)
         return self._report(cause, reason, record)
 
     def _remove_staged(self) -> None:
@@ -623,7 +634,7 @@ class Deployment:
             elif self.reached >= Step.COMMITTING:
                 reason += (f" after the commit of release {self.release_id}; the host finishes it by itself (its "
                            f"runner confirms or restores it; the backstop restores it at {at(self.deadline)} at "
-                           f"the latest); `orch status --host {label}` gives the verdict")
+                           f"the latest); `orch status --follow --host {label}` gives the verdict")
             elif self.release_created:
                 reason += (f"; nothing on the host was changed. The watchdog closes release {self.release_id} at "
                            f"{at(self.deadline)}, or `orch rollback --host {label}` does it now")
@@ -638,7 +649,7 @@ class Deployment:
                           files=[f.path for f in self.plan.changed_files], error=message,
                           extra={"timings": self.timings})
 
-    def _close_record(self, record: RestoreRecord, outcome: str) -> None:
+    def _close_record(self, record: RestoreRecord, outcome: str, reason: str | None = None) -> None:
         """Timings, the outcome and the run log into the release (best effort: the link may be gone)."""
         finished = self.session.host_time()
         with contextlib.suppress(OrchError):
@@ -646,6 +657,7 @@ class Deployment:
                 ops.release_update(self.state_dir, self.release_id, {
                     "finished": finished, "timings": self.timings, "steps": self._steps(),
                     "duration": round(finished - self.started_at, 3), **self._gate_fields(),
+                    **({"error": reason} if reason else {}),
                     **({"outcome": Outcome.FAILED} if outcome == Outcome.FAILED else {})}),
                 self._log_op(f"restore: {describe_restore(record)}"),
             ])

@@ -169,9 +169,10 @@ def release_run(release_dir: str, state_dir: str) -> Op:
     return _op(p.ReleaseRun(release_dir, state_dir), shape={"pid": Opt(int), "guard": Opt(int)})
 
 
-def release_follow(release_dir: str, after: int = 0) -> Op:
-    """The runner's events from line ``after`` on, then its verdict."""
-    return _op(p.ReleaseFollow(release_dir, after), lambda a: RunVerdict(a["verdict"], int(a.get("lines") or 0)),
+def release_follow(release_dir: str, after: int = 0, *, abort_on_cancel: bool = True) -> Op:
+    """The runner's events from line ``after`` on, then its verdict. ``abort_on_cancel``: a
+    Ctrl-C here aborts the runner (the deploy's own controller), or only stops following."""
+    return _op(p.ReleaseFollow(release_dir, after, abort_on_cancel), lambda a: RunVerdict(a["verdict"], int(a.get("lines") or 0)),
                {"verdict": dict, "lines": Opt(int)})
 
 

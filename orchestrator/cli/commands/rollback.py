@@ -24,10 +24,13 @@ if TYPE_CHECKING:
 @click.option("--to", "to", default=None, metavar="RELEASE",
               help="Put the host in the state right after RELEASE (an id or a unique prefix).")
 @click.option("--break-lock", is_flag=True, help="Take a stale lock whose holder cannot be checked.")
+@click.option("--abort", is_flag=True,
+              help="Ask the runner of the deploy in progress to stop and restore it, and follow that restore.")
 @click.option("--reports", "reports_dir", default="reports", metavar="DIR", show_default=True,
               help="Where `orch nightly` writes reports/<host>/: a host's page there is rewritten.")
 @output_options
-def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: bool, reports_dir: str) -> int:
+def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: bool, abort: bool,
+             reports_dir: str) -> int:
     """Undo the current release: files and server command line as they were; restart; check.
 
     Run again, it goes one release further back (it never toggles). It also
@@ -48,6 +51,16 @@ def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: boo
     targets = where.targets()
     output = out.output()
     options = where.connect(output, break_lock=break_lock)
+    if abort:
+        from orchestrator.pipeline.follow import follow_host
+
+        report = run_reports(output, targets, lambda target, reporter: follow_host(target, options, reporter,
+                                                                                   abort=True),
+                             where.fleet(), ConsoleReporter(output), title="orch rollback --abort")
+        draw_fleet_summary(output, report)
+        if out.as_json:
+            output.emit_json(report.to_json())
+        return report.exit_code
     report = run_reports(output, targets, lambda target, reporter: rollback_host(target, to, options, reporter),
                          where.fleet(), ConsoleReporter(output), title="orch rollback")
     draw_fleet_summary(output, report)

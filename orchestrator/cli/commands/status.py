@@ -15,8 +15,11 @@ from orchestrator.core.outcomes import worst
 @click.option("--probe", is_flag=True,
               help="Also probe the server now with the current release's gate probes and compare "
                    "with that release's recorded figures, by its rules.")
+@click.option("--follow", is_flag=True,
+              help="Follow the release in progress (or the newest one nobody has reported) to its verdict, "
+                   "replaying its steps from its start; exit with the code its own run would have had.")
 @output_options
-def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
+def status(out: OutputFlags, where: HostFlags, probe: bool, follow: bool) -> int:
     """Current release, server process, health now, and drift since the release.
 
     Exit codes (the worst host's): 0 healthy, or nothing to check (drift
@@ -43,6 +46,17 @@ def status(out: OutputFlags, where: HostFlags, probe: bool) -> int:
     targets = where.targets()
     output = out.output()
     options = where.connect(output)
+    if follow:
+        from orchestrator.cli.fleet import run_reports
+        from orchestrator.cli.live import draw_fleet_summary
+        from orchestrator.pipeline.follow import follow_host
+
+        report = run_reports(output, targets, lambda target, rep: follow_host(target, options, rep), where.fleet(),
+                             ConsoleReporter(output), title="orch status --follow")
+        draw_fleet_summary(output, report)
+        if out.as_json:
+            output.emit_json(report.to_json())
+        return report.exit_code
     # the probe's progress on a live line (one host; several have the board), erased before the panel
     reporter = ConsoleReporter(output, live_line=len(targets) == 1) if probe else None
     found = read_hosts(output, targets, lambda target: host_status(target, options, probe=probe, reporter=reporter),

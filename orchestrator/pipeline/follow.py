@@ -1,0 +1,98 @@
+"""A release's runner followed from any controller: ``orch status --follow`` and ``orch rollback --abort``.
+
+After its commit a deploy belongs to its runner on the host, which logs
+every step to the release's event log and ends it in one verdict
+(``host/runner.py``). Whoever follows the log — the deploy's own controller,
+this module for a controller that was killed, lost its link, or never ran
+the deploy — prints the same steps and ends with the same outcome and exit
+code. The events are masked on the host: a controller without the playbook
+prints no secret.
+
+A verdict is *reported* once some controller has followed it to its end
+(``reported.json`` in the release): ``status --follow`` on a host with no
+release in progress prints the newest release whose verdict nobody has
+reported yet, and otherwise says what the last release was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.core import events
+from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, runner_verdict
+from orchestrator.core.target import HostTarget
+from orchestrator.host.protocol_events import StepEvent, event_from_wire
+from orchestrator.host.records import HostRecords
+from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.report import HostReport
+from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
+from orchestrator.shell import ops
+from orchestrator.shell.agent_client import RemoteStepError
+from orchestrator.shell.program import RunVerdict, release_abort, release_follow
+
+REPORTED_FILE = "reported.json"  # some controller followed this release's verdict to its end
+RUNNER_FILE = "runner.json"
+
+
+def reported_op(release_dir: str, command: str) -> ops.Op:
+    """The mark that a controller has reported this release's verdict (who, where, how)."""
+    return ops.put_json(f"{release_dir}/{REPORTED_FILE}", {"by": lock_holder(command)})
+
+
+def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter, *, abort: bool = False) -> HostReport:
+    """Follow the host's release in progress (or the newest one nobody reported) to its verdict.
+
+    ``abort``: ask its runner to abort first (``orch rollback --abort``): it stops its step
+    and restores, and that restore is followed.
+    """
+    label = target.name
+    with HostSession(target, options) as session:
+        state: HostRecords = session.run(ops.state_read(target.state_dir))
+        journal = state.journal
+        in_progress = journal is not None and not journal.finished and bool(journal.release)
+        newest = state.newest_first()
+        release = journal.release if in_progress and journal is not None else (newest[0].id if newest else None)
+        if release is None:
+            reporter.event(label, events.NothingToFollow(None, None, False))
+            return HostReport.ended(label, UNCHANGED)
+        release_dir = state.paths.release(release)
+        asked = [ops.get_json(f"{release_dir}/{RUNNER_FILE}"), ops.get_json(f"{release_dir}/{REPORTED_FILE}")]
+        got = session.batch(asked)
+        runner_rec, reported = got[asked[0]], got[asked[1]]
+        last = next((m for m in newest if m.id == release), None)
+        if runner_rec is None or (reported is not None and not in_progress and not abort):
+            outcome = last.outcome if last is not None else None
+            reporter.event(label, events.NothingToFollow(release, outcome, in_progress))
+            return HostReport.ended(label, UNCHANGED, release=release)
+        steps: list[ops.Op] = [release_abort(release_dir)] if abort else []
+        follow = release_follow(release_dir, 0, abort_on_cancel=abort)
+        steps += [follow, reported_op(release_dir, "status --follow")]
+
+        def on_event(ev: dict[str, Any]) -> None:
+            event = event_from_wire(ev)
+            if isinstance(event, StepEvent):
+                reporter.event(label, events.RunnerStep(event.step, event.state, event.seconds))
+            elif ev.get("event") not in ("answers", "tick"):
+                reporter.progress(label, ev)
+
+        try:
+            v: RunVerdict = session.batch(steps, on_event=on_event)[follow]
+        except KeyboardInterrupt:
+            return HostReport.ended(label, STOPPED_FOLLOWING, release=release,
+                                    error=f"stopped following release {release}; its runner still finishes it")
+        except RemoteStepError as e:
+            if e.kind == "unfinished":
+                return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message)
+            raise
+        return report_of(label, release, v)
+
+
+def report_of(label: str, release: str, v: RunVerdict) -> HostReport:
+    """The outcome and exit code the run that started ``release`` would have had."""
+    restored_ok = bool(v.restore.get("ok")) if v.restore else None
+    verdict = runner_verdict(v.confirmed, restored_ok)
+    failed = v.failed or {}
+    error = None if v.confirmed else str(failed.get("message") or (v.restore or {}).get("error") or v.verdict)
+    by = (v.restore or {}).get("by") if v.restore else None
+    return HostReport.ended(label, verdict, release=release, error=error,
+                            extra={"verdict": v.verdict, "restored_by": by})
