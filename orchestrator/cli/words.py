@@ -30,8 +30,8 @@ def _stable(stable_for: float | None) -> str:
 
 
 def _by(by: str) -> str:
-    """`` (by the watchdog)``; nothing when the controller itself restored."""
-    return "" if by == "controller" else f" (by the {by})"
+    """`` (by the guard)``; nothing when the run itself restored (its controller, or its runner)."""
+    return "" if by in ("controller", "runner") else f" (by the {by})"
 
 
 # ---------------------------------------------------------------- shared

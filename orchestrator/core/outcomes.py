@@ -157,13 +157,20 @@ RESTORED = Verdict(Outcome.ROLLED_BACK, ExitCode.FAILED)
 """A release after its commit, restored: the host is as it was."""
 
 
-def runner_verdict(confirmed: bool, restored_ok: bool | None) -> Verdict:
+ABORTED = Verdict(Outcome.ROLLED_BACK, ExitCode.OK)
+"""``orch rollback --abort``: the runner aborted and restored, as asked."""
+
+
+def runner_verdict(confirmed: bool, restored_ok: bool | None, *, aborted: bool = False) -> Verdict:
     """The outcome of a release whose runner ended it: confirmed; restored (by the runner, its
     guard, or a person's ``orch rollback``); or a restore that failed (``restored_ok`` False)
-    or that no record describes (None)."""
+    or that no record describes (None). ``aborted``: what ``orch rollback --abort`` asked for
+    (a restore is its success)."""
     if confirmed:
         return CHANGED
-    return RESTORED if restored_ok else UNSAFE
+    if restored_ok:
+        return ABORTED if aborted else RESTORED
+    return UNSAFE
 
 
 def rollback_verdict(restore: RestoreRecord) -> Verdict:

@@ -148,6 +148,10 @@ def view_of_state(host: str, state: HostRecords, own_token: str | None = None) -
     return host_view(host, state.journal, lock, state.watchdog)
 
 
+RUNNER_PREFIX = "runner@"
+"""A lock a release's runner holds says ``controller_id: runner@<host>`` (``host/runner.py``)."""
+
+
 class TakeOver(str, Enum):
     """What to do with a lock another run holds."""
 
@@ -164,6 +168,8 @@ def take_over_decision(lock: LockRecord, *, same_controller: bool, holder_alive_
     helper is working (or finishing a restore), and gives the lock back itself."""
     if lock.helper_alive:
         return TakeOver.HELD
+    if lock.controller_id.startswith(RUNNER_PREFIX):
+        return TakeOver.TAKE  # a runner's lock, its runner dead (checked on the host): provably gone
     if same_controller and not holder_alive_here:
         return TakeOver.TAKE
     if lock.heartbeat_age > stale_after:

@@ -47,6 +47,7 @@ from .wire import AgentError, expand
 
 RUNNER_FILE = "runner.json"  # the runner's and the guard's pids and start times, for status and the follower
 VERDICT = "verdict"  # the event that ends a release's log
+RESTORING = "restoring"  # a step failed (or the runner was aborted): the restore begins
 FOLLOW_POLL_SECONDS = 0.1
 GUARD_POLL_SECONDS = 0.2
 RUNNER_START_SECONDS = 30.0  # the commit's batch waits this long for the runner to hold the lock
@@ -361,6 +362,7 @@ def run_to_verdict(s, release_dir):
             return {"event": VERDICT, "verdict": "rollback_failed", "failed": failed, "results": results}
         s.cancel_requested = False  # an abort stopped the step; the restore must run whole
         reason = "aborted after the commit (Ctrl-C)" if e.kind == "cancelled" else e.message
+        s.event(RESTORING, failed=failed, by="runner")  # a follower says it now, not after the restore
         return restore_verdict(s, release_dir, "runner", reason, failed, results)
     confirm = (answer["results"].get("confirm") or [{}])[-1]
     if isinstance(confirm, dict) and confirm.get("confirmed") is False:

@@ -153,6 +153,7 @@ class Deployment:
     readback: ops.Op | None = None  # the program's requests whose answers the deploy reads
     pruning: PrunePlan | None = None  # what the confirm prunes (decided before the commit)
     committed_shown: bool = False
+    failure_shown: bool = False  # the runner's "restoring" said why the deploy failed, as it happened
     restart_shown: bool = False
     runner_verdict: RunVerdict | None = None  # how the host's runner ended a failed release
     runner_record: RestoreRecord | None = None  # the restore it (or its guard) ran
@@ -258,6 +259,8 @@ class Deployment:
                         raise ContentChangedError(f"{self.label}: {e.message}") from None
             raise
         except KeyboardInterrupt:
+            if self.session.agent is not None and self.session.agent.interrupted_twice:
+                return self._stopped_following()
             return self._interrupted()
         finally:
             for phase in ("commit", "restart", "health", "gate"):
@@ -269,6 +272,18 @@ class Deployment:
         ran them, each step's answers shown once it ended, progress on the live line."""
         if ev.get("event") == "answers":
             self._on_answers(str(ev.get("step")), ev.get("answers"), ev.get("judged"))
+            return
+        if ev.get("event") == "restoring" and not self.failure_shown:
+            # the host's runner restores now: say why, as the restore's progress follows
+            failed = ev.get("failed") if isinstance(ev.get("failed"), dict) else {}
+            assert isinstance(failed, dict)
+            cause = self._cause_of(failed, {})
+            reason = "interrupted (Ctrl-C)" if failed.get("kind") == "cancelled" else self._redact(str(cause))
+            self.failure_shown = True
+            self._stop("commit")
+            for phase in ("restart", "health", "gate", "confirm"):
+                self._stop(phase)
+            self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=True))
             return
         event = event_from_wire(ev)
         if isinstance(event, StepEvent):
@@ -323,6 +338,15 @@ class Deployment:
         elif step == StepName.GATE.value and self.gate is not None and isinstance(judged, dict):
             self.reporter.gate(self.label, self.gate.take_judged(judged))
 
+    def _stopped_following(self) -> HostReport:
+        """A second Ctrl-C: one line naming the release and where its verdict is; exit 3."""
+        return HostReport.ended(
+            self.label, STOPPED_FOLLOWING, release=self.release_id,
+            files=[f.path for f in self.plan.changed_files], extra={"timings": self.timings},
+            error=f"interrupted again: orch stopped following release {self.release_id}, which its runner "
+                  f"on the host still finishes (aborting it); `orch status --follow --host {self.label}` "
+                  "gives the verdict")
+
     def _verdict(self, v: RunVerdict) -> HostReport:
         """The runner's verdict as this host's report: confirmed, or the failure it restored."""
         if v.confirmed:
@@ -332,13 +356,20 @@ class Deployment:
         if v.verdict == RunVerdict.NOT_CONFIRMED:
             return self._restored_before_confirm(self.runner_record)
         failed = v.failed or {}
-        details = dict(failed.get("details") or {}, program_step=failed.get("step"), results=v.results)
-        e = RemoteStepError("release_steps", str(failed.get("kind") or "runner"),
-                            str(failed.get("message") or "the host's runner failed"), details)
-        if e.kind == "gate" and failed.get("step") == StepName.GATE.value and self.gate is not None:
+        e = self._cause_of(failed, v.results)
+        if isinstance(e, RemoteStepError) and e.kind == "gate" and self.gate is not None:
             self.reporter.gate(self.label, self.gate.take_judged(e.details))
             raise GateFailedError(e.message)
-        raise self._step_failure(e)
+        raise self._step_failure(e) if isinstance(e, RemoteStepError) else e
+
+    def _cause_of(self, failed: dict[str, Any], results: dict[str, Any]) -> OrchError:
+        """The error a step the runner failed stands for (as if this controller had run it)."""
+        details = dict(failed.get("details") or {}, program_step=failed.get("step"), results=results)
+        e = RemoteStepError("release_steps", str(failed.get("kind") or "runner"),
+                            str(failed.get("message") or "the host's runner failed"), details)
+        if e.kind == "gate" and failed.get("step") == StepName.GATE.value:
+            return e
+        return self._step_failure(e)
 
     def _interrupted(self) -> HostReport:
         """Ctrl-C after the commit was sent: the runner aborts and restores (its verdict is
@@ -348,12 +379,7 @@ class Deployment:
             v: RunVerdict = self.session.batch([abort, follow, reported_op(self.release_dir, "deploy")],
                                                on_event=self._on_runner_event)[follow]
         except KeyboardInterrupt:
-            return HostReport.ended(
-                self.label, STOPPED_FOLLOWING, release=self.release_id,
-                files=[f.path for f in self.plan.changed_files], extra={"timings": self.timings},
-                error=f"interrupted again: orch stopped following release {self.release_id}, which its runner "
-                      f"on the host still finishes (aborting it); `orch status --follow --host {self.label}` "
-                      "gives the verdict")
+            return self._stopped_following()
         except RemoteStepError as e:
             if e.kind == "norunner":
                 raise KeyboardInterrupt from None  # the commit's batch stopped before the runner: restore here
@@ -535,7 +561,8 @@ class Deployment:
         changed = self.reached >= Step.COMMITTING
         if not changed and isinstance(cause, KeyboardInterrupt):
             reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
-        self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=changed))
+        if not self.failure_shown:
+            self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=changed))
         record: RestoreRecord | None = self.runner_record
         if self.runner_verdict is not None:
             # the host's runner restored it (or its guard did): its record is the one, and its time

@@ -84,13 +84,14 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
             if e.kind == "unfinished":
                 return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message)
             raise
-        return report_of(label, release, v)
+        return report_of(label, release, v, aborted=abort)
 
 
-def report_of(label: str, release: str, v: RunVerdict) -> HostReport:
-    """The outcome and exit code the run that started ``release`` would have had."""
+def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False) -> HostReport:
+    """The outcome and exit code the run that started ``release`` would have had (``aborted``:
+    ``orch rollback --abort``'s, whose success is the restore)."""
     restored_ok = bool(v.restore.get("ok")) if v.restore else None
-    verdict = runner_verdict(v.confirmed, restored_ok)
+    verdict = runner_verdict(v.confirmed, restored_ok, aborted=aborted)
     failed = v.failed or {}
     error = None if v.confirmed else str(failed.get("message") or (v.restore or {}).get("error") or v.verdict)
     by = (v.restore or {}).get("by") if v.restore else None

@@ -218,6 +218,7 @@ class Agent:
     state_dir: str = ""  # where the host keeps its copy of the helper ("": nowhere)
     link_timeout: float = LINK_TIMEOUT
     calls: int = 0
+    interrupted_twice: bool = False  # a second Ctrl-C came while a cancelled op was answering
     info: dict[str, Any] = field(default_factory=dict)
     info_monotonic: float = 0.0  # this controller's monotonic clock when ``info`` (the hello) arrived
     dead: str | None = None  # why the link is gone: later calls fail at once, never wait on it
@@ -328,7 +329,7 @@ class Agent:
             raise
         except KeyboardInterrupt:
             if sent:
-                self._cancel(rid, op)
+                self._cancel(rid, op, on_event)
             else:
                 # Interrupted while the request was being written: the helper never got it
                 # (there is no answer to wait for), and a line may be cut short. Nothing more
@@ -362,20 +363,26 @@ class Agent:
             except Exception:  # noqa: BLE001 - the request path reports a dead link
                 return
 
-    def _cancel(self, rid: int, op: str) -> None:
-        """Ctrl-C: stop the op running on the host before anything else is sent.
+    def _cancel(self, rid: int, op: str, on_event: EventHandler | None = None) -> None:
+        """Ctrl-C: stop the op running on the host before anything else is sent; what it says
+        while it stops (a runner's restore) still goes to ``on_event``.
 
-        A second Ctrl-C while waiting for that interrupts this too, at once.
+        A second Ctrl-C while waiting for that interrupts this too, at once; the op's answer
+        is then never read, so nothing more is sent on this link (``interrupted_twice``).
         """
         if self._proc is None or self.dead is not None:
             return
         try:
             self._write(b'{"op":"cancel"}\n')
-            self._await(rid, op, None)
+            self._await(rid, op, on_event)
         except LinkLostError as e:
             self.dead = str(e)
         except (RemoteStepError, RemoteError):
             pass
+        except KeyboardInterrupt:
+            self.interrupted_twice = True
+            self.dead = f"{self.transport.target.label}: interrupted twice during {op}"
+            raise
 
     def _await(self, rid: int, op: str, on_event: EventHandler | None) -> Any:
         """Events to ``on_event`` until the answer; the bytes the answer names ``{"blob": n}``
