@@ -170,9 +170,9 @@ def test_a_staged_copy_swapped_for_a_link_while_validated_is_refused(shared: Sha
     assert box.server_pid() == pid and release_dirs(box) == []
 
 
-def test_the_watchdogs_restore_replaces_a_link_planted_at_the_target_and_says_so(shared: Shared) -> None:
+def test_the_runners_restore_replaces_a_link_planted_at_the_target_and_says_so(shared: Shared) -> None:
     """The controller dies after the commit; the other user points the target at the root-only
-    file and plants at the watchdog's old temp name. The watchdog's restore follows neither."""
+    file and plants at the runner's temp name. The runner's restore follows neither."""
     s, box = shared, shared.box
     box.start_by_hand()
     original, victim = sha256(box.server_args), s.victim_state()
@@ -183,14 +183,15 @@ def test_the_watchdogs_restore_replaces_a_link_planted_at_the_target_and_says_so
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         release = release_dirs(box)[-1]
-        watchdog = int((release / "watchdog.pid").read_text())
-        wait_until(lambda: predictor.planted(f".server_args.py.orch-tmp-{watchdog}"), "the link at the watchdog's name")
+        runner = int(read(release / "runner.json")["pid"])
+        wait_until(lambda: predictor.planted(f".server_args.py.orch-tmp-{runner}"), "the link at the runner's name")
         plant_at_target(s)
-        wait_until(lambda: box.journal().get("step") == "restored_by_watchdog", "the watchdog", 240)
+        wait_until(lambda: box.journal().get("finished"), "the runner's restore", 240)
+    assert box.journal()["step"] == "rolled_back"
     assert s.victim_state() == victim
     s.assert_target_restored(original)
     record = read(release / "restored.json")
-    assert record["ok"] is True and record["by"] == "watchdog"
+    assert record["ok"] is True and record["by"] == "runner"
     refused = record["files"][0]["refused"]
     assert any(f"is a link made by uid {s.uid}" in why and str(s.victim) in why for why in refused), refused
     wait_healthy(box.port, 60)
@@ -207,6 +208,12 @@ def test_orch_rollback_replaces_a_link_planted_at_the_target_and_reports_it(shar
     s.proxy.sever()
     code, _, text = finish(proc)
     assert code == 3, text
+    # a reboot's worth: the runner and its guard gone, the release unfinished
+    ran = read(release_dirs(box)[-1] / "runner.json")
+    os.kill(ran["guard"], signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{ran['guard']}/status").exists()
+               or "Z" in Path(f"/proc/{ran['guard']}/status").read_text().split("State:")[1][:4], "the guard's end")
+    os.kill(ran["pid"], signal.SIGKILL)
     plant_at_target(s)
     with attacking(s.work, s.srt, s.victim, box.server_args, "swap"):
         back = box.orch("rollback", "--host", "gpu")
