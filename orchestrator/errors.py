@@ -16,6 +16,20 @@ A message is one line meant for a person. Nothing here does I/O.
 from __future__ import annotations
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to the controller (docs/CLI.md, "Signals"): before a commit it ends the
+    run as a Ctrl-C does (nothing changed, exit 1); after it, the controller only stops
+    following and the host's runner goes on — nothing is aborted."""
+
+    signum = 15  # SIGTERM (a class attribute: the fleet raises it in a worker by its class alone)
+
+
+class Hangup(Terminated):
+    """SIGHUP: the terminal or the SSH session that ran orch went away."""
+
+    signum = 1
+
+
 class OrchError(Exception):
     """Base of all errors orch raises on purpose."""
 

@@ -144,3 +144,42 @@ def test_status_follow_from_a_second_controller_gives_the_verdict_and_no_secret(
     again = box.orch("status", "--follow", "--host", "gpu")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"nothing in progress (last: {release.name}, deployed)" in again.stdout
+
+
+def test_sigterm_after_the_commit_stops_following_and_aborts_nothing(link: Link) -> None:
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    hold = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
+    release = held_at_before_stop(box)
+    proc.send_signal(signal.SIGTERM)
+    code, report, out = finish(proc)
+    assert code == 3, out
+    assert report["outcome"] == "unreachable" and report["release"] == release.name, out
+    assert report["error"].startswith(f"SIGTERM: orch stopped following release {release.name}")
+    assert "`orch status --follow --host gpu`" in report["error"] and "Traceback" not in out
+    # nothing was aborted: the runner waits in the hook, then finishes the release
+    assert outcome(release) == "in_progress" and not (release / "restored.json").exists()
+    hold.write_text("")
+    wait_until(lambda: outcome(release) == "deployed", timeout=180, what="the runner to confirm")
+    assert sha256(box.server_args) != original
+
+
+def test_sigterm_before_the_commit_is_failed_and_changes_nothing(link: Link) -> None:
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    go = box.root / "go"
+    wait = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, validate=[wait])))
+    wait_until(lambda: list(box.server_args.parent.glob(".server_args.orch-staged-*.py")), "the staged copy")
+    proc.send_signal(signal.SIGHUP)
+    go.write_text("")
+    code, report, out = finish(proc)
+    assert code == 1, out
+    assert report["outcome"] == "failed" and "Traceback" not in out, out
+    assert sha256(box.server_args) == original
+    assert cmdline(box.server_pid()) == box.hand_argv
+    wait_until(lambda: not list(box.server_args.parent.glob(".server_args.orch-staged-*.py")),
+               "the staged copy to go")

@@ -34,7 +34,7 @@ from orchestrator.cli.commands.nightly import nightly
 from orchestrator.cli.commands.rollback import rollback
 from orchestrator.cli.commands.status import status
 from orchestrator.core.outcomes import ExitCode, error_exit_code
-from orchestrator.errors import OrchError
+from orchestrator.errors import Hangup, OrchError, Terminated
 
 
 class Interrupted(Exception):
@@ -59,6 +59,13 @@ class SigintGate:
     def handler(self, _signum: int, _frame: object) -> None:
         if self.in_command:
             raise KeyboardInterrupt
+        self.pending = True
+
+    def terminate(self, signum: int, _frame: object) -> None:
+        """SIGTERM, SIGHUP: inside a command a ``Terminated`` (a deploy after its commit stops
+        following, and aborts nothing); elsewhere the same as a Ctrl-C."""
+        if self.in_command:
+            raise Hangup() if signum == signal.SIGHUP else Terminated()
         self.pending = True
 
 
@@ -103,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     as_json = "--json" in (args[: args.index("--")] if "--" in args else args)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored: a caller's wish, kept
         signal.signal(signal.SIGINT, SIGINT_GATE.handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's wish, kept
+            signal.signal(signum, SIGINT_GATE.terminate)
     try:
         code = cli.main(args=args, prog_name="orch", standalone_mode=False)
     except OrchError as e:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -76,6 +77,7 @@ from orchestrator.errors import (
     OrchError,
     PreflightRefusedError,
     RemoteError,
+    Terminated,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
@@ -258,7 +260,9 @@ class Deployment:
                     if e.kind == "changed":
                         raise ContentChangedError(f"{self.label}: {e.message}") from None
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                return self._stopped_following(signal.Signals(e.signum).name)
             if self.session.agent is not None and self.session.agent.interrupted_twice:
                 return self._stopped_following()
             return self._interrupted()
@@ -338,14 +342,17 @@ class Deployment:
         elif step == StepName.GATE.value and self.gate is not None and isinstance(judged, dict):
             self.reporter.gate(self.label, self.gate.take_judged(judged))
 
-    def _stopped_following(self) -> HostReport:
-        """A second Ctrl-C: one line naming the release and where its verdict is; exit 3."""
+    def _stopped_following(self, signame: str | None = None) -> HostReport:
+        """A second Ctrl-C, or SIGTERM/SIGHUP after the commit: one line naming the release and
+        where its verdict is; exit 3. A signal aborts nothing: the runner goes on as it was."""
+        why = (f"{signame}: orch stopped following release {self.release_id}, which its runner on the host "
+               "finishes" if signame else
+               f"interrupted again: orch stopped following release {self.release_id}, which its runner on the "
+               "host still finishes (aborting it)")
         return HostReport.ended(
             self.label, STOPPED_FOLLOWING, release=self.release_id,
             files=[f.path for f in self.plan.changed_files], extra={"timings": self.timings},
-            error=f"interrupted again: orch stopped following release {self.release_id}, which its runner "
-                  f"on the host still finishes (aborting it); `orch status --follow --host {self.label}` "
-                  "gives the verdict")
+            error=f"{why}; `orch status --follow --host {self.label}` gives the verdict")
 
     def _verdict(self, v: RunVerdict) -> HostReport:
         """The runner's verdict as this host's report: confirmed, or the failure it restored."""

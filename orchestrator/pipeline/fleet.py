@@ -166,8 +166,8 @@ class HostPool(Generic[R]):
             try:
                 if self._all_done.wait(0.25):
                     break
-            except KeyboardInterrupt:
-                self._interrupt()
+            except KeyboardInterrupt as e:
+                self._interrupt(type(e))  # a Ctrl-C, or SIGTERM/SIGHUP (``errors.Terminated``)
         for w in workers:
             w.join()
         for t in self.targets:  # taken, but cut off before its work could say anything
@@ -177,14 +177,14 @@ class HostPool(Generic[R]):
             raise next(iter(self.failures.values()))
         return self.results
 
-    def _interrupt(self) -> None:
+    def _interrupt(self, kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
         if not self.interrupted:
             self.hooks.interrupting()
         with self._lock:
             self.interrupted = True
             self.queue.clear()
             for ident in self._at_work:
-                raise_in_thread(ident, KeyboardInterrupt)
+                raise_in_thread(ident, kind)
 
     def _take(self) -> HostTarget | None:
         with self._lock:

@@ -26,6 +26,7 @@ from orchestrator.errors import (
     LinkLostError,
     MalformedReplyError,
     RemoteError,
+    Terminated,
     UnreachableError,
 )
 from orchestrator.shell.replies import Envelope, Malformed, decode
@@ -327,7 +328,12 @@ class Agent:
             if self.dead != str(e):
                 raise LinkLostError(self.dead) from None
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                # SIGTERM/SIGHUP: nothing is cancelled on the host (a runner goes on); the answer
+                # will never be read, so nothing more is sent on this link
+                self.dead = f"{self.transport.target.label}: terminated during {op}"
+                raise
             if sent:
                 self._cancel(rid, op, on_event)
             else:
