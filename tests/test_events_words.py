@@ -97,7 +97,8 @@ def test_the_words_are_todays(event: events.Event, said: str) -> None:
 
 def test_the_fields_go_to_json_as_they_are() -> None:
     wire = events.BackedUp(2, "r1", DEADLINE).to_wire()
-    assert wire == {"event": "backed_up", "level": "step", "files": 2, "release": "r1", "deadline": DEADLINE}
+    assert wire == {"event": "backed_up", "level": "step", "files": 2, "release": "r1", "deadline": DEADLINE,
+                    "runner": False}
     for event, _ in TODAY:
         back = json.loads(json.dumps(event.to_wire()))
         assert back["level"] == event.level and back["event"] == event.kind()

@@ -183,3 +183,44 @@ def test_sigterm_before_the_commit_is_failed_and_changes_nothing(link: Link) -> 
     assert cmdline(box.server_pid()) == box.hand_argv
     wait_until(lambda: not list(box.server_args.parent.glob(".server_args.orch-staged-*.py")),
                "the staged copy to go")
+
+
+def test_link_severed_after_the_commit_the_controller_reconnects_and_exits_with_the_verdict(link: Link) -> None:
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    hold = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
+    release = held_at_before_stop(box)
+    connections = link.proxy.connections
+    link.proxy.sever()  # the controller's connection dies; new ones get through
+    hold.write_text("")
+    code, report, out = finish(proc)
+    assert code == 0, out
+    assert report["outcome"] == "changed" and report["release"] == release.name, out
+    assert "connecting again to follow it" in out
+    assert link.proxy.connections > connections  # it did connect again
+    assert outcome(release) == "deployed" and sha256(box.server_args) != original
+    assert read(release / "reported.json")["by"]["command"] == "deploy"
+
+
+def test_reconnects_refused_exit_3_then_status_follow_gives_the_verdict(link: Link) -> None:
+    box = link.box
+    box.start_by_hand()
+    hold = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "1", str(held(box, hold)))
+    release = held_at_before_stop(box)
+    link.proxy.refuse()  # the route is gone: every new connection is refused
+    code, report, out = finish(proc)
+    assert code == 3, out
+    assert report["outcome"] == "unreachable", out
+    assert "the host finishes it by itself" in report["error"]
+    assert "`orch status --follow --host gpu`" in report["error"]
+    assert outcome(release) == "in_progress"  # nothing was aborted
+    box.write_inventory()  # the route back (straight to sshd)
+    follower = box.start_orch("status", "--follow", "--host", "gpu", "--json")
+    hold.write_text("")
+    out, err = follower.communicate(timeout=240)
+    assert follower.returncode == 0, out + err
+    assert json.loads(out)["hosts"]["gpu"]["outcome"] == "changed"
+    assert outcome(release) == "deployed"

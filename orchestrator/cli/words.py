@@ -127,6 +127,12 @@ def _(e: ev.ReleaseCurrent) -> str:
 
 
 @line.register
+def _(e: ev.Reconnecting) -> str:
+    return (f"{e.lost}; the host goes on by itself: connecting again to follow it "
+            f"(every 5 s, for up to {e.window:.0f} s)")
+
+
+@line.register
 def _(e: ev.RunnerStep) -> str:
     took = f" ({e.seconds:.1f} s)" if e.seconds is not None else ""
     return f"{e.step}: {e.state}{took}"

@@ -174,6 +174,15 @@ class ReleaseCurrent(Event):
 
 
 @dataclass(frozen=True)
+class Reconnecting(Event):
+    """The link was lost after the commit: orch connects again to follow the runner."""
+
+    level: ClassVar[Level] = WARNING
+    lost: str
+    window: float
+
+
+@dataclass(frozen=True)
 class RunnerStep(Event):
     """A step of a release's runner began, ended or failed (``status --follow``)."""
 

@@ -146,6 +146,7 @@ def op_release_follow(s, release_dir, after=0, abort_on_cancel=True):
             if wire.get("event") == VERDICT:
                 return {"verdict": wire, "lines": seen}
             kind = wire.pop("event", "unreadable")
+            wire["line"] = seen  # where a follower that lost its link goes on (``after``)
             s.event(kind, **wire)
         if s.cancel_requested and not abort_on_cancel:
             raise AgentError("cancelled", "stopped following (the runner goes on)")
@@ -386,4 +387,5 @@ def restore_verdict(s, release_dir, by, reason, failed, results=None):
                 "error": {"kind": e.kind, "message": e.message}}
     ok = bool(record.get("ok"))
     return {"event": VERDICT, "verdict": "restored" if ok else "restore_failed", "failed": failed,
-            "restore": record, "results": results or {}, "by": record.get("by", by), "at": time.time()}
+            "reason": reason, "restore": record, "results": results or {}, "by": record.get("by", by),
+            "at": time.time()}

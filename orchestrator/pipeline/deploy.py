@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import signal
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -73,11 +74,13 @@ from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
     GateFailedError,
+    HostKeyError,
     LinkLostError,
     OrchError,
     PreflightRefusedError,
     RemoteError,
     Terminated,
+    UnreachableError,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
@@ -129,6 +132,8 @@ from orchestrator.shell.program import (
 )
 from orchestrator.shell.replies import Malformed
 
+RECONNECT_SECONDS = 5.0  # between tries to reach a host again after its link was lost after the commit
+
 
 @dataclass
 class Deployment:
@@ -155,6 +160,7 @@ class Deployment:
     readback: ops.Op | None = None  # the program's requests whose answers the deploy reads
     pruning: PrunePlan | None = None  # what the confirm prunes (decided before the commit)
     committed_shown: bool = False
+    lines_seen: int = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
     failure_shown: bool = False  # the runner's "restoring" said why the deploy failed, as it happened
     restart_shown: bool = False
     runner_verdict: RunVerdict | None = None  # how the host's runner ended a failed release
@@ -251,6 +257,11 @@ class Deployment:
                   run, follow, reported_op(self.release_dir, "deploy")]
         try:
             got = self.session.batch(steps, on_event=self._on_runner_event)
+        except LinkLostError as lost:
+            got_back = self._reconnect_and_follow(lost)
+            if got_back is None:
+                raise
+            return self._verdict(got_back)
         except RemoteStepError as e:
             if wire and e.op == "batch":
                 # what the commit wrote, by the host's record: never assumed from where the batch failed
@@ -274,6 +285,9 @@ class Deployment:
     def _on_runner_event(self, ev: dict[str, Any]) -> None:
         """One event of the runner's log, as it comes: the step lines in the order the host
         ran them, each step's answers shown once it ended, progress on the live line."""
+        line = ev.get("line")
+        if isinstance(line, int) and line > self.lines_seen:
+            self.lines_seen = line  # a follow after a lost link goes on from here
         if ev.get("event") == "answers":
             self._on_answers(str(ev.get("step")), ev.get("answers"), ev.get("judged"))
             return
@@ -342,6 +356,29 @@ class Deployment:
         elif step == StepName.GATE.value and self.gate is not None and isinstance(judged, dict):
             self.reporter.gate(self.label, self.gate.take_judged(judged))
 
+    def _reconnect_and_follow(self, lost: LinkLostError) -> RunVerdict | None:
+        """The link was lost after the commit was sent: connect again (every 5 s, for up to 6
+        connect timeouts) and follow the runner on from the last line seen. None when the host
+        cannot be reached again in that time, or has no runner (the commit never came)."""
+        window = 6 * self.session.options.connect_timeout
+        self.reporter.event(self.label, events.Reconnecting(self._redact(str(lost)), window))
+        until = time.monotonic() + window
+        while True:
+            try:
+                self.session.reconnect()
+                follow = release_follow(self.release_dir, self.lines_seen)
+                v: RunVerdict = self.session.batch([follow, reported_op(self.release_dir, "deploy")],
+                                                   on_event=self._on_runner_event)[follow]
+                return v
+            except RemoteStepError as e:
+                if e.kind == "norunner":
+                    return None
+                raise
+            except (UnreachableError, LinkLostError, HostKeyError):
+                if time.monotonic() + RECONNECT_SECONDS > until:
+                    return None
+                time.sleep(RECONNECT_SECONDS)
+
     def _stopped_following(self, signame: str | None = None) -> HostReport:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the commit: one line naming the release and
         where its verdict is; exit 3. A signal aborts nothing: the runner goes on as it was."""
@@ -362,7 +399,8 @@ class Deployment:
         self.runner_record = RestoreRecord.from_wire(v.restore) if v.restore else None
         if v.verdict == RunVerdict.NOT_CONFIRMED:
             return self._restored_before_confirm(self.runner_record)
-        failed = v.failed or {}
+        # no step failed when the guard restored (the runner died, or outlived the backstop): its reason
+        failed = v.failed or {"kind": "runner", "message": str(v.wire.get("reason") or "the host's runner died")}
         e = self._cause_of(failed, v.results)
         if isinstance(e, RemoteStepError) and e.kind == "gate" and self.gate is not None:
             self.reporter.gate(self.label, self.gate.take_judged(e.details))

@@ -7,6 +7,7 @@ whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import socket
@@ -94,6 +95,15 @@ class HostSession:
             self.agent.close()
         if self.transport is not None:
             self.transport.close()
+
+    def reconnect(self) -> None:
+        """A new connection and helper in place of a lost one (the old ones closed as they can
+        be: a dead link is not waited on). Raises what connecting raises."""
+        with contextlib.suppress(Exception):
+            self.__exit__(None, None, None)
+        self.agent = None
+        self.transport = None
+        self.__enter__()
 
     def call(self, op: str, **args: Any) -> Any:
         assert self.agent is not None
