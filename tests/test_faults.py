@@ -132,13 +132,14 @@ def test_link_severed_after_the_commit_exits_3_and_the_host_finishes_the_release
     box = link.box
     box.start_by_hand()
     original = sha256(box.server_args)
-    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "3",
                           str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="10s")))
     wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
-    link.proxy.sever()
+    link.proxy.refuse()  # severed, and no way back: orch tries to connect again, in vain
     code, rep, text = finish(proc)
     assert code == 3, text
     assert rep["outcome"] == "unreachable"
+    assert "connecting again to follow it" in text
     assert "after the commit" in rep["error"] and "the host finishes it by itself" in rep["error"]
     assert "orch status --follow --host gpu" in rep["error"]
     # the runner's health wait ends; it restores; the link works again for new connections
@@ -146,6 +147,7 @@ def test_link_severed_after_the_commit_exits_3_and_the_host_finishes_the_release
     assert box.journal()["step"] == "rolled_back"
     assert_as_before(box, original)
     assert read(release_dirs(box)[-1] / "restored.json")["by"] == "runner"
+    box.write_inventory()  # a route back, straight to sshd
     status = box.orch("status", "--host", "gpu")
     assert status.returncode == 0, status.stdout + status.stderr
 
@@ -155,12 +157,12 @@ def test_link_severed_during_the_runners_restore_the_host_finishes_it(link: Link
     box = link.box
     gate = hold_ready(box)
     original = sha256(box.server_args)
-    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "3",
                           str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
     release = wait_until(lambda: next((d for d in release_dirs(box) if (d / "claim.json").exists()), None),
                          "the runner's claim")
     assert read(release / "claim.json")["by"] == "runner"
-    link.proxy.sever()  # the restore is under way on the host: the old server waits for `gate`
+    link.proxy.refuse()  # the restore is under way on the host (the old server waits for `gate`); no way back
     code, rep, text = finish(proc)
     assert code == 3, text
     assert rep["outcome"] == "unreachable"
@@ -198,10 +200,10 @@ def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
     """Defect 6: a silent link is noticed once; no later request (the lock's release) waits on it."""
     box = link.box
     box.start_by_hand()
-    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "3",
                           str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="5m")))
     wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
-    link.proxy.stall()
+    link.proxy.stall()  # new connections stall too: connecting again fails
     code, rep, text = finish(proc)
     assert code == 3, text
     assert rep["outcome"] == "unreachable" and "no data from" in rep["error"]

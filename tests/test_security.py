@@ -202,10 +202,10 @@ def test_orch_rollback_replaces_a_link_planted_at_the_target_and_reports_it(shar
     s, box = shared, shared.box
     box.start_by_hand()
     original, victim = sha256(box.server_args), s.victim_state()
-    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "3",
                           str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="5m")))
     wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
-    s.proxy.sever()
+    s.proxy.refuse()
     code, _, text = finish(proc)
     assert code == 3, text
     # a reboot's worth: the runner and its guard gone, the release unfinished
@@ -214,6 +214,7 @@ def test_orch_rollback_replaces_a_link_planted_at_the_target_and_reports_it(shar
     wait_until(lambda: not Path(f"/proc/{ran['guard']}/status").exists()
                or "Z" in Path(f"/proc/{ran['guard']}/status").read_text().split("State:")[1][:4], "the guard's end")
     os.kill(ran["pid"], signal.SIGKILL)
+    box.write_inventory()  # a route back, straight to sshd
     plant_at_target(s)
     with attacking(s.work, s.srt, s.victim, box.server_args, "swap"):
         back = box.orch("rollback", "--host", "gpu")

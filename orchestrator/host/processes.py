@@ -323,7 +323,6 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
         out.close()
     s.children[proc.pid] = proc
     s.last_started = {"pid": proc.pid, "log": log_path}
-    s.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
     if pidfile:
         # Best effort: the server runs either way, and is found by its port
         # when its pidfile cannot be written (a full disk must not turn a
@@ -336,6 +335,9 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
             write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
         except OSError as e:
             s.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
+    # said after the pidfile is written: a restore that takes over from a runner killed here finds
+    # the server by it (the event is written to disk first, with an fsync, in a runner)
+    s.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
     return {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "cwd": cwd, "log": log_path}
 
 

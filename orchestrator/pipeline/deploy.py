@@ -76,6 +76,7 @@ from orchestrator.errors import (
     GateFailedError,
     HostKeyError,
     LinkLostError,
+    MalformedReplyError,
     OrchError,
     PreflightRefusedError,
     RemoteError,
@@ -258,6 +259,8 @@ class Deployment:
         try:
             got = self.session.batch(steps, on_event=self._on_runner_event)
         except LinkLostError as lost:
+            if isinstance(lost, MalformedReplyError):
+                raise  # a helper that spoke garbage is not asked for a verdict again
             got_back = self._reconnect_and_follow(lost)
             if got_back is None:
                 raise

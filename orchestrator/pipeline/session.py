@@ -74,6 +74,8 @@ class HostSession:
     transport: Transport | None = None
     agent: Agent | None = None
     state_dir: str = ""
+    earlier_calls: int = 0  # round trips of connections lost before this one (``reconnect``)
+    earlier_execs: int = 0
 
     def __enter__(self) -> HostSession:
         self.transport = open_transport(
@@ -99,6 +101,7 @@ class HostSession:
     def reconnect(self) -> None:
         """A new connection and helper in place of a lost one (the old ones closed as they can
         be: a dead link is not waited on). Raises what connecting raises."""
+        self.earlier_calls, self.earlier_execs = self.round_trips, self.execs
         with contextlib.suppress(Exception):
             self.__exit__(None, None, None)
         self.agent = None
@@ -143,11 +146,12 @@ class HostSession:
 
     @property
     def round_trips(self) -> int:
-        return self.agent.calls if self.agent else 0
+        """Every round trip of the run, those of a connection lost and made again included."""
+        return self.earlier_calls + (self.agent.calls if self.agent else 0)
 
     @property
     def execs(self) -> int:
-        return self.transport.exec_count if self.transport else 0
+        return self.earlier_execs + (self.transport.exec_count if self.transport else 0)
 
 
 def at(when: float) -> str:
