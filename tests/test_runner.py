@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -35,17 +36,23 @@ def held_at_before_stop(box: Sandbox) -> Path:
     return box.state_dir / "releases" / read(journal)["release"]
 
 
+def start_held(box: Sandbox, *args: str) -> tuple[subprocess.Popen[str], Path, Path, str]:
+    """A deploy (with ``args``) whose runner waits in its ``before_stop`` hook: the controller,
+    the release, the file that lets the hook go, and the target's sha256 before."""
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    hold = box.root / "go"
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", *args, str(held(box, hold)))
+    return proc, held_at_before_stop(box), hold, original
+
+
 def outcome(release: Path) -> str:
     return str(read(release / "manifest.json").get("outcome"))
 
 
 def test_controller_killed_at_before_stop_the_runner_makes_the_release_current(link: Link) -> None:
     box = link.box
-    box.start_by_hand()
-    original = sha256(box.server_args)
-    hold = box.root / "go"
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
-    release = held_at_before_stop(box)
+    proc, release, hold, original = start_held(box)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # the runner holds the lock: a deploy from this same machine is refused as in progress
@@ -71,11 +78,7 @@ def test_controller_killed_at_before_stop_the_runner_makes_the_release_current(l
 
 def test_runner_killed_the_guard_restores_at_once(link: Link) -> None:
     box = link.box
-    box.start_by_hand()
-    original = sha256(box.server_args)
-    hold = box.root / "go"
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
-    release = held_at_before_stop(box)
+    proc, release, hold, original = start_held(box)
     runner = read(release / "runner.json")
     os.kill(runner["pid"], signal.SIGKILL)
     code, report, out = finish(proc)
@@ -94,11 +97,7 @@ def test_runner_killed_the_guard_restores_at_once(link: Link) -> None:
 
 def test_ctrl_c_after_the_commit_aborts_the_runner_which_restores(link: Link) -> None:
     box = link.box
-    box.start_by_hand()
-    original = sha256(box.server_args)
-    hold = box.root / "go"
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
-    release = held_at_before_stop(box)
+    proc, release, hold, original = start_held(box)
     proc.send_signal(signal.SIGINT)
     code, report, out = finish(proc)
     assert code == 1, out
@@ -148,11 +147,7 @@ def test_status_follow_from_a_second_controller_gives_the_verdict_and_no_secret(
 
 def test_sigterm_after_the_commit_stops_following_and_aborts_nothing(link: Link) -> None:
     box = link.box
-    box.start_by_hand()
-    original = sha256(box.server_args)
-    hold = box.root / "go"
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
-    release = held_at_before_stop(box)
+    proc, release, hold, original = start_held(box)
     proc.send_signal(signal.SIGTERM)
     code, report, out = finish(proc)
     assert code == 3, out
@@ -187,11 +182,7 @@ def test_sigterm_before_the_commit_is_failed_and_changes_nothing(link: Link) -> 
 
 def test_link_severed_after_the_commit_the_controller_reconnects_and_exits_with_the_verdict(link: Link) -> None:
     box = link.box
-    box.start_by_hand()
-    original = sha256(box.server_args)
-    hold = box.root / "go"
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", str(held(box, hold)))
-    release = held_at_before_stop(box)
+    proc, release, hold, original = start_held(box)
     connections = link.proxy.connections
     link.proxy.sever()  # the controller's connection dies; new ones get through
     hold.write_text("")

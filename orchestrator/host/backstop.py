@@ -103,8 +103,8 @@ def fork_watchdog(release_dir, log_path, fire_at=None, go_fd=None):
         os.close(log_fd)
         os.close(null_fd)
         return pid
-    code = 1
-    try:
+
+    def watchdog():
         os.setsid()
         os.chdir("/")
         os.dup2(null_fd, 0)
@@ -116,16 +116,25 @@ def fork_watchdog(release_dir, log_path, fire_at=None, go_fd=None):
         sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
         name_process("orch-watchdog")
         if go_fd is None:
-            code = watchdog_main(release_dir, fire_at)
-        else:
-            from .runner import guard_main
+            return watchdog_main(release_dir, fire_at)
+        from .runner import guard_main
 
-            code = guard_main(release_dir, fire_at, 3)
-    except SystemExit as e:  # SIGTERM (watchdog_main's handler)
+        return guard_main(release_dir, fire_at, 3)
+
+    exit_child("watchdog", watchdog)
+
+
+def exit_child(name, body):
+    """``body()`` in a forked child, then ``os._exit`` with its code whatever happens: a child
+    must never return into its parent's loop (SIGTERM's ``SystemExit`` included)."""
+    code = 1
+    try:
+        code = body()
+    except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0
-    except BaseException as e:  # noqa: BLE001 - the child must never return into the helper's loop
+    except BaseException as e:  # noqa: BLE001 - see above
         try:
-            print("watchdog: %s: %s" % (type(e).__name__, e))
+            print("%s: %s: %s" % (name, type(e).__name__, e))
         except Exception:  # noqa: BLE001
             pass
     finally:
@@ -133,7 +142,6 @@ def fork_watchdog(release_dir, log_path, fire_at=None, go_fd=None):
             sys.stdout.flush()
         finally:
             os._exit(code)
-
 
 
 def close_fds_from(low):

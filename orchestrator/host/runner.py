@@ -205,23 +205,15 @@ def guard_main(release_dir, fire_at, go_fd):
         return watchdog_main(release_dir, fire_at)
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
-            os.setpgid(0, 0)
-            from .main import name_process
+        from .backstop import exit_child
+        from .main import name_process
 
+        def runner():
+            os.setpgid(0, 0)  # its own group: what it runs dies with it (``guard_wait``)
             name_process("orch-runner")
-            code = runner_main(release_dir)
-        except BaseException as e:  # noqa: BLE001 - the child must never return into the guard
-            try:
-                print("runner: %s: %s" % (type(e).__name__, e))
-            except Exception:  # noqa: BLE001
-                pass
-        finally:
-            try:
-                sys.stdout.flush()
-            finally:
-                os._exit(code)
+            return runner_main(release_dir)
+
+        exit_child("runner", runner)
     write_json(os.path.join(release_dir, RUNNER_FILE),
                {"pid": pid, "starttime": proc_starttime(pid), "guard": os.getpid(),
                 "guard_starttime": proc_starttime(os.getpid()), "started": time.time()})
