@@ -29,7 +29,13 @@ def interrupted(args: "list[str]") -> None:
         # importing what json imports (re), and importing it now would fail half-way
         _sys.stdout.write(INTERRUPTED_JSON)
         _sys.stdout.flush()
-    _sys.exit(1)  # SystemExit leaves even an import half-way quietly
+    # Out at once, without the interpreter's finalization: a read's abandoned workers (daemon
+    # threads, blocked in a socket) made it abort now and then ("FATAL: exception not rethrown").
+    # Everything worth keeping was written and flushed above; the hosts' helpers end with
+    # their SSH sessions, which the kernel closes.
+    import os
+
+    os._exit(1)
 
 
 INTERRUPTED_JSON = '{\n  "error": "interrupted",\n  "exit_code": 1,\n  "hosts": {},\n  "interrupted": true\n}\n'

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.host import eventlog
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sandbox import (
     SHIPPED_SPEC,
@@ -183,6 +184,9 @@ def test_a_runner_that_dies_mid_restore_is_backed_up_by_its_guard_at_once(link: 
                           str(story(box, env={"STANDIN_CRASH_AT_START": "1"})))
     release = wait_until(lambda: next((d for d in release_dirs(box) if (d / "claim.json").exists()), None),
                          "the runner's claim")
+    # mid-restore: the previous server started again (its pidfile written), waiting for `gate`
+    wait_until(lambda: len([w for w in eventlog.lines(str(release))
+                            if str(w.get("msg", "")).startswith("started pid")]) >= 2, "the restore's start")
     runner = int(read(release / "runner.json")["pid"])
     assert int(read(box.state_dir / "lock.json")["agent_pid"]) == runner  # the lock is the runner's
     os.kill(runner, signal.SIGKILL)  # the host-side restorer dies mid-restore
