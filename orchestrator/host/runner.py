@@ -72,22 +72,18 @@ class RunnerSession(Session):
         if kind in ("tick", "step"):
             return  # steps: the executor logs them itself (``record_event``)
         fields["event"] = kind
-        append_event(self.release_dir, fields, self.mask)
+        eventlog.append(self.release_dir, fields, self.mask)
 
     def answered(self, step, answers, judged=None):
         wire = {"event": "answers", "step": step, "answers": answers}
         if judged is not None:
             wire["judged"] = judged
-        append_event(self.release_dir, wire, self.mask)
-
-
-append_event = eventlog.append
-log_lines = eventlog.lines
+        eventlog.append(self.release_dir, wire, self.mask)
 
 
 def verdict_of(release_dir):
     """The release's verdict, once its log has one (None before)."""
-    for wire in reversed(log_lines(release_dir)):
+    for wire in reversed(eventlog.lines(release_dir)):
         if wire.get("event") == VERDICT:
             return wire
     return None
@@ -141,7 +137,7 @@ def op_release_follow(s, release_dir, after=0, abort_on_cancel=True):
     seen = int(after or 0)
     aborted = False
     while True:
-        for wire in log_lines(release_dir, seen):
+        for wire in eventlog.lines(release_dir, seen):
             seen += 1
             if wire.get("event") == VERDICT:
                 return {"verdict": wire, "lines": seen}
@@ -170,9 +166,8 @@ def op_release_abort(s, release_dir):
 
 
 def abort_runner(release_dir):
-    runner = read_record(os.path.join(release_dir, RUNNER_FILE)) or {}
-    pid = runner.get("pid")
-    if not same_process(pid, runner.get("starttime")):
+    pid = live(release_dir, "pid", "starttime")
+    if pid is None:
         return False
     try:
         os.kill(pid, signal.SIGTERM)
@@ -182,13 +177,19 @@ def abort_runner(release_dir):
 
 
 def runner_alive(release_dir):
-    runner = read_record(os.path.join(release_dir, RUNNER_FILE)) or {}
-    return bool(runner.get("pid")) and same_process(runner.get("pid"), runner.get("starttime"))
+    return live(release_dir, "pid", "starttime") is not None
 
 
 def guard_alive(release_dir):
+    return live(release_dir, "guard", "guard_starttime") is not None
+
+
+def live(release_dir, pid_key, start_key):
+    """The pid ``runner.json`` records under ``pid_key`` if that process still lives (pid and
+    start time: a reused pid is not it); None otherwise."""
     runner = read_record(os.path.join(release_dir, RUNNER_FILE)) or {}
-    return bool(runner.get("guard")) and same_process(runner.get("guard"), runner.get("guard_starttime"))
+    pid = runner.get(pid_key)
+    return pid if pid and same_process(pid, runner.get(start_key)) else None
 
 
 # ---------------------------------------------------------------- the guard
@@ -276,7 +277,7 @@ def guard_wait(release_dir, pid, fire_at):
     spec = read_json(os.path.join(release_dir, "restore.json")) or {}
     s = RunnerSession(release_dir, spec.get("mask"))
     verdict = restore_verdict(s, release_dir, "guard", why, None)
-    append_event(release_dir, verdict, s.mask)
+    eventlog.append(release_dir, verdict, s.mask)
     give_back_lock(release_dir, pid)
     return 0 if verdict["verdict"] != "restore_failed" else 1
 
@@ -318,7 +319,7 @@ def runner_main(release_dir):
     threading.Thread(target=s.background, name="orch-runner-heartbeat", daemon=True).start()
     try:
         verdict = run_to_verdict(s, release_dir)
-        append_event(release_dir, verdict, s.mask)
+        eventlog.append(release_dir, verdict, s.mask)
     finally:
         s.stopping = True
         release_own_lock(s)

@@ -61,7 +61,8 @@ def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate
     for st in before:
         if st.get("seconds") is None:  # the commit: until the program's first step
             st["seconds"] = round(max(0.0, first - float(st.get("at") or first)), 3)
-    every = before + phase_steps(events, now)
+    on_host = phase_steps(events, now)
+    every = before + on_host
     fields = {"finished": now, "duration": round(now - float(started), 3), "steps": every,
               "timings": dict((st["step"], st["seconds"]) for st in every)}
     judged = read_record(os.path.join(release_dir, GATE_JUDGED)) if gate else None
@@ -73,7 +74,7 @@ def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate
                            "summary": probes[0]["result"].get("summary") if probes else None, "probes": probes}
     op_release_update(s, state_dir, release_id, fields)
     lines = ["%s %s: %.1f s\n" % (time.strftime("%H:%M:%S", time.gmtime(st["at"])), st["step"], st["seconds"])
-             for st in phase_steps(events, now)]
+             for st in on_host]
     if lines:
         op_release_log(s, state_dir, release_id, "".join(["on the host (UTC):\n"] + lines))
     return fields
