@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -311,3 +312,23 @@ def test_leftover_temp_dirs_are_removed_only_when_abandoned_and_orch_s(agent: Ag
     assert left == sorted([".mod.orch-staged-now.py", ".mod.orch-staged-twice.py", busy.name, shared.name,
                            link.name, "hardlink", "mod.py"])
     assert (busy / "notes").read_text() == "not orch's\n"
+
+
+def test_a_server_is_held_until_its_pidfile_is_written_and_never_runs_if_its_starter_dies(tmp_path: Path) -> None:
+    """The runner killed between the fork and the pidfile: the server must not run unseen
+    (a restore that takes over would not find it and start a second one on its port)."""
+    from orchestrator.host.processes import spawn_held
+
+    marker = tmp_path / "ran"
+    program = [sys.executable, "-c", f"import os; open({str(marker)!r}, 'w').write(str(os.getpid()))"]
+    with open(os.devnull, "wb") as out:
+        abandoned, go = spawn_held(program, None, dict(os.environ), out)
+    os.close(go)  # its starter died before saying "go"
+    assert abandoned.wait(timeout=30) == 125 and not marker.exists()
+
+    with open(os.devnull, "wb") as out:
+        released, go = spawn_held(program, str(tmp_path), dict(os.environ), out)
+    assert not marker.exists()  # held: nothing of the server's own runs before "go"
+    os.write(go, b"go\n")
+    os.close(go)
+    assert released.wait(timeout=30) == 0 and marker.read_text() == str(released.pid)  # exec: the same pid

@@ -314,31 +314,72 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
     except OSError as e:
         raise AgentError("planted" if e.errno == errno.ELOOP else "server", "cannot open the server's log %s: %s" % (
             log_path, "a link sits there: refused, not followed" if e.errno == errno.ELOOP else e.strerror or e))
+    missing = not_startable(argv[0], cwd, full_env)
+    if missing:
+        out.close()
+        raise AgentError("server", "cannot start %s: %s" % (argv[0], missing))
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        proc, go = spawn_held(argv, cwd, full_env, out)
     except OSError as e:
         raise AgentError("server", "cannot start %s: %s" % (argv[0], e.strerror or e))
     finally:
         out.close()
-    s.children[proc.pid] = proc
-    s.last_started = {"pid": proc.pid, "log": log_path}
-    if pidfile:
-        # Best effort: the server runs either way, and is found by its port
-        # when its pidfile cannot be written (a full disk must not turn a
-        # started server into a failed restore).
-        p = expand(pidfile)
-        try:
-            d = os.path.dirname(p)
-            if not os.path.isdir(d):
-                os.makedirs(d, 0o755)
-            write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
-        except OSError as e:
-            s.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
-    # said after the pidfile is written: a restore that takes over from a runner killed here finds
-    # the server by it (the event is written to disk first, with an fsync, in a runner)
+    try:
+        s.children[proc.pid] = proc
+        s.last_started = {"pid": proc.pid, "log": log_path}
+        if pidfile:
+            # Best effort: the server runs either way, and is found by its port
+            # when its pidfile cannot be written (a full disk must not turn a
+            # started server into a failed restore).
+            p = expand(pidfile)
+            try:
+                d = os.path.dirname(p)
+                if not os.path.isdir(d):
+                    os.makedirs(d, 0o755)
+                write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
+            except OSError as e:
+                s.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
+        os.write(go, b"go\n")  # only now does the server's own program run
+    finally:
+        os.close(go)
     s.event("progress", msg="started pid %d, log %s" % (proc.pid, log_path))
     return {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "cwd": cwd, "log": log_path}
+
+
+HELD_START = 'IFS= read -r go || exit 125; exec "$@" </dev/null'
+"""The shell a server is started through: it waits for "go" on its stdin (a pipe), then
+becomes the server (``exec``: same pid, the server's own argv, stdin from /dev/null). The one who started it writes "go"
+only once the pidfile names that pid; if it dies first (a runner killed right after
+the fork) the pipe ends, the shell exits 125, and no server runs that nobody can find."""
+
+
+def spawn_held(argv, cwd, env, out):
+    """The server's process, held before its program runs, and the pipe end that lets it go."""
+    r, w = os.pipe()
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", HELD_START, "orch-start"] + list(argv), cwd=cwd, env=env,
+                                stdin=r, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return proc, w
+
+
+def not_startable(program, cwd, env):
+    """Why ``program`` cannot be run (as ``execvp`` would look it up), or None: said at once,
+    as a failed start, rather than as the shell's exit 127 in the server's log."""
+    if os.sep in program:
+        path = program if os.path.isabs(program) else os.path.join(cwd or os.getcwd(), program)
+        if not os.path.exists(path):
+            return os.strerror(errno.ENOENT)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            return os.strerror(errno.EACCES)
+        return None
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        return os.strerror(errno.ENOENT)
+    return None
 
 
 def run_server_cmd(argv, timeout=600.0):
