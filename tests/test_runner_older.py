@@ -66,6 +66,13 @@ def host_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
         raise AssertionError(proc.stdout + proc.stderr) from None
 
 
+def argv_now(box: Sandbox) -> list[str]:
+    """The command line of the server that listens on the box's port now."""
+    pid = box.server_pid()
+    assert pid is not None, "no server listens on the port"
+    return cmdline(pid)
+
+
 def gone(pid: int) -> bool:
     """The process has ended (a zombie counts as ended)."""
     try:
@@ -99,7 +106,7 @@ def test_a_runner_without_its_guard_is_in_progress_0_5_0_sees_it_held_and_it_fin
     # orch 0.5.0 against the live runner: the lock is held, nothing is taken or changed
     lock = read(box.state_dir / "lock.json")
     assert lock["controller_id"].startswith("runner@") and lock["agent_pid"] == ran["pid"]
-    committed, argv = sha256(box.server_args), cmdline(box.server_pid())
+    committed, argv = sha256(box.server_args), argv_now(box)
     assert committed != original
     old = old_orch(box, orch_0_5_0, "status", "--host", "gpu", "--json")
     seen = host_json(old)
@@ -111,7 +118,7 @@ def test_a_runner_without_its_guard_is_in_progress_0_5_0_sees_it_held_and_it_fin
         refused = old_orch(box, orch_0_5_0, "deploy", "--host", "gpu", "--json", *extra, other)
         assert refused.returncode == 2, (extra, refused.stdout + refused.stderr)
         assert f"release {release.name} in progress" in host_json(refused)["error"], extra
-    assert sha256(box.server_args) == committed and cmdline(box.server_pid()) == argv
+    assert sha256(box.server_args) == committed and argv_now(box) == argv
     after = read(box.state_dir / "lock.json")
     assert after["token"] == lock["token"] and after["controller_id"] == lock["controller_id"]
     assert outcome(release) == "in_progress" and not (release / "restored.json").exists()
@@ -120,7 +127,7 @@ def test_a_runner_without_its_guard_is_in_progress_0_5_0_sees_it_held_and_it_fin
     hold.write_text("")
     wait_until(lambda: outcome(release) == "deployed", timeout=180, what="the runner to confirm alone")
     assert sha256(box.server_args) == committed
-    assert "--speculative-disable-batch-threshold" in cmdline(box.server_pid())
+    assert "--speculative-disable-batch-threshold" in argv_now(box)
     assert not (release / "restored.json").exists()
     assert read(box.state_dir / "state.json")["applied"][-1] == release.name
     wait_until(lambda: not (box.state_dir / "lock.json").exists(), what="the runner to give the lock back")
@@ -152,7 +159,7 @@ def test_a_release_held_by_0_5_0_s_watchdog_is_in_progress_refused_and_rollback_
     release = box.state_dir / "releases" / rid
     assert not (release / "runner.json").exists()  # 0.5.0 has no runner: a watchdog alone
     watchdog = read(release / "watchdog.json")
-    committed, argv = sha256(box.server_args), cmdline(box.server_pid())
+    committed, argv = sha256(box.server_args), argv_now(box)
     assert committed != original
     # 0.5.0's helper stops its health wait once its controller is gone, and gives the lock back
     wait_until(lambda: not (box.state_dir / "lock.json").exists(), "0.5.0's helper to give the lock back")
@@ -170,7 +177,7 @@ def test_a_release_held_by_0_5_0_s_watchdog_is_in_progress_refused_and_rollback_
     refused = box.orch("deploy", "--host", "gpu", "--json", str(story(box, "again.yaml", threshold=8)))
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"release {rid} in progress" in host_json(refused)["error"]
-    assert sha256(box.server_args) == committed and cmdline(box.server_pid()) == argv
+    assert sha256(box.server_args) == committed and argv_now(box) == argv
     assert box.journal()["release"] == rid and box.journal()["finished"] is False
 
     # item 5: `orch rollback --abort` on a release only an older watchdog holds restores now
@@ -180,7 +187,7 @@ def test_a_release_held_by_0_5_0_s_watchdog_is_in_progress_refused_and_rollback_
     assert rep["outcome"] == "rolled_back" and rep["release"] == rid, rep
     assert sha256(box.server_args) == original
     wait_healthy(box.port, 60)
-    assert cmdline(box.server_pid()) == box.hand_argv
+    assert argv_now(box) == box.hand_argv
     assert read(release / "restored.json")["by"] == "rollback"
     assert box.journal()["finished"] is True
     # the old watchdog finds the release restored and leaves without restoring it again
