@@ -92,10 +92,20 @@ def test_the_words_of_each_state() -> None:
     assert live.words() == f"release R1 in progress (step restarting since {clock(1000.0)}, started by ann@lap)"
     assert "orch rollback" not in live.words() and "orch rollback" not in live.refusal()
     assert live.to_json() == {"release": "R1", "kind": "deploy", "step": "restarting", "since": 1000.0,
-                              "holder": "ann@lap", "state": "in_progress", "restores_at": None}
+                              "holder": "ann@lap", "state": "in_progress", "restores_at": None, "guard": None}
     gone = host_view("gpu", journal(), None, WATCHDOG)
-    assert gone.words() == (f"release R1: its controller is gone (last step restarting); the watchdog restores "
-                            f"it at {clock(2000.0)} (host clock); `orch rollback --host gpu` restores now")
+    assert gone.words() == (f"release R1 in progress, its controller gone (last step restarting): the watchdog "
+                            f"restores it at {clock(2000.0)} (host clock); `orch rollback --host gpu` restores now")
+    assert gone.problem() is None  # its watchdog finishes it: in progress, not unfinished
+    # a runner's release (its lock says runner@): "no guard" once the guard it armed is dead
+    runner = LockRecord(user="ann", controller="lap", controller_id="runner@gpu", pid=42, command="deploy x.yaml",
+                        started=900.0, token="t", helper_pid=78, helper_alive=True, heartbeat_age=1.0)
+    armed = WatchdogRecord(release="R1", alive=True, acts_at=2000.0, pid=79, armed=True)
+    assert host_view("gpu", journal(), runner, armed).guard is True
+    alone = host_view("gpu", journal(), runner, WatchdogRecord(release="R1", alive=False, pid=79, armed=True))
+    assert alone.state is HostState.IN_PROGRESS and alone.guard is False
+    assert alone.words().endswith("started by ann@lap; no guard)") and alone.to_json()["guard"] is False  # type: ignore[index]
+    assert "no guard" not in live.words()
     dead = host_view("gpu", journal(), None, None)
     assert "stopped at step restarting" in dead.words() and "orch rollback --host gpu" in dead.words()
     assert "never finished" in dead.refusal()

@@ -8,8 +8,9 @@ telling them apart decides whether a person should act:
   controller pings). Somebody's run is working; `orch rollback` would undo
   a colleague's good deploy mid-start. Nobody may take its lock.
 - **controller gone** — no such helper, but the release's watchdog is
-  alive: the host restores it by itself at the watchdog's time (host
-  clock); `orch rollback` restores it now.
+  alive (a night's, or an older orch's deploy): the host restores it by
+  itself at the watchdog's time (host clock), so it is named as in
+  progress, never as an error by itself; `orch rollback` restores it now.
 - **unfinished** — helper and watchdog both gone: nothing on the host will
   finish it; `orch rollback` must.
 
@@ -55,6 +56,7 @@ class HostView:
     holder: str | None = None  # user@controller of the run in progress
     command: str | None = None  # the lock's command (a run that wrote no journal yet)
     restores_at: float | None = None  # the watchdog's time (host clock)
+    guard: bool | None = None  # a runner's release: whether its guard lives (None: no runner holds it)
 
     @property
     def busy(self) -> bool:
@@ -73,8 +75,8 @@ class HostView:
         if self.state is HostState.CONTROLLER_GONE:
             does = "switches it back" if self.kind == "night" else "restores it"
             when = f"at {clock(self.restores_at)} (host clock)" if self.restores_at else "when its deadline passes"
-            return (f"{self.noun} {self.release}: its controller is gone (last step {self.step}); the watchdog "
-                    f"{does} {when}; `orch rollback --host {self.host}` restores now")
+            return (f"{self.noun} {self.release} in progress, its controller gone (last step {self.step}): the "
+                    f"watchdog {does} {when}; `orch rollback --host {self.host}` restores now")
         if self.state is HostState.UNFINISHED:
             what = "night" if self.kind == "night" else self.kind
             return (f"{what} {self.release} stopped at step {self.step} and nothing on the host finishes it "
@@ -83,8 +85,11 @@ class HostView:
 
     def _in_progress_words(self) -> str:
         since = f" since {clock(self.since)}" if self.since else ""
+        # a runner whose guard died still finishes; nothing restores if it dies too
+        guard = "; no guard" if self.guard is False else ""
         if self.release:
-            return f"{self.noun} {self.release} in progress (step {self.step}{since}, started by {self.holder})"
+            return (f"{self.noun} {self.release} in progress (step {self.step}{since}, started by "
+                    f"{self.holder}{guard})")
         return f"{self.command} in progress (no release yet{since}, started by {self.holder})"
 
     def refusal(self) -> str:
@@ -97,9 +102,9 @@ class HostView:
         return f"{self.host}: {self.words()}"
 
     def problem(self) -> str | None:
-        """What this view adds to ``orch status``'s reasons for exit 3 (None: nothing by itself)."""
-        if self.state is HostState.CONTROLLER_GONE:
-            return f"{self.kind} {self.release} unfinished: its controller is gone"
+        """What this view adds to ``orch status``'s reasons for exit 3 (None: nothing by itself).
+        A release its watchdog still finishes (its controller gone, or an older orch's deploy)
+        is in progress, not unfinished: health now decides the exit code."""
         if self.state is HostState.UNFINISHED:
             return f"{self.kind} {self.release} unfinished"
         return None
@@ -109,7 +114,8 @@ class HostView:
         if self.state is HostState.IDLE:
             return None
         return {"release": self.release, "kind": self.kind, "step": self.step, "since": self.since,
-                "holder": self.holder, "state": self.state.value, "restores_at": self.restores_at}
+                "holder": self.holder, "state": self.state.value, "restores_at": self.restores_at,
+                "guard": self.guard}
 
 
 def host_view(
@@ -127,7 +133,8 @@ def host_view(
     if lock is not None and lock.hears_controller:
         if open_journal is not None:
             return HostView(host, HostState.IN_PROGRESS, open_journal.release, open_journal.kind,
-                            open_journal.step, open_journal.since, lock.who, lock.command)
+                            open_journal.step, open_journal.since, lock.who, lock.command,
+                            guard=_runner_guard(open_journal, lock, watchdog))
         return HostView(host, HostState.IN_PROGRESS, None, _kind_of(lock.command), None, lock.started,
                         lock.who, lock.command)
     if open_journal is None:
@@ -138,6 +145,16 @@ def host_view(
                         open_journal.step, open_journal.since, restores_at=watchdog.acts_at)
     return HostView(host, HostState.UNFINISHED, open_journal.release, open_journal.kind, open_journal.step,
                     open_journal.since)
+
+
+def _runner_guard(journal: JournalRecord, lock: LockRecord, watchdog: WatchdogRecord | None) -> bool | None:
+    """Whether the guard of the runner that holds ``lock`` lives; None when no runner holds it.
+    The guard is the process the release armed: its ``watchdog.json`` names the guard's pid."""
+    if not (lock.controller_id or "").startswith(RUNNER_PREFIX):
+        return None
+    if watchdog is None or watchdog.release != journal.release or not watchdog.armed:
+        return None
+    return watchdog.alive
 
 
 def view_of_state(host: str, state: HostRecords, own_token: str | None = None) -> HostView:

@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.core import events
 from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, runner_verdict
+from orchestrator.core.progress import HostState, view_of_state
 from orchestrator.core.target import HostTarget
 from orchestrator.host.protocol_events import StepEvent, event_from_wire
 from orchestrator.host.records import HostRecords
@@ -60,6 +61,8 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
         got = session.batch(asked)
         runner_rec, reported = got[asked[0]], got[asked[1]]
         last = next((m for m in newest if m.id == release), None)
+        if runner_rec is None and abort and view_of_state(label, state).state is HostState.CONTROLLER_GONE:
+            return restore_now(target, options, reporter)
         if runner_rec is None or (reported is not None and not in_progress and not abort):
             outcome = last.outcome if last is not None else None
             reporter.event(label, events.NothingToFollow(release, outcome, in_progress))
@@ -85,6 +88,16 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
                 return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message)
             raise
         return report_of(label, release, v, aborted=abort)
+
+
+def restore_now(target: HostTarget, options: ConnectOptions, reporter: Reporter) -> HostReport:
+    """``orch rollback --abort`` on a release no runner holds, only its watchdog (an older
+    orch's deploy, or a night): there is no runner to ask, so it is restored now as ``orch
+    rollback`` restores it (under the release's restore lock: the watchdog never restores
+    it a second time)."""
+    from orchestrator.pipeline.rollback import rollback_host
+
+    return rollback_host(target, None, options, reporter)
 
 
 def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False) -> HostReport:
