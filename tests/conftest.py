@@ -20,9 +20,12 @@ def pytest_configure(config: pytest.Config) -> None:
     ignoring too: the Ctrl-C tests' SIGINT would be lost. With a handler
     here, each worker raises KeyboardInterrupt, and every child (orch under
     test, helpers, servers) starts with SIGINT at its default, as from a
-    terminal.
+    terminal. Likewise SIGHUP, which ``nohup`` leaves ignored: orch keeps an
+    ignored SIGHUP ignored (nohup's wish), so the SIGHUP tests' signal would
+    be lost; every child starts with it at its default, as from a terminal.
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session", autouse=True)
