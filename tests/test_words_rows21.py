@@ -1,7 +1,8 @@
 """Issue 21's rows that had no test through the real CLI: history's times in the
 controller's zone, ``rollback --to`` by suffix / prefix / refused when ambiguous,
-``history --release`` over several hosts, and the demo's help and docs saying what
-the demo and a deploy really do.
+``history --release`` over several hosts, the demo's help and docs saying what
+the demo and a deploy really do, history's paths whole at 200 columns on a
+terminal, and ``--list-hosts`` on every command that takes ``--host``.
 
 One ``orch demo --keep --json`` (a ``connection: local`` sandbox: no sshd) gives a
 host with five real records — a gated deploy, a gate rollback, a pre-flight
@@ -187,3 +188,82 @@ def test_demo_help_row_help_and_docs_say_the_steps_the_demo_runs_and_the_round_t
     assert re.search(r"A deploy costs (\d+) round trips", guide).group(1) == str(trips)
     assert re.search(r"a deploy makes (\d+) ", fleets).group(1) == str(trips)
     assert f'"round_trips": {trips}' in cli_md
+
+
+def in_pty(kept: Kept, *args: str, columns: int) -> tuple[int, str]:
+    """``orch ARGS`` under a pseudo-terminal ``columns`` wide: its exit code and the screen's text
+    (colours and cursor moves taken out)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    env["TERM"] = "xterm-256color"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=kept.root, env=env,
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    text = b"".join(chunks).decode("utf-8", "replace").replace("\r", "")
+    return proc.wait(120), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+
+
+def test_history_row_on_a_terminal_at_200_columns_paths_are_whole_never_shortened(kept: Kept) -> None:
+    rows = kept.rows()
+    paths = {p for r in rows for p in r["files"]}
+    assert paths, rows
+    code, text = in_pty(kept, "history", "--host", "sandbox", columns=200)
+    assert code == 0, text
+    assert all(len(line) <= 200 for line in text.splitlines()), text
+    assert "…" not in text, text
+    for path in paths:  # at 200 columns each path fits on its line: shown whole, on one line
+        assert any(path in line for line in text.splitlines()), (path, text)
+    for r in rows:
+        assert any(line.startswith(r["id"]) for line in text.splitlines()), (r["id"], text)
+
+
+INVENTORY = """\
+defaults:
+  port: {port}
+hosts:
+  gpu1: {{address: 127.0.0.1}}
+  gpu2: {{address: 127.0.0.2}}
+  gpu3: {{address: 127.0.0.3}}
+"""
+
+
+@pytest.mark.parametrize("command", ["deploy", "rollback", "status", "history", "nightly"])
+def test_list_hosts_item3_every_command_that_takes_host_prints_the_batches_and_contacts_nothing(
+        tmp_path: Path, command: str) -> None:
+    from tests.fixtures.sshd import free_port
+
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.format(port=free_port()))  # nothing listens there
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), COLUMNS="80", NO_COLOR="1")
+
+    def orch(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestrator", command, *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    serial = ["--serial", "1"] if command == "deploy" else []  # only a deploy goes in batches
+    done = orch("--host", "all", "--limit", "!gpu2", *serial, "--list-hosts", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    batches = [["gpu1"], ["gpu3"]] if serial else [["gpu1", "gpu3"]]
+    assert report["exit_code"] == 0 and report["batches"] == batches
+    assert report["hosts"] == {"gpu1": {"address": "127.0.0.1", "batch": 1},
+                               "gpu3": {"address": "127.0.0.3", "batch": 2 if serial else 1}}
+    plain = orch("--host", "all", "--list-hosts")
+    assert plain.returncode == 0 and "3 hosts selected; nothing contacted" in plain.stdout, plain.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.yaml"]  # no state, retry file or report
