@@ -272,6 +272,10 @@ def test_demo_nightly_keep_next_steps_work_in_order(kept_demo: tuple[Path, subpr
     steps = readme_steps((sandbox / "README.txt").read_text())
     assert [s[0][:2] for s in steps] == [["orch", "history"], ["orch", "nightly"], ["orch", "status"],
                                          ["orch", "rollback"], ["orch", "history"], ["./stop-server.sh"]]
+    # the terminal's next-step hint, as `demo --keep` has: the README's first steps, from the sandbox
+    hint = re.search(r"to go on there:\n\s+cd (\S+) && (.+)", demo.stderr)
+    assert hint and Path(hint.group(1)) == sandbox, demo.stderr
+    assert [shlex.split(c) for c in hint.group(2).split(" && ")] == [s[0] for s in steps[:2]]
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
     outputs = []
     for argv, code in steps:

@@ -267,3 +267,31 @@ def test_list_hosts_item3_every_command_that_takes_host_prints_the_batches_and_c
     plain = orch("--host", "all", "--list-hosts")
     assert plain.returncode == 0 and "3 hosts selected; nothing contacted" in plain.stdout, plain.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.yaml"]  # no state, retry file or report
+
+
+def test_quiet_row_keeps_the_outcome_line_plus_warnings_and_errors(tmp_path: Path) -> None:
+    """``-q`` is the outcome line per host, and still every warning and error (docs/CLI.md)."""
+    home = tmp_path / "shared"
+    home.mkdir()
+    home.chmod(0o777)  # a ./orch.yaml here is ignored with a warning: the warning -q must keep
+    (home / "orch.yaml").write_text("forks: 3\n")
+    (home / "inventory.yaml").write_text(json.dumps(
+        {"hosts": {"box": {"connection": "local", "state_dir": str(tmp_path / "state"), "python": sys.executable}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), COLUMNS="80", NO_COLOR="1")
+
+    def quiet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestrator", *args, "-q"], cwd=home, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    warning = f"orch: warning: ignoring ./orch.yaml: its directory {home} is world-writable"
+    history = quiet("history", "--host", "box")
+    assert history.returncode == 0, history.stdout + history.stderr
+    assert history.stdout.splitlines() == [f"box: no releases: orch has never deployed to box (no {tmp_path / 'state'})"]
+    assert [line for line in history.stderr.splitlines() if line.startswith(warning)] == history.stderr.splitlines()
+    assert len(history.stderr.splitlines()) == 1
+    wrong = quiet("history", "--host", "nope")
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr.splitlines()[0].startswith(warning)
+    assert wrong.stderr.splitlines()[1].startswith("orch: error: --host: 'nope' is not in the inventory")
+    assert not (tmp_path / "state").exists()
