@@ -295,3 +295,41 @@ def test_quiet_row_keeps_the_outcome_line_plus_warnings_and_errors(tmp_path: Pat
     assert wrong.stderr.splitlines()[0].startswith(warning)
     assert wrong.stderr.splitlines()[1].startswith("orch: error: --host: 'nope' is not in the inventory")
     assert not (tmp_path / "state").exists()
+
+
+def test_ctrl_c_row_status_says_it_in_exactly_one_line_at_every_moment(kept: Kept) -> None:
+    """SIGINT to ``orch status`` at T + 0.02 … 1 s (T: a bare interpreter's start, measured):
+    the interruption is said once, as the last line, with the signal table's exit 1 and the
+    JSON report under ``--json``; a run that finished first keeps its own code."""
+    import signal
+    import time
+
+    from tests.test_ctrl_c_early import DELAYS, bare_start, before_orch, orch_command
+
+    def interrupted(args: list[str], after: float) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.Popen([*orch_command(), *args], cwd=kept.root, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, COLUMNS="80", NO_COLOR="1"))
+        time.sleep(after)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+    t = bare_start()
+    for delay in DELAYS:
+        for json_flag in ([], ["--json"]):
+            args = ["status", "--host", "sandbox", *json_flag]
+            for attempt in range(5):  # a signal inside the interpreter's own start-up is Python's, not orch's
+                got = interrupted(args, t * (1 + attempt) + delay)
+                if not before_orch(got.stdout + got.stderr):
+                    break
+            human = (got.stderr if json_flag else got.stdout + got.stderr).splitlines()
+            assert "Traceback" not in got.stderr and "KeyboardInterrupt" not in got.stderr, got.stderr
+            assert got.returncode in (1, 3), (delay, json_flag, human)  # 3: finished first (server stopped)
+            if got.returncode == 1:
+                said = [line for line in human if "interrupted" in line]
+                assert len(said) == 1 and human[-1] == said[0], (delay, json_flag, human)
+            if json_flag:
+                report = json.loads(got.stdout)
+                assert report["exit_code"] == got.returncode
+                assert report.get("interrupted", False) is (got.returncode == 1)
