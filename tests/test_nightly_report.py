@@ -244,8 +244,10 @@ def readme_steps(readme: str) -> list[tuple[list[str], int]]:
     return steps
 
 
-@pytest.fixture
-def kept_demo(tmp_path: Path) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+@pytest.fixture(scope="module")
+def kept_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    """One kept ``orch demo nightly`` for this file's tests (each leaves it as its next steps say)."""
+    tmp_path = tmp_path_factory.mktemp("nightly-demo")
     before = demo_servers(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--keep", "--json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
@@ -270,6 +272,10 @@ def test_demo_nightly_keep_next_steps_work_in_order(kept_demo: tuple[Path, subpr
     steps = readme_steps((sandbox / "README.txt").read_text())
     assert [s[0][:2] for s in steps] == [["orch", "history"], ["orch", "nightly"], ["orch", "status"],
                                          ["orch", "rollback"], ["orch", "history"], ["./stop-server.sh"]]
+    # the terminal's next-step hint, as `demo --keep` has: the README's first steps, from the sandbox
+    hint = re.search(r"to go on there:\n\s+cd (\S+) && (.+)", demo.stderr)
+    assert hint and Path(hint.group(1)) == sandbox, demo.stderr
+    assert [shlex.split(c) for c in hint.group(2).split(" && ")] == [s[0] for s in steps[:2]]
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
     outputs = []
     for argv, code in steps:
@@ -293,6 +299,33 @@ def test_demo_nightly_keep_next_steps_work_in_order(kept_demo: tuple[Path, subpr
     texts = svg_texts(sandbox / "reports" / "sandbox" / "trend.svg")
     assert "sandbox: nightly probe, 5 night(s), 3 failed or undone" in texts
     assert texts.count("switched back: -") == 2  # night 4 crashed at start: no figure, marked on both panels
+
+
+def test_rollback_to_row_an_ambiguous_night_suffix_is_refused_and_the_page_is_left_alone(
+        kept_demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """Two nights of one commit share the suffix their names print: ``--to`` with it is
+    refused (exit 2) listing both, and nothing moves: the build in effect, the page."""
+    sandbox, _ = kept_demo
+    env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
+
+    def orch(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=sandbox, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    rows = json.loads(orch("history", "--host", "sandbox", "--json").stdout)["hosts"]["sandbox"]
+    by_suffix: dict[str, list[str]] = {}
+    for r in rows:
+        if r["kind"] == "night":
+            by_suffix.setdefault(r["id"].rsplit("-", 1)[1], []).append(r["id"])
+    suffix, same = next((s, ids) for s, ids in by_suffix.items() if len(ids) > 1)
+    page = sandbox / "reports" / "sandbox" / "index.html"
+    before = (page.read_bytes(), page.stat().st_mtime_ns, os.readlink(sandbox / "builds" / "current"))
+    done = orch("rollback", "--host", "sandbox", "--to", suffix)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert f"--to: '{suffix}' names several releases: {', '.join(same)}" in said
+    assert "nightly page rewritten" not in said and "Traceback" not in said
+    assert (page.read_bytes(), page.stat().st_mtime_ns, os.readlink(sandbox / "builds" / "current")) == before
 
 
 def test_demo_nightly_without_keep_names_no_file_it_deletes(tmp_path: Path) -> None:

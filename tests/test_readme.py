@@ -22,3 +22,15 @@ def test_every_relative_link_of_the_readme_and_docs_names_a_file_that_is_there()
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which is not there"
+
+
+def test_the_readmes_departures_are_one_line_each_with_a_link() -> None:
+    """Each departure is one line of the README with a link to its reasons in full."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Departures from DESIGN.md, and why\n", 1)[1].split("\n## ", 1)[0]
+    items = section.split("\n- ")[1:]
+    assert len(items) >= 5, section
+    for item in items:
+        line = item.strip()
+        assert "\n" not in line, f"a departure over several lines: {line!r}"
+        assert re.search(r"\]\([^)]+\)", line), f"a departure without a link: {line!r}"

@@ -73,10 +73,13 @@ def rollback(out: OutputFlags, where: HostFlags, to: str | None, break_lock: boo
 def _rewrite_nightly_pages(output: Output, targets: Sequence[HostTarget], options: ConnectOptions,
                            report: RunReport, reports_dir: Path) -> None:
     """A rollback moves what ``current`` points to: a host's nightly page (if it has one
-    under ``--reports``) is rewritten with the host's words, so it marks the right build live."""
+    under ``--reports``) is rewritten with the host's words, so it marks the right build live.
+    A host whose rollback was refused as bad input (exit 2: an unknown or ambiguous ``--to``)
+    moved nothing, so its page is left alone and the host is not contacted again."""
     for target in targets:
         host = report.hosts.get(target.name)
-        if host is None or host.outcome == Outcome.UNREACHABLE or not (reports_dir / target.name).is_dir():
+        if (host is None or host.outcome == Outcome.UNREACHABLE or host.exit_code == 2
+                or not (reports_dir / target.name).is_dir()):
             continue
         from orchestrator.pipeline.nightly_report import refresh_report
 
