@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
-from orchestrator.core.outcomes import Outcome
+from orchestrator.core.outcomes import ExitCode, Outcome
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -78,7 +78,7 @@ def _rewrite_nightly_pages(output: Output, targets: Sequence[HostTarget], option
     moved nothing, so its page is left alone and the host is not contacted again."""
     for target in targets:
         host = report.hosts.get(target.name)
-        if (host is None or host.outcome == Outcome.UNREACHABLE or host.exit_code == 2
+        if (host is None or host.outcome == Outcome.UNREACHABLE or host.exit_code == ExitCode.REFUSED
                 or not (reports_dir / target.name).is_dir()):
             continue
         from orchestrator.pipeline.nightly_report import refresh_report
