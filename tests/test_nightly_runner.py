@@ -148,11 +148,13 @@ def test_controller_killed_after_the_switch_the_night_ends_alone_and_status_foll
     assert [r["outcome"] for r in rows] == ["good", "current"]
 
 
-def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_after_a_switch(held: NightBox) -> None:
+def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_and_sigterm_after_a_switch(
+    held: NightBox,
+) -> None:
     """kill -9 of the controller at health, the new server exits just after it became ready:
     the runner switches back (``by: runner``) and the next ``orch nightly`` writes that night's
     report. That next night is interrupted once after its switch: the runner switches it back,
-    exit 1."""
+    exit 1. The one after it gets a SIGTERM: one line, exit 3, and its runner confirms it."""
     nb, box = held, held.box
     first, first_argv = good_night(nb)
     ready = box.root / "ready-crash"
@@ -195,3 +197,16 @@ def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_after_a_swi
     assert report_of(nb, night)["outcome"] == "rolled_back"
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
     assert [r["outcome"] for r in rows] == ["current", "switched back", "switched back"]
+
+    # SIGTERM after the switch: one line naming where the verdict is, exit 3; nothing aborted
+    ready_last = box.root / "ready-last"
+    proc, last = start_held_night(nb, ready_last)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 3, out + err
+    assert "`orch status --follow --host gpu`" in json.loads(out)["hosts"]["gpu"]["error"], out
+    ready_last.write_text("")
+    wait_until(lambda: verdicts(box, last) == ["confirmed"], "the runner to confirm the night alone", 240)
+    assert nb.current() == last and record(box, last)["outcome"] == "deployed"
+    wait_healthy(box.port, 30)
+    assert server_build(box, nb.builds)[1] == last

@@ -296,6 +296,8 @@ class Night:
     probe_rounds: list[ops.Op] = field(default_factory=list)  # the program's probe, one op per round
     pruning: PrunePlan | None = None  # what the confirm prunes of the releases (decided at arm)
     prune: ops.Op | None = None  # the confirm's pruning of the builds (decided at arm)
+    stamp: ops.Op | None = None  # the confirm's record of what only the host knows at the end
+    claim: ops.Op | None = None  # the confirm itself: the claim and its records
     probed: ProbeResult | None = None  # the probe step's answers, read as the runner's events come
     lines_seen: int = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
     failure_shown: bool = False  # the runner's "restoring" said why the night failed, as it happened
@@ -724,9 +726,11 @@ class Night:
         self.prune = ops.nightly_prune(self.builds_dir, prune_builds)
         config = self.spec.probe
         probe = {"post": config.post, "concurrency": config.concurrency} if config is not None else None
+        self.stamp = release_stamp(self.state_dir, self.name, self.release_dir, self.started, [], probe=probe,
+                                   manifest={"path": f"{self.build_dir}/manifest.json",
+                                             "record": self.manifest.model_dump()})
         records = [
-            release_stamp(self.state_dir, self.name, self.release_dir, self.started, [], probe=probe,
-                          manifest={"path": f"{self.build_dir}/manifest.json", "record": self.manifest.model_dump()}),
+            self.stamp,
             ops.release_update(self.state_dir, self.name, {"outcome": RecordedOutcome.DEPLOYED}),
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
             self.journal(JournalStep.CONFIRMED, finished=True),
@@ -735,7 +739,8 @@ class Night:
             self.log_op(f"night {self.name} is current"),
             ops.lock_release(self.state_dir),
         ]
-        program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, records)])
+        self.claim = ops.confirm_release(self.release_dir, records)
+        program.add(StepName.CONFIRM, [self.claim])
         return program
 
     def switch_and_follow(self) -> NightResult:
@@ -889,14 +894,16 @@ class Night:
         self.reached = Step.CONFIRMING
         if self.clock is not None:
             self.clock.adopt(v.stamped_steps())
-        records = confirm_records(v)
-        stamp = records[0] if records and isinstance(records[0], dict) else {}
+        answer = self.claim_answer(v)
+        stamp: dict[str, Any] = {}
+        removed: list[str] = []
+        if answer is not None and answer.confirmed and self.stamp is not None and self.prune is not None:
+            stamp, removed = answer.results[self.stamp] or {}, answer.results[self.prune] or []
         probe = stamp.get("probe") if isinstance(stamp.get("probe"), dict) else None
         if probe is None and self.probed is not None:
             probe = self.probed.to_json()
         self.manifest = self.manifest.model_copy(update={
             "finished": stamp.get("finished") or self.session.host_time(), "probe": probe})
-        removed = records[4] if len(records) > 4 and isinstance(records[4], list) else []
         if removed:
             self.reporter.event(self.label, events.BuildsPruned(tuple(str(r) for r in removed)))
         for rid, paths in self.pruning.held.items():
@@ -905,6 +912,17 @@ class Night:
         result = self.result(CHANGED.outcome, CHANGED.exit_code)
         result.build_log = self.read_log()
         return result
+
+    def claim_answer(self, v: RunVerdict) -> ops.ConfirmAnswer | None:
+        """The confirm's answer in a confirmed verdict, its records read by the ops that wrote
+        them (None where the verdict carries none this controller can read)."""
+        if self.program is None or self.claim is None:
+            return None
+        try:
+            answer: ops.ConfirmAnswer = read_steps(self.program.steps, v.results, [StepName.CONFIRM.value])[self.claim]
+        except (Malformed, ValueError, KeyError):
+            return None
+        return answer
 
     # ---------------------------------------------------------------- failure
 
@@ -1054,14 +1072,6 @@ class Night:
             if info.get("exists"):
                 return self._redact(wire_bytes(info.get("data")).decode("utf-8", "replace"))
         return ""
-
-
-def confirm_records(v: RunVerdict) -> list[Any]:
-    """What the records of a confirmed night's claim answered, in the order ``with_confirm``
-    wrote them ([] where the verdict has none)."""
-    confirm = (v.results.get(StepName.CONFIRM.value) or [None])[-1]
-    records = confirm.get("results") if isinstance(confirm, dict) else None
-    return list(records) if isinstance(records, list) else []
 
 
 def nightly_host(
