@@ -17,18 +17,25 @@ One night on one host, as steps:
    nothing runs from) before the next one is planned, so it sees its result;
 4. **arm**: the night's ``restore.json`` — ``builds_dir/current`` back to the
    previous build, the previous command line started again and health-checked
-   — is written whole, and the host-side watchdog armed, before anything live
-   is touched (the restore machine of ``host/restore.py``, as for a deploy);
-5. **switch**: mark ``server.touched``, stop the old server, point ``current``
-   at the new build (compare-and-swap on the link), start the server once
-   from ``current/``, health and stability with crash detection; **probe**;
-   then **confirm** (the watchdog leaves; the night is pushed on the host's
-   ``applied`` stack, so ``orch rollback`` switches it back);
+   — and its program (every step after the switch, the confirm with all the
+   records it writes) are written whole, and the guard forked on the host,
+   before anything live is touched (the restore machine of
+   ``host/restore.py`` and the runner of ``host/runner.py``, as for a deploy);
+5. **switch**, one round trip: the journal, then the host's runner takes the
+   night: it marks ``server.touched``, stops the old server, points
+   ``current`` at the new build (compare-and-swap on the link), starts the
+   server once from ``current/``, health and stability with crash detection;
+   **probe**; then **confirm** (the night is pushed on the host's ``applied``
+   stack, so ``orch rollback`` switches it back). The controller follows its
+   events and prints them; a dead controller changes nothing, and the next
+   controller that learns the verdict writes the night's report
+   (``pipeline/nightly_late.py``);
 6. any failure before the switch: nothing running was touched, the build is
-   removed (its log kept), exit 2. After it: the restore machine runs the
-   night's ``restore.json``, and ``core.outcomes.verdict`` turns the cause,
-   the step reached and the restore's record into the outcome (exit 1, or 3
-   when the host is not known to be healthy).
+   removed (its log kept), exit 2. After it: the runner switches back through
+   the night's ``restore.json`` (never a second restore from the controller),
+   and ``core.outcomes.verdict`` turns the cause, the step reached and the
+   restore's record into the outcome (exit 1, or 3 when the host is not known
+   to be healthy).
 
 The manifest (``core.nightly.NightManifest``) goes into the build and into
 the controller's report; the host's record of the night (``kind: night``)
@@ -283,14 +290,14 @@ class Night:
     rendered: RenderedPlaybook | None = None
     last_good: NightManifest | None = None
     manifest: NightManifest | None = None
-    deadline: float = 0.0  # when the watchdog acts unless confirmed: the host's wall time (host clock)
+    deadline: float = 0.0  # the backstop's deadline unless confirmed: the host's wall time (host clock)
     seq: int | None = None  # the host's sequence number of this night's release
     build_seqs: dict[str, int] = field(default_factory=dict)  # the builds already there, by their ``seq``
     running: ServerProcess | None = None  # the server found just before arming
     last_started: ServerProcess | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
-    arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
+    arm_sent: bool = False  # the guard was asked for: it may be armed even if no answer came
     program: ReleaseProgram | None = None  # every step after the arm, kept in the release with it
     healthy: ops.Op | None = None  # the program's health wait, whose answer the night reads
     probe_rounds: list[ops.Op] = field(default_factory=list)  # the program's probe, one op per round
@@ -646,7 +653,7 @@ class Night:
         return ServerStart(server.desired_argv() or [], server.workdir, dict(server.env), False)
 
     def restore_plan(self, previous: ServerStart | None) -> RestorePlan:
-        """What the watchdog, this run's own failure path, or ``orch rollback`` restores:
+        """What the runner, its guard, this run's own failure path, or ``orch rollback`` restores:
         ``current`` back where it pointed, the previous command line, its health."""
         running = self.running or ServerProcess()
         server = ServerTarget(
@@ -660,7 +667,7 @@ class Night:
         )
 
     def arm(self, previous: ServerStart | None) -> None:
-        """The night's restore plan, complete, and the watchdog — before anything live is touched."""
+        """The night's restore plan and program, complete, and the guard — before anything live is touched."""
         new_start = self.new_start()
         self.manifest = self.make_manifest(new_start)
         spec = self.spec
@@ -686,8 +693,8 @@ class Night:
 
     def make_program(self, new_start: ServerStart) -> ReleaseProgram:
         """Every step after the arm, as requests: stop the old server, point ``current`` at
-        the new build, start it once, health and stability, the claim. Kept in the release
-        with the arm; the host's executor runs it (``shell.program``)."""
+        the new build, start it once, health and stability, the probe, the claim with its
+        records. Kept in the release with the arm; the host's runner runs it (``host/runner.py``)."""
         program = ReleaseProgram(self.name, "night")
         running = self.running
         if running and running.pid:
