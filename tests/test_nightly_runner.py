@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,13 @@ from tests.test_nightly import nightbox as nightbox  # noqa: F401 - the fixture,
 HELD_ENV = ', STANDIN_READY_FILE: "{{ ready_file }}", STANDIN_EXIT_AFTER_READY: "{{ exit_after_ready }}"'
 
 
+@dataclass
+class Held(NightBox):
+    proxy: TcpProxy | None = None  # the 20 ms proxy every connection to sshd goes through
+
+
 @pytest.fixture
-def held(nightbox: NightBox) -> Iterator[NightBox]:  # noqa: F811 - the fixture above, by name
+def held(nightbox: NightBox) -> Iterator[Held]:  # noqa: F811 - the fixture above, by name
     """The night box over the 20 ms proxy; each night's server healthy only once the file
     ``--var ready_file=…`` names exists (``exit_after_ready``: it exits that long after)."""
     box = nightbox.box
@@ -44,7 +50,7 @@ def held(nightbox: NightBox) -> Iterator[NightBox]:  # noqa: F811 - the fixture 
             "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
             "builds_root": str(nightbox.builds), "exit_after_ready": "0"})
         nightbox.write_spec(extra_server_env=HELD_ENV, server_timeouts="stop_timeout: 5s\n  free_timeout: 5s")
-        yield nightbox
+        yield Held(**vars(nightbox), proxy=proxy)
     finally:
         proxy.close()
 
@@ -95,7 +101,7 @@ def report_of(nb: NightBox, night: str) -> dict[str, Any]:
 
 
 def test_controller_killed_after_the_switch_the_night_ends_alone_and_status_follow_reports_it(
-    held: NightBox,
+    held: Held,
 ) -> None:
     nb, box = held, held.box
     first, first_argv = good_night(nb)
@@ -147,14 +153,27 @@ def test_controller_killed_after_the_switch_the_night_ends_alone_and_status_foll
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
     assert [r["outcome"] for r in rows] == ["good", "current"]
 
+    # SIGTERM after the switch: one line naming where the verdict is, exit 3; nothing aborted
+    ready_last = box.root / "ready-last"
+    proc, last = start_held_night(nb, ready_last)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 3, out + err
+    assert "`orch status --follow --host gpu`" in json.loads(out)["hosts"]["gpu"]["error"], out
+    ready_last.write_text("")
+    wait_until(lambda: verdicts(box, last) == ["confirmed"], "the runner to confirm the night alone", 240)
+    assert nb.current() == last and record(box, last)["outcome"] == "deployed"
+    wait_healthy(box.port, 30)
+    assert server_build(box, nb.builds)[1] == last
 
-def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_and_sigterm_after_a_switch(
-    held: NightBox,
+
+def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_and_a_severed_link_after_a_switch(
+    held: Held,
 ) -> None:
     """kill -9 of the controller at health, the new server exits just after it became ready:
     the runner switches back (``by: runner``) and the next ``orch nightly`` writes that night's
     report. That next night is interrupted once after its switch: the runner switches it back,
-    exit 1. The one after it gets a SIGTERM: one line, exit 3, and its runner confirms it."""
+    exit 1. The one after it loses its link after the switch: it connects again, exit 0."""
     nb, box = held, held.box
     first, first_argv = good_night(nb)
     ready = box.root / "ready-crash"
@@ -198,15 +217,16 @@ def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_and_sigterm
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
     assert [r["outcome"] for r in rows] == ["current", "switched back", "switched back"]
 
-    # SIGTERM after the switch: one line naming where the verdict is, exit 3; nothing aborted
-    ready_last = box.root / "ready-last"
-    proc, last = start_held_night(nb, ready_last)
-    proc.send_signal(signal.SIGTERM)
+    # the link severed after the switch: the controller connects again and follows to the verdict
+    ready_sever = box.root / "ready-sever"
+    proc, severed = start_held_night(nb, ready_sever)
+    assert held.proxy is not None
+    connections = held.proxy.connections
+    held.proxy.sever()  # the controller's connection dies; new ones get through
+    ready_sever.write_text("")
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 3, out + err
-    assert "`orch status --follow --host gpu`" in json.loads(out)["hosts"]["gpu"]["error"], out
-    ready_last.write_text("")
-    wait_until(lambda: verdicts(box, last) == ["confirmed"], "the runner to confirm the night alone", 240)
-    assert nb.current() == last and record(box, last)["outcome"] == "deployed"
-    wait_healthy(box.port, 30)
-    assert server_build(box, nb.builds)[1] == last
+    assert proc.returncode == 0, out + err
+    assert json.loads(out)["hosts"]["gpu"]["outcome"] == "changed" and "connecting again to follow it" in err
+    assert held.proxy.connections > connections  # it did connect again
+    assert nb.current() == severed and verdicts(box, severed) == ["confirmed"]
+    assert json.loads((release(box, severed) / "reported.json").read_text())["by"]["command"] == "nightly"

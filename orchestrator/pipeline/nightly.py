@@ -767,16 +767,17 @@ class Night:
                  ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started, "steps": before}),
                  run, follow, reported_op(self.release_dir, "nightly")]
         try:
-            v: RunVerdict = self.session.batch(steps, on_event=self.on_runner_event)[follow]
-        except LinkLostError as lost:
-            if isinstance(lost, MalformedReplyError):
-                raise  # a helper that spoke garbage is not asked for a verdict again
-            got = reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
-                                       lambda: self.lines_seen, self.on_runner_event, "nightly")
-            if got is None:
-                raise
-            v = got
-        except KeyboardInterrupt as e:
+            try:
+                v: RunVerdict = self.session.batch(steps, on_event=self.on_runner_event)[follow]
+            except LinkLostError as lost:
+                if isinstance(lost, MalformedReplyError):
+                    raise  # a helper that spoke garbage is not asked for a verdict again
+                got = reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
+                                           lambda: self.lines_seen, self.on_runner_event, "nightly")
+                if got is None:
+                    raise
+                v = got
+        except KeyboardInterrupt as e:  # while following, or while connecting again to follow
             if isinstance(e, Terminated):
                 return self.stopped_following(signal.Signals(e.signum).name)
             if self.session.agent is not None and self.session.agent.interrupted_twice:
