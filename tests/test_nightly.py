@@ -304,12 +304,12 @@ def test_a_new_server_that_crashes_at_start_is_switched_back(nightbox: NightBox)
     assert plan["links"] == [{"path": str(nightbox.builds / "current"), "target": good, "expect": host["build"]}]
     assert plan["server"]["start"]["argv"] == good_argv
     record = json.loads((release / "restored.json").read_text())
-    assert record["by"] == "controller" and record["ok"] and record["links"][0]["action"] == "restored"
+    assert record["by"] == "runner" and record["ok"] and record["links"][0]["action"] == "restored"
     assert host["restore"].startswith(f"{nightbox.builds}/current points at {good} again")
     # what the console said, as fields (``core.events``): the failure, then the switch back
     said = {e["event"]: e for e in host["events"]}
     assert said["night_failed"]["switching_back"] is True and said["night_failed"]["level"] == "warning"
-    assert said["switched_back"]["by"] == "controller" and said["switched_back"]["done"] == host["restore"]
+    assert said["switched_back"]["by"] == "runner" and said["switched_back"]["done"] == host["restore"]
     assert box.journal()["finished"] is True and box.journal()["step"] == "rolled_back"
     assert not (nightbox.builds / host["build"] / "manifest.json").exists()  # never a good night
     rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
@@ -339,7 +339,8 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
         assert night["flag_changes"] == ([{"flag": flag, "from": str(threshold - 8), "to": str(threshold)}]
                                          if builds else [])
         steps = [s["step"] for s in night["steps"]]
-        assert steps == ["connect", "lock", "plan", "build", "patch", "backup", "restart", "probe", "confirm"]
+        assert steps == ["connect", "lock", "plan", "build", "patch", "backup", "restart", "health", "probe",
+                         "confirm"]
         began = [(s["at"], s["seconds"]) for s in night["steps"]]
         assert all(at + took <= after + 0.01 for (at, took), (after, _) in zip(began, began[1:], strict=False))
         builds.append(night["build"])
@@ -497,9 +498,9 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
         proxy.close()
 
 
-def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: NightBox) -> None:
+def test_the_runner_switches_a_night_back_when_the_controller_dies(nightbox: NightBox) -> None:
     """kill -9 of the controller after the switch, its new server held unhealthy: the host's
-    watchdog points ``current`` back and restarts the previous command line by itself."""
+    runner points ``current`` back and restarts the previous command line by itself."""
     box = nightbox.box
     proxy = TcpProxy(box.sshd.port, delay=0.02)  # a link with real latency, as the fault suite's
     try:
@@ -526,7 +527,7 @@ def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: N
         proc.wait()
         bad = box.journal()["release"]
         assert nightbox.current() == bad
-        wait_until(lambda: box.journal().get("step") == "restored_by_watchdog", "the watchdog", 240)
+        wait_until(lambda: box.journal().get("finished") is True, "the runner to switch back", 240)
 
         assert nightbox.current() == good
         wait_healthy(box.port, 60)
@@ -534,11 +535,11 @@ def test_the_watchdog_switches_a_night_back_when_the_controller_dies(nightbox: N
         assert argv == good_argv and cwd == good
         assert Path(f"/proc/{box.server_pid()}/environ").read_bytes().count(b"STANDIN_NEVER_READY=0") == 1
         record = json.loads((box.state_dir / "releases" / bad / "restored.json").read_text())
-        assert record["by"] == "watchdog" and record["ok"] is True
+        assert record["by"] == "runner" and record["ok"] is True
         assert record["links"][0]["action"] == "restored" and record["server"]["action"] == "restarted"
         assert box.journal()["finished"] is True
         rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
-        assert [r["outcome"] for r in rows] == ["current", "switched back (watchdog)"]
+        assert [r["outcome"] for r in rows] == ["current", "switched back"]
     finally:
         proxy.close()
 

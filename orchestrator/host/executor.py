@@ -30,6 +30,7 @@ PROGRAM_FILE = "program.json"
 EVENTS_FILE = eventlog.EVENTS_FILE
 GATE_JUDGED = "gate_judged.json"  # the gate step's outcome and the figures it was decided on
 BASELINE_ANSWERS = "baseline.json"  # the baseline step's probe answers: the gate step may come in a later call
+PROBE_ANSWERS = "probe.json"  # a night's probe step's answers: its confirm's records are written from them
 
 
 def program_of(release_dir):
@@ -194,6 +195,8 @@ def op_release_steps(s, release_dir, through, extra=None):
                 raise e
         if step.name is StepName.BASELINE:
             write_json(os.path.join(release_dir, BASELINE_ANSWERS), done)
+        elif step.name is StepName.PROBE:
+            write_json(os.path.join(release_dir, PROBE_ANSWERS), done)
         seconds = round(time.monotonic() - started, 3)
         record_event(s, release_dir, StepEvent(step.name.value, StepEvent.ENDED, time.time(), seconds))
         s.answered(step.name.value, done, judged.get(step.name.value))

@@ -53,7 +53,9 @@ class ReleaseAbort(Request):
 class ReleaseStamp(Request):
     """Inside the confirm: the release's finish time, duration, steps and timings from its
     event log (``steps``: those before the commit, from the controller), and with a gate the
-    verdict and figures its gate step judged (``gate``: the probes' labels and settings)."""
+    verdict and figures its gate step judged (``gate``: the probes' labels and settings); a
+    night's probe summed up from its probe step's answers (``probe``: ``post``, ``concurrency``)
+    and its build's manifest written with it (``manifest``: ``path``, ``record``)."""
 
     OP: ClassVar[str] = "release_stamp"
     state_dir: str
@@ -62,3 +64,5 @@ class ReleaseStamp(Request):
     started: float
     steps: list[Wire]
     gate: Wire | None = None
+    probe: Wire | None = None
+    manifest: Wire | None = None

@@ -13,8 +13,8 @@ Standard library only, Python 3.8 syntax: this module is shipped to the host.
 import os
 import time
 
-from .executor import GATE_JUDGED, step_events
-from .files import read_record
+from .executor import GATE_JUDGED, PROBE_ANSWERS, step_events
+from .files import read_record, write_json
 from .state import op_release_log, op_release_update
 from .wire import expand
 
@@ -23,7 +23,8 @@ STEPS_FILE = "steps.json"  # the controller's steps before the commit (``shell/p
 PHASES = (
     ("restart", ("before_stop", "baseline", "stop", "switch", "start")),
     ("health", ("health",)),
-    ("gate", ("gate", "probe")),
+    ("gate", ("gate",)),
+    ("probe", ("probe",)),  # a night's
     ("confirm", ("after_healthy", "confirm")),
 )
 """The run's step names (``pipeline/timings.py``) and the program steps each spans."""
@@ -47,9 +48,25 @@ def phase_steps(events, now):
     return out
 
 
-def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate=None):
+def night_probe(release_dir, probe):
+    """A night's probe as its records keep it (``ProbeResult.to_json``), from the answers
+    the PROBE step kept; None where it kept none."""
+    from .figures import probe_result
+
+    answers = read_record(os.path.join(release_dir, PROBE_ANSWERS))
+    if not isinstance(answers, list):
+        return None
+    return probe_result(str(probe.get("post")), int(probe.get("concurrency") or 1), answers).to_json()
+
+
+def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate=None, probe=None, manifest=None):
     """Set the release's ``finished``, ``duration``, ``steps``, ``timings`` (and with a gate
-    its ``gate`` and ``probe``) in its manifest; add the program's steps to its run log."""
+    its ``gate`` and ``probe``) in its manifest; add the program's steps to its run log.
+
+    A night's: ``probe`` (its ``post`` and ``concurrency``) sums up the PROBE step's
+    answers into the release's ``probe`` (``figures.probe_result``, the controller's
+    ``read_probe``); ``manifest`` (``path``, ``record``) is the build's manifest.json,
+    written with the run's ``finished`` and that probe."""
     release_dir = expand(release_dir)
     now = time.time()
     events = step_events(release_dir)
@@ -72,6 +89,11 @@ def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate
         fields["gate"] = judged.get("outcome")
         fields["probe"] = {"base_url": gate.get("base_url"),
                            "summary": probes[0]["result"].get("summary") if probes else None, "probes": probes}
+    if probe:
+        fields["probe"] = night_probe(release_dir, probe)
+    if manifest:
+        record = dict(manifest.get("record") or {}, finished=now, probe=fields.get("probe"))
+        write_json(expand(str(manifest["path"])), record)
     op_release_update(s, state_dir, release_id, fields)
     lines = ["%s %s: %.1f s\n" % (time.strftime("%H:%M:%S", time.gmtime(st["at"])), st["step"], st["seconds"])
              for st in on_host]

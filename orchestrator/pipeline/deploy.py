@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import signal
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -74,14 +73,12 @@ from orchestrator.core.target import HostTarget
 from orchestrator.errors import (
     ContentChangedError,
     GateFailedError,
-    HostKeyError,
     LinkLostError,
     MalformedReplyError,
     OrchError,
     PreflightRefusedError,
     RemoteError,
     Terminated,
-    UnreachableError,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
@@ -95,7 +92,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.pipeline.events import Reporter, RunLog
-from orchestrator.pipeline.follow import reported_op
+from orchestrator.pipeline.follow import reconnect_and_follow, reported_op
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -132,8 +129,6 @@ from orchestrator.shell.program import (
     release_stamp,
 )
 from orchestrator.shell.replies import Malformed
-
-RECONNECT_SECONDS = 5.0  # between tries to reach a host again after its link was lost after the commit
 
 
 @dataclass
@@ -360,27 +355,10 @@ class Deployment:
             self.reporter.gate(self.label, self.gate.take_judged(judged))
 
     def _reconnect_and_follow(self, lost: LinkLostError) -> RunVerdict | None:
-        """The link was lost after the commit was sent: connect again (every 5 s, for up to 6
-        connect timeouts) and follow the runner on from the last line seen. None when the host
-        cannot be reached again in that time, or has no runner (the commit never came)."""
-        window = 6 * self.session.options.connect_timeout
-        self.reporter.event(self.label, events.Reconnecting(self._redact(str(lost)), window))
-        until = time.monotonic() + window
-        while True:
-            try:
-                self.session.reconnect()
-                follow = release_follow(self.release_dir, self.lines_seen)
-                v: RunVerdict = self.session.batch([follow, reported_op(self.release_dir, "deploy")],
-                                                   on_event=self._on_runner_event)[follow]
-                return v
-            except RemoteStepError as e:
-                if e.kind == "norunner":
-                    return None
-                raise
-            except (UnreachableError, LinkLostError, HostKeyError):
-                if time.monotonic() + RECONNECT_SECONDS > until:
-                    return None
-                time.sleep(RECONNECT_SECONDS)
+        """The link was lost after the commit was sent: reconnect and follow the runner on
+        (``pipeline.follow.reconnect_and_follow``, shared with a night's switch)."""
+        return reconnect_and_follow(self.session, self.reporter, self.release_dir, lost, lambda: self.lines_seen,
+                                    self._on_runner_event, "deploy")
 
     def _stopped_following(self, signame: str | None = None) -> HostReport:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the commit: one line naming the release and

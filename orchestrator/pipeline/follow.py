@@ -16,12 +16,16 @@ reported yet, and otherwise says what the last release was.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from orchestrator.core import events
 from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, runner_verdict
 from orchestrator.core.progress import HostState, view_of_state
 from orchestrator.core.target import HostTarget
+from orchestrator.errors import HostKeyError, LinkLostError, UnreachableError
 from orchestrator.host.protocol_events import StepEvent, event_from_wire
 from orchestrator.host.records import HostRecords
 from orchestrator.pipeline.events import Reporter
@@ -33,6 +37,7 @@ from orchestrator.shell.program import RunVerdict, release_abort, release_follow
 
 REPORTED_FILE = "reported.json"  # some controller followed this release's verdict to its end
 RUNNER_FILE = "runner.json"
+RECONNECT_SECONDS = 5.0  # between tries to reach a host again after its link was lost after the commit
 
 
 def reported_op(release_dir: str, command: str) -> ops.Op:
@@ -40,12 +45,59 @@ def reported_op(release_dir: str, command: str) -> ops.Op:
     return ops.put_json(f"{release_dir}/{REPORTED_FILE}", {"by": lock_holder(command)})
 
 
-def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter, *, abort: bool = False) -> HostReport:
+def reconnect_and_follow(session: HostSession, reporter: Reporter, release_dir: str, lost: LinkLostError,
+                         after: Callable[[], int], on_event: Callable[[dict[str, Any]], None],
+                         command: str) -> RunVerdict | None:
+    """The link was lost after the runner was started (a deploy's commit, a night's switch):
+    connect again (every 5 s, for up to 6 connect timeouts) and follow the runner on from the
+    last line seen (``after()``, asked at each try). None when the host cannot be reached again
+    in that time, or has no runner (the batch that starts it never came)."""
+    window = 6 * session.options.connect_timeout
+    reporter.event(session.target.name, events.Reconnecting(session.options.masker.text(str(lost)), window))
+    until = time.monotonic() + window
+    while True:
+        try:
+            session.reconnect()
+            follow = release_follow(release_dir, after())
+            v: RunVerdict = session.batch([follow, reported_op(release_dir, command)], on_event=on_event)[follow]
+            return v
+        except RemoteStepError as e:
+            if e.kind == "norunner":
+                return None
+            raise
+        except (UnreachableError, LinkLostError, HostKeyError):
+            if time.monotonic() + RECONNECT_SECONDS > until:
+                return None
+            time.sleep(RECONNECT_SECONDS)
+
+
+def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter, *, abort: bool = False,
+                reports_dir: Path | None = None) -> HostReport:
     """Follow the host's release in progress (or the newest one nobody reported) to its verdict.
 
     ``abort``: ask its runner to abort first (``orch rollback --abort``): it stops its step
-    and restores, and that restore is followed.
+    and restores, and that restore is followed. ``reports_dir``: where a night's report goes
+    (``orch status --follow --reports``): a night followed here is reported as its own
+    controller would have (``pipeline.nightly_late``).
     """
+    late: list[Any] = []
+    report = _follow(target, options, reporter, abort, reports_dir is not None, late)
+    if late and reports_dir is not None:
+        from orchestrator.pipeline.nightly_late import write_late
+        from orchestrator.pipeline.nightly_report import host_rows
+
+        rows, unread = host_rows(target, options)
+        path = write_late(reports_dir, late[0], rows)
+        if unread:
+            reporter.note(target.name, unread)
+        reporter.step(target.name, f"report: {path}")
+        report.extra["report"] = str(path)
+    return report
+
+
+def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abort: bool, nights: bool,
+            late: list[Any]) -> HostReport:
+    """``follow_host`` on one connection; a night's late report (``nights``) into ``late``."""
     label = target.name
     with HostSession(target, options) as session:
         state: HostRecords = session.run(ops.state_read(target.state_dir))
@@ -87,6 +139,10 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
             if e.kind == "unfinished":
                 return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message)
             raise
+        if nights and last is not None and last.kind == "night" and not abort:
+            from orchestrator.pipeline.nightly_late import late_night
+
+            late.append(late_night(session, last, v))
         return report_of(label, release, v, aborted=abort)
 
 

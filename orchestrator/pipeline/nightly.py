@@ -17,18 +17,25 @@ One night on one host, as steps:
    nothing runs from) before the next one is planned, so it sees its result;
 4. **arm**: the night's ``restore.json`` — ``builds_dir/current`` back to the
    previous build, the previous command line started again and health-checked
-   — is written whole, and the host-side watchdog armed, before anything live
-   is touched (the restore machine of ``host/restore.py``, as for a deploy);
-5. **switch**: mark ``server.touched``, stop the old server, point ``current``
-   at the new build (compare-and-swap on the link), start the server once
-   from ``current/``, health and stability with crash detection; **probe**;
-   then **confirm** (the watchdog leaves; the night is pushed on the host's
-   ``applied`` stack, so ``orch rollback`` switches it back);
+   — and its program (every step after the switch, the confirm with all the
+   records it writes) are written whole, and the guard forked on the host,
+   before anything live is touched (the restore machine of
+   ``host/restore.py`` and the runner of ``host/runner.py``, as for a deploy);
+5. **switch**, one round trip: the journal, then the host's runner takes the
+   night: it marks ``server.touched``, stops the old server, points
+   ``current`` at the new build (compare-and-swap on the link), starts the
+   server once from ``current/``, health and stability with crash detection;
+   **probe**; then **confirm** (the night is pushed on the host's ``applied``
+   stack, so ``orch rollback`` switches it back). The controller follows its
+   events and prints them; a dead controller changes nothing, and the next
+   controller that learns the verdict writes the night's report
+   (``pipeline/nightly_late.py``);
 6. any failure before the switch: nothing running was touched, the build is
-   removed (its log kept), exit 2. After it: the restore machine runs the
-   night's ``restore.json``, and ``core.outcomes.verdict`` turns the cause,
-   the step reached and the restore's record into the outcome (exit 1, or 3
-   when the host is not known to be healthy).
+   removed (its log kept), exit 2. After it: the runner switches back through
+   the night's ``restore.json`` (never a second restore from the controller),
+   and ``core.outcomes.verdict`` turns the cause, the step reached and the
+   restore's record into the outcome (exit 1, or 3 when the host is not known
+   to be healthy).
 
 The manifest (``core.nightly.NightManifest``) goes into the build and into
 the controller's report; the host's record of the night (``kind: night``)
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -64,10 +72,11 @@ from orchestrator.core.nightly import (
     relative_to_build,
     source_changes,
 )
-from orchestrator.core.outcomes import CHANGED, UNSAFE, Outcome, Step, verdict
+from orchestrator.core.outcomes import CHANGED, STOPPED_FOLLOWING, UNSAFE, Outcome, Step, verdict
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.releases import (
     LinkState,
+    PrunePlan,
     drift_kept,
     new_release_id,
     ordered_ids,
@@ -101,11 +110,14 @@ from orchestrator.errors import (
     AnchorError,
     ConfigError,
     LinkLostError,
+    MalformedReplyError,
     OrchError,
     RefusedError,
     RemoteError,
+    Terminated,
 )
 from orchestrator.host.program import StepName
+from orchestrator.host.protocol_events import StepEvent, event_from_wire
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -117,6 +129,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.follow import reconnect_and_follow, reported_op
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
@@ -143,7 +156,17 @@ from orchestrator.shell.config_files import (
     template_lookup,
 )
 from orchestrator.shell.nightly_files import LoadedNightly
-from orchestrator.shell.program import ReleaseProgram
+from orchestrator.shell.program import (
+    STEPS_FILE,
+    ReleaseProgram,
+    RunVerdict,
+    read_steps,
+    release_abort,
+    release_follow,
+    release_run,
+    release_stamp,
+)
+from orchestrator.shell.replies import Malformed
 
 
 @dataclass(frozen=True)
@@ -171,6 +194,7 @@ class NightResult:
     seq: int | None = None  # the host's sequence number of the night's release, once it was made
     steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
     events: list[dict[str, Any]] = field(default_factory=list)  # what was said, as fields (``core.events``)
+    late: list[Any] = field(default_factory=list)  # ``nightly_late.LateNight``: an earlier night owed its report
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -266,17 +290,25 @@ class Night:
     rendered: RenderedPlaybook | None = None
     last_good: NightManifest | None = None
     manifest: NightManifest | None = None
-    deadline: float = 0.0  # when the watchdog acts unless confirmed: the host's wall time (host clock)
+    deadline: float = 0.0  # the backstop's deadline unless confirmed: the host's wall time (host clock)
     seq: int | None = None  # the host's sequence number of this night's release
     build_seqs: dict[str, int] = field(default_factory=dict)  # the builds already there, by their ``seq``
     running: ServerProcess | None = None  # the server found just before arming
     last_started: ServerProcess | None = None  # the command line the current release started
     # filled by build() and patch(), read by make_manifest()
     prepared: bool = False
-    arm_sent: bool = False  # the watchdog was asked for: it may be armed even if no answer came
+    arm_sent: bool = False  # the guard was asked for: it may be armed even if no answer came
     program: ReleaseProgram | None = None  # every step after the arm, kept in the release with it
     healthy: ops.Op | None = None  # the program's health wait, whose answer the night reads
     probe_rounds: list[ops.Op] = field(default_factory=list)  # the program's probe, one op per round
+    pruning: PrunePlan | None = None  # what the confirm prunes of the releases (decided at arm)
+    prune: ops.Op | None = None  # the confirm's pruning of the builds (decided at arm)
+    stamp: ops.Op | None = None  # the confirm's record of what only the host knows at the end
+    claim: ops.Op | None = None  # the confirm itself: the claim and its records
+    probed: ProbeResult | None = None  # the probe step's answers, read as the runner's events come
+    lines_seen: int = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
+    failure_shown: bool = False  # the runner's "restoring" said why the night failed, as it happened
+    late: list[Any] = field(default_factory=list)  # ``nightly_late.LateNight``: the night before, reported here
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
     complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
@@ -408,12 +440,7 @@ class Night:
                 with clock.step("rollback"):
                     return self.abandon(cause)
             try:
-                with clock.step("restart"):
-                    self.switch()
-                with clock.step("probe"):
-                    probe = self.probe()
-                with clock.step("confirm"):
-                    return self.confirm(probe)
+                return self.switch_and_follow()
             except (OrchError, KeyboardInterrupt) as cause:
                 with clock.step("rollback"):
                     return self.fail(cause)
@@ -422,7 +449,17 @@ class Night:
 
     def read_host(self) -> None:
         """The last good night, drift and ``--frozen``: read only, nothing written."""
-        data = self.session.run(ops.get_json(f"{self.link}/manifest.json"))
+        from orchestrator.pipeline import nightly_late
+
+        last = ops.get_json(f"{self.link}/manifest.json")
+        night = nightly_late.unreported_night(self.state)
+        owed = nightly_late.unreported_reads(self.state, night) if night is not None else []
+        got = self.session.batch([last, *owed])  # one round trip, as the read of the last good night alone
+        data = got[last]
+        if night is not None and nightly_late.owed(got[owed[0]], got[owed[1]]):
+            # the night before ended without its controller (after its switch): its report is ours to write
+            late = nightly_late.follow_unreported(self.session, self.state, night, "nightly")
+            self.late = [late] if late is not None else []
         if data:
             self.last_good = NightManifest.model_validate(data)
         if self.last_good and self.last_good.files:
@@ -616,7 +653,7 @@ class Night:
         return ServerStart(server.desired_argv() or [], server.workdir, dict(server.env), False)
 
     def restore_plan(self, previous: ServerStart | None) -> RestorePlan:
-        """What the watchdog, this run's own failure path, or ``orch rollback`` restores:
+        """What the runner, its guard, this run's own failure path, or ``orch rollback`` restores:
         ``current`` back where it pointed, the previous command line, its health."""
         running = self.running or ServerProcess()
         server = ServerTarget(
@@ -630,7 +667,7 @@ class Night:
         )
 
     def arm(self, previous: ServerStart | None) -> None:
-        """The night's restore plan, complete, and the watchdog — before anything live is touched."""
+        """The night's restore plan and program, complete, and the guard — before anything live is touched."""
         new_start = self.new_start()
         self.manifest = self.make_manifest(new_start)
         spec = self.spec
@@ -656,8 +693,8 @@ class Night:
 
     def make_program(self, new_start: ServerStart) -> ReleaseProgram:
         """Every step after the arm, as requests: stop the old server, point ``current`` at
-        the new build, start it once, health and stability, the claim. Kept in the release
-        with the arm; the host's executor runs it (``shell.program``)."""
+        the new build, start it once, health and stability, the probe, the claim with its
+        records. Kept in the release with the arm; the host's runner runs it (``host/runner.py``)."""
         program = ReleaseProgram(self.name, "night")
         running = self.running
         if running and running.pid:
@@ -678,90 +715,222 @@ class Night:
             self.probe_rounds = probe_ops(self.health.base_url, config, body, headers)
             program.add(StepName.PROBE, self.probe_rounds,
                         expect={"answered": {"post": config.post, "concurrency": config.concurrency}})
-        program.add(StepName.CONFIRM, [ops.confirm_release(self.release_dir, [])])  # its steps come with the confirm
-        return program
+        return self.with_confirm(program)
 
-    def switch(self) -> None:
-        """Stop the old server, point ``current`` at the new build, start once, health and stability."""
-        assert self.program is not None and self.healthy is not None
-        new_start = self.new_start()
-        running = self.running
-        run = self.program.run(self.release_dir, StepName.HEALTH)
-        self.reporter.event(self.label, events.Switching(running.pid if running else None, self.name,
-                                                         tuple(redact_argv(new_start.argv, self.secret_list))))
-        self.reached = Step.RESTARTING
-        got = self.session.batch([self.journal(JournalStep.SWITCHING), run],
-                                 on_event=self._events())[run][self.healthy]
-        self.reporter.event(self.label, events.Healthy(got["elapsed"], got["polls"], got.get("stable_for")))
-
-    def probe(self) -> ProbeResult | None:
-        config = self.spec.probe
-        if config is None:
-            return None
-        assert self.program is not None
-        run = self.program.run(self.release_dir, StepName.PROBE)
-        try:
-            got = self.session.batch([self.journal(JournalStep.PROBING), run], on_event=self._events())[run]
-        except RemoteStepError as e:
-            if e.kind == "probe" and e.details.get("program_step") == StepName.PROBE.value:
-                raise RemoteError(e.message) from None  # the host found that no request succeeded
-            raise
-        result = read_probe(config, got.each(self.probe_rounds))
-        summary = result.summary()
-        tps = summary.get("output_tokens_per_s")
-        self.reporter.event(self.label, events.Probed(
-            config.post, summary["requests_per_s"], tps, summary["p50_ms"], summary["p99_ms"], summary["errors"],
-            result.greedy_sha256))
-        return result
-
-    def confirm(self, probe: ProbeResult | None) -> NightResult:
-        """Claim the night as confirmed (the watchdog leaves), push it on ``applied``, prune."""
+    def with_confirm(self, program: ReleaseProgram) -> ReleaseProgram:
+        """The confirm step: the claim and every record it writes, known at arm, so that the
+        host's runner confirms the night without this controller. What only the host knows
+        at the end — when it finished, the steps' times, the probe's figures — its
+        ``release_stamp`` fills in, into the release and the build's ``manifest.json``."""
         assert self.manifest is not None
-        self.reached = Step.CONFIRMING
-        finished = self.session.host_time()
-        self.manifest = self.manifest.model_copy(update={
-            "finished": finished, "probe": probe.to_json() if probe else None})
         applied = self.state.applied + [self.name]
         releases = ordered_ids(self.state.releases) + [self.name]  # this night's seq is the newest
-        pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.releases))
-        prune_releases = pruning.remove
+        self.pruning = prune_plan(releases, applied, self.target.keep_releases, drift_kept(self.state.releases))
         complete = None if self.complete_builds is None else [*self.complete_builds, self.name]
         seqs = dict(self.build_seqs, **({self.name: self.seq} if self.seq is not None else {}))
         prune_builds = builds_to_prune([*self.existing_builds, self.name], self.name, self.previous_build,
                                        self.spec.keep_builds, complete, seqs, steps=applied)
-        prune = ops.nightly_prune(self.builds_dir, prune_builds)
-        assert self.program is not None
-        claim = ops.confirm_release(self.release_dir, [
-            ops.put_json(f"{self.build_dir}/manifest.json", self.manifest.model_dump()),
-            ops.release_update(self.state_dir, self.name, {
-                "outcome": RecordedOutcome.DEPLOYED, "probe": probe.to_json() if probe else None, "finished": finished,
-                "duration": round(finished - self.started, 3),
-                "steps": self.clock.steps(self.session.host_time) if self.clock else []}),
+        self.prune = ops.nightly_prune(self.builds_dir, prune_builds)
+        config = self.spec.probe
+        probe = {"post": config.post, "concurrency": config.concurrency} if config is not None else None
+        self.stamp = release_stamp(self.state_dir, self.name, self.release_dir, self.started, [], probe=probe,
+                                   manifest={"path": f"{self.build_dir}/manifest.json",
+                                             "record": self.manifest.model_dump()})
+        records = [
+            self.stamp,
+            ops.release_update(self.state_dir, self.name, {"outcome": RecordedOutcome.DEPLOYED}),
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
             self.journal(JournalStep.CONFIRMED, finished=True),
-            prune,
-            ops.release_prune(self.state_dir, prune_releases, self.target.keep_releases),
+            self.prune,
+            ops.release_prune(self.state_dir, self.pruning.remove, self.target.keep_releases),
             self.log_op(f"night {self.name} is current"),
             ops.lock_release(self.state_dir),
-        ])
-        answer: ops.ConfirmAnswer = self.session.run(
-            self.program.run(self.release_dir, StepName.CONFIRM, confirm=claim))[claim]
-        if not answer.confirmed:
-            why = "the watchdog's deadline passed before the night could confirm"
-            if answer.restored is None:
+        ]
+        self.claim = ops.confirm_release(self.release_dir, records)
+        program.add(StepName.CONFIRM, [self.claim])
+        return program
+
+    def switch_and_follow(self) -> NightResult:
+        """The switch batch: the journal, the steps so far, the host's runner started (it
+        stops the old server, points ``current`` at the new build, starts it, checks health,
+        probes and confirms — or switches back — by itself), and its events followed to its
+        verdict. The verdict is the host's whether or not this controller is still there."""
+        assert self.program is not None and self.clock is not None
+        new_start = self.new_start()
+        running = self.running
+        self.reporter.event(self.label, events.Switching(running.pid if running else None, self.name,
+                                                         tuple(redact_argv(new_start.argv, self.secret_list))))
+        self.reached = Step.RESTARTING
+        before = self.clock.steps(self.session.host_time)
+        run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
+        steps = [self.journal(JournalStep.SWITCHING),
+                 ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started, "steps": before}),
+                 run, follow, reported_op(self.release_dir, "nightly")]
+        try:
+            try:
+                v: RunVerdict = self.session.batch(steps, on_event=self.on_runner_event)[follow]
+            except LinkLostError as lost:
+                if isinstance(lost, MalformedReplyError):
+                    raise  # a helper that spoke garbage is not asked for a verdict again
+                got = reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
+                                           lambda: self.lines_seen, self.on_runner_event, "nightly")
+                if got is None:
+                    raise
+                v = got
+        except KeyboardInterrupt as e:  # while following, or while connecting again to follow
+            if isinstance(e, Terminated):
+                return self.stopped_following(signal.Signals(e.signum).name)
+            if self.session.agent is not None and self.session.agent.interrupted_twice:
+                return self.stopped_following()
+            return self.interrupted()
+        return self.ended(v)
+
+    def on_runner_event(self, ev: dict[str, Any]) -> None:
+        """One event of the runner's log as it comes: a step's answers (health, probe) shown
+        once it ended, the switch back's cause as it begins, progress on the live line."""
+        line = ev.get("line")
+        if isinstance(line, int) and line > self.lines_seen:
+            self.lines_seen = line  # a follow after a lost link goes on from here
+        kind = ev.get("event")
+        if kind == "answers":
+            self.on_answers(str(ev.get("step")), ev.get("answers"))
+            return
+        if kind == "restoring":
+            failed = ev.get("failed") if isinstance(ev.get("failed"), dict) else {}
+            assert isinstance(failed, dict)
+            self.show_failure(failed)
+            return
+        event = event_from_wire(ev)
+        if isinstance(event, StepEvent):
+            if event.state == StepEvent.BEGAN and event.step == StepName.CONFIRM.value:
+                self.reached = Step.CONFIRMING
+            return
+        if kind != "tick":
+            self.reporter.progress(self.label, ev)
+
+    def on_answers(self, step: str, answers: Any) -> None:
+        """Health's and the probe's answers, said as the night's controller always said them."""
+        if step not in (StepName.HEALTH.value, StepName.PROBE.value) or self.program is None:
+            return
+        try:
+            results = read_steps(self.program.steps, {step: answers}, [step])
+        except (Malformed, ValueError):
+            return  # a step this controller did not plan (a newer runner): nothing of ours to show
+        if step == StepName.HEALTH.value and self.healthy is not None and self.healthy in results:
+            got = results[self.healthy]
+            self.reporter.event(self.label, events.Healthy(got["elapsed"], got["polls"], got.get("stable_for")))
+        config = self.spec.probe
+        if step == StepName.PROBE.value and config is not None and self.probe_rounds:
+            result = self.probed = read_probe(config, results.each(self.probe_rounds))
+            summary = result.summary()
+            self.reporter.event(self.label, events.Probed(
+                config.post, summary["requests_per_s"], summary.get("output_tokens_per_s"), summary["p50_ms"],
+                summary["p99_ms"], summary["errors"], result.greedy_sha256))
+
+    def show_failure(self, failed: dict[str, Any]) -> str:
+        """Why the night failed (the step the runner failed), said once, with the server's log."""
+        if failed.get("kind") == "cancelled":
+            reason = "interrupted (Ctrl-C)"
+        else:
+            reason = self._redact(str(failed.get("message") or "the host's runner failed"))
+        if not self.failure_shown:
+            self.failure_shown = True
+            details = failed.get("details") if isinstance(failed.get("details"), dict) else {}
+            tail = details.get("log_tail") if isinstance(details, dict) else None
+            if isinstance(tail, list) and tail:
+                self.reporter.server_log(self.label, "server log (last 40 lines)",
+                                         [self._redact(str(line)) for line in tail])
+            self.reporter.event(self.label, events.NightFailed(reason, switching_back=True))
+        return reason
+
+    def ended(self, v: RunVerdict, cause: BaseException | None = None) -> NightResult:
+        """The runner's verdict as this night's result: current, or switched back (by the
+        runner, its guard, or a person's rollback), or a switch back that failed."""
+        if v.confirmed:
+            return self.confirmed(v)
+        record = RestoreRecord.from_wire(v.restore) if v.restore else None
+        if v.verdict == RunVerdict.NOT_CONFIRMED:
+            why = "the backstop's deadline passed before the night could confirm"
+            if record is None:
                 return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
-                    f"{self.label}: {why}; the watchdog is switching night {self.name} back but left no record; "
+                    f"{self.label}: {why}; night {self.name} is being switched back but left no record; "
                     f"run `orch status --host {self.label}`"))
-            return self.restored(RemoteError(why), why, answer.restored)
-        removed = answer.results[prune]
+            return self.restored(RemoteError(why), why, record)
+        # no step failed when the guard switched back (the runner died, or outlived the backstop): its reason
+        failed = v.failed or {"kind": "runner", "message": str(v.wire.get("reason") or "the host's runner died")}
+        reason = self.show_failure(failed)
+        if record is None:
+            error = v.wire.get("error") or {}
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
+                f"{self.label}: night {self.name} failed ({reason}) and the host's runner could not switch it "
+                f"back: {error.get('message', '?')}; its restore plan is {self.release_dir}/restore.json; run "
+                f"`orch rollback --host {self.label}`"))
+        return self.restored(cause or RemoteError(reason), reason, record)
+
+    def interrupted(self) -> NightResult:
+        """Ctrl-C after the switch batch was sent: the runner aborts and switches back (its
+        verdict is followed to the end); a runner that had confirmed already keeps the night."""
+        abort, follow = release_abort(self.release_dir), release_follow(self.release_dir)
+        try:
+            v: RunVerdict = self.session.batch([abort, follow, reported_op(self.release_dir, "nightly")],
+                                               on_event=self.on_runner_event)[follow]
+        except KeyboardInterrupt:
+            return self.stopped_following()
+        except RemoteStepError as e:
+            if e.kind == "norunner":
+                raise KeyboardInterrupt from None  # the switch batch stopped before the runner: switch back here
+            raise
+        if v.confirmed:
+            self.reporter.event(self.label, events.InterruptedAfterConfirm(self.name))
+            return self.confirmed(v)
+        return self.ended(v, KeyboardInterrupt())
+
+    def stopped_following(self, signame: str | None = None) -> NightResult:
+        """A second Ctrl-C, or SIGTERM/SIGHUP after the switch batch: one line naming the night
+        and where its verdict is; exit 3. The runner goes on as it was."""
+        why = (f"{signame}: orch stopped following night {self.name}, which its runner on the host finishes"
+               if signame else
+               f"interrupted again: orch stopped following night {self.name}, which its runner on the host "
+               "still finishes (switching it back)")
+        return self.result(STOPPED_FOLLOWING.outcome, STOPPED_FOLLOWING.exit_code,
+                           f"{why}; `orch status --follow --host {self.label}` gives the verdict")
+
+    def confirmed(self, v: RunVerdict) -> NightResult:
+        """The night as its runner confirmed it: current; the builds it pruned; the manifest
+        with the host's finish time and probe (``release_stamp``'s record)."""
+        assert self.manifest is not None and self.pruning is not None
+        self.reached = Step.CONFIRMING
+        if self.clock is not None:
+            self.clock.adopt(v.stamped_steps())
+        answer = self.claim_answer(v)
+        stamp: dict[str, Any] = {}
+        removed: list[str] = []
+        if answer is not None and answer.confirmed and self.stamp is not None and self.prune is not None:
+            stamp, removed = answer.results[self.stamp] or {}, answer.results[self.prune] or []
+        probe = stamp.get("probe") if isinstance(stamp.get("probe"), dict) else None
+        if probe is None and self.probed is not None:
+            probe = self.probed.to_json()
+        self.manifest = self.manifest.model_copy(update={
+            "finished": stamp.get("finished") or self.session.host_time(), "probe": probe})
         if removed:
-            self.reporter.event(self.label, events.BuildsPruned(tuple(removed)))
-        for rid, paths in pruning.held.items():
+            self.reporter.event(self.label, events.BuildsPruned(tuple(str(r) for r in removed)))
+        for rid, paths in self.pruning.held.items():
             self.reporter.event(self.label, events.HeldForDrift(rid, tuple(paths)))
         self.reporter.event(self.label, events.NightCurrent(self.name, self.build_dir))
         result = self.result(CHANGED.outcome, CHANGED.exit_code)
         result.build_log = self.read_log()
         return result
+
+    def claim_answer(self, v: RunVerdict) -> ops.ConfirmAnswer | None:
+        """The confirm's answer in a confirmed verdict, its records read by the ops that wrote
+        them (None where the verdict carries none this controller can read)."""
+        if self.program is None or self.claim is None:
+            return None
+        try:
+            answer: ops.ConfirmAnswer = read_steps(self.program.steps, v.results, [StepName.CONFIRM.value])[self.claim]
+        except (Malformed, ValueError, KeyError):
+            return None
+        return answer
 
     # ---------------------------------------------------------------- failure
 
@@ -775,9 +944,9 @@ class Night:
                 self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         if isinstance(cause, LinkLostError):
             v = verdict(cause, self.reached)
-            reason += (f" during night {self.name}; the host-side watchdog switches it back by itself at "
-                       f"{at(self.deadline)} unless it was confirmed; run `orch status --host {self.label}` to "
-                       f"see, or `orch rollback --host {self.label}` to switch back now")
+            reason += (f" during night {self.name}; the host finishes it by itself (its runner confirms it or "
+                       f"switches it back; the backstop switches it back at {at(self.deadline)} at the latest); "
+                       f"`orch status --follow --host {self.label}` gives the verdict")
             return self.result(v.outcome, v.exit_code, reason)
         switched = self.reached >= Step.RESTARTING
         self.reporter.event(self.label, events.NightFailed(reason, switching_back=switched))
@@ -792,17 +961,17 @@ class Night:
             v = verdict(e, self.reached)
             return self.result(v.outcome, v.exit_code, (
                 f"{reason}; {e}: the switch back of night {self.name} was under way on the host when the link "
-                f"dropped: the host finishes it by itself, and the watchdog backs it up at {at(until)}; run "
+                f"dropped: the host finishes it by itself, and the backstop backs it up at {at(until)}; run "
                 f"`orch status --host {self.label}` to see"))
         except KeyboardInterrupt:
             return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: interrupted again during the switch back of night {self.name}: orch stopped "
-                f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
+                f"waiting and the restore on the host stopped where it was. The backstop finishes it at "
                 f"{at(until)}; or run `orch rollback --host {self.label}` now"))
         except OrchError as e:
             return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {e}. "
-                f"The watchdog switches back at {at(until)}; run `orch status --host {self.label}`"))
+                f"The backstop switches back at {at(until)}; run `orch status --host {self.label}`"))
         return self.restored(cause, reason, record)
 
     def restored(self, cause: BaseException, reason: str, record: RestoreRecord) -> NightResult:
@@ -936,6 +1105,7 @@ def nightly_host(
             current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker, options.words), night, name, started, options.break_lock,
                             clock=clock)
             result = current.run()
+            result.late = list(current.late)
             result.notes.append(f"round trips: {session.round_trips}")
             result.steps = clock.steps(session.host_time)
             result.events = [e.to_wire() for e in current.reporter.events]
@@ -954,6 +1124,7 @@ def nightly_host(
                              steps=clock.steps(session.host_time))
         if current is not None:
             result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq
+            result.late = list(current.late)
             result.events = [e.to_wire() for e in current.reporter.events]
         return result
 

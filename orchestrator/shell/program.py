@@ -181,6 +181,9 @@ def release_abort(release_dir: str) -> Op:
 
 
 def release_stamp(state_dir: str, release_id: str, release_dir: str, started: float,
-                  steps: Sequence[dict[str, Any]], gate: dict[str, Any] | None = None) -> Op:
-    """Inside the confirm: the run's figures from the host's own record of it (``host/stamp.py``)."""
-    return _op(p.ReleaseStamp(state_dir, release_id, release_dir, started, [dict(s) for s in steps], gate))
+                  steps: Sequence[dict[str, Any]], gate: dict[str, Any] | None = None, *,
+                  probe: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None) -> Op:
+    """Inside the confirm: the run's figures from the host's own record of it (``host/stamp.py``);
+    a night's probe (``post``, ``concurrency``) and build manifest (``path``, ``record``) too."""
+    return _op(p.ReleaseStamp(state_dir, release_id, release_dir, started, [dict(s) for s in steps], gate,
+                              probe, manifest))

@@ -57,6 +57,7 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
          frozen: bool, force: bool, break_lock: bool) -> int:
     from orchestrator.cli.views import ConsoleReporter, print_summary
     from orchestrator.pipeline.nightly import NightOptions, nightly_host
+    from orchestrator.pipeline.nightly_late import write_late
     from orchestrator.pipeline.nightly_report import host_rows, notify, write_report
     from orchestrator.pipeline.report import RunReport
     from orchestrator.shell.nightly_files import find_nightly, load_nightly
@@ -69,6 +70,9 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
     report = RunReport()
     for target in targets:
         result = nightly_host(target, loaded, variables, options, reporter, NightOptions(frozen, force))
+        for late in result.late:  # a night before this one ended without its controller: its report
+            path = write_late(Path(reports_dir), late, None)
+            reporter.step(target.name, f"report of night {late.result.name} (ended without its controller): {path}")
         rows, unread = host_rows(target, options) if result.outcome in READABLE else (None, None)
         files = write_report(Path(reports_dir), result, loaded.model.name, loaded.display, rows)
         for note in (*files.notes, *([unread] if unread else [])):

@@ -18,8 +18,11 @@ from orchestrator.core.outcomes import worst
 @click.option("--follow", is_flag=True,
               help="Follow the release in progress (or the newest one nobody has reported) to its verdict, "
                    "replaying its steps from its start; exit with the code its own run would have had.")
+@click.option("--reports", "reports_dir", default="reports", metavar="DIR", show_default=True,
+              help="With --follow: where a night's report goes when its own controller is gone "
+                   "(as `orch nightly --reports`).")
 @output_options
-def status(out: OutputFlags, where: HostFlags, probe: bool, follow: bool) -> int:
+def status(out: OutputFlags, where: HostFlags, probe: bool, follow: bool, reports_dir: str) -> int:
     """Current release, server process, health now, and drift since the release.
 
     Exit codes (the worst host's): 0 healthy, or nothing to check (drift
@@ -47,11 +50,15 @@ def status(out: OutputFlags, where: HostFlags, probe: bool, follow: bool) -> int
     output = out.output()
     options = where.connect(output)
     if follow:
+        from pathlib import Path
+
         from orchestrator.cli.fleet import run_reports
         from orchestrator.cli.live import draw_fleet_summary
         from orchestrator.pipeline.follow import follow_host
 
-        report = run_reports(output, targets, lambda target, rep: follow_host(target, options, rep), where.fleet(),
+        reports = Path(reports_dir)
+        report = run_reports(output, targets, lambda target, rep: follow_host(target, options, rep,
+                                                                              reports_dir=reports), where.fleet(),
                              ConsoleReporter(output), title="orch status --follow")
         draw_fleet_summary(output, report)
         if out.as_json:
