@@ -1,0 +1,51 @@
+"""What crosses the wire is type-checked: a wrong op name or field fails here, before a host sees it.
+
+The requests, replies, events and records (``orchestrator/host/protocol*.py``,
+``records.py``), the controller's events and request builders (``core/events.py``,
+``shell/ops.py``, ``shell/program.py``) are checked by mypy, strictly enough that
+a builder passing a field its request does not have, or a reply read by a name it
+does not carry, is an error.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+WIRE = [
+    "orchestrator/host/protocol.py",
+    "orchestrator/host/protocol_runner.py",
+    "orchestrator/host/protocol_events.py",
+    "orchestrator/host/protocol_steps.py",
+    "orchestrator/host/protocol_replies.py",
+    "orchestrator/host/records.py",
+    "orchestrator/core/events.py",
+    "orchestrator/shell/ops.py",
+    "orchestrator/shell/program.py",
+]
+
+
+def test_mypy_finds_nothing_in_what_crosses_the_wire(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), *WIRE],
+        cwd=CHECKOUT, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_mypy_catches_a_request_built_with_a_field_it_does_not_have(tmp_path: Path) -> None:
+    """The check above can fail: a builder that names a field its request lacks is an error."""
+    bad = tmp_path / "bad_builder.py"
+    bad.write_text(
+        "from orchestrator.host.protocol import Read\n"
+        "Read(paths=['/x'], with_data=True, no_such_field=1)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), str(bad)],
+        cwd=CHECKOUT, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 1 and "no_such_field" in run.stdout, run.stdout + run.stderr
