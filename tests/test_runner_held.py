@@ -32,9 +32,11 @@ from tests.test_faults import Link, finish, hold_ready, read, story
 from tests.test_faults import link as link  # noqa: F401 - the fixture, used by name
 
 GATE_PROBE = {"post": "/generate", "json": {"text": "held", "sampling_params": {"max_new_tokens": 4}},
-              "requests": 4, "concurrency": 2, "rounds": 1, "timeout": "120s"}
+              "requests": 4, "concurrency": 2, "rounds": 1, "timeout": "600s"}
 """A small probe: the gate here is held, not measured. Its one rule (``errors: 0``) does not
-depend on how long the test held the requests."""
+depend on how long the test held the requests. Its timeout is longer than any wait here
+(``finish``: 240 s): an abort that waited for the held request to time out, instead of
+stopping the step, fails the test."""
 
 
 def wait_for(path: Path) -> str:
@@ -109,6 +111,19 @@ def start_held(box: Sandbox, step: str, *args: str, env: dict[str, str] | None =
     return Held(step, proc, wait_held(box, step, at), go, original)
 
 
+def holding(go: Path) -> list[int]:
+    """The pids of processes still waiting for ``go`` (a held hook or pre-flight left behind)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if str(go).encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    pids.append(int(name))
+            except OSError:
+                continue
+    return pids
+
+
 def verdicts(release: Path) -> list[dict[str, Any]]:
     return [w for w in eventlog.lines(str(release)) if w.get("event") == "verdict"]
 
@@ -127,6 +142,8 @@ def assert_restored(box: Sandbox, h: Held, by: str) -> dict[str, Any]:
     assert journal["step"] == "rolled_back", journal
     assert [v["verdict"] for v in verdicts(h.release)] == ["restored"]
     wait_until(lambda: not (box.state_dir / "lock.json").exists(), "the lock to be given back")
+    if h.step in ("preflight", "after_healthy"):
+        assert holding(h.go) == []  # the held command ended with the step, not left waiting
     return record
 
 
