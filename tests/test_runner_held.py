@@ -290,3 +290,40 @@ def test_link_severed_at_the_gate_the_controller_reconnects_and_exits_with_the_v
     assert link.proxy.connections > connections
     assert_deployed(box, h)
     assert read(h.release / "reported.json")["by"]["command"] == "deploy"
+
+
+# ---------------------------------------------------------------- the probe under an abort
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy-request", "batch"])
+def test_an_abort_ends_a_probe_whose_server_holds_its_requests(tmp_path: Path, greedy: bool) -> None:
+    """What the held gate found: the runner's abort (its SIGTERM sets ``cancel_requested``) did
+    not end a probe until the held request timed out (a signal does not end a socket read).
+    A real listener that accepts and never answers; the probe's timeout is far beyond the wait."""
+    import socket
+    import threading
+
+    from orchestrator.host.probe import op_probe_http
+    from orchestrator.host.runner import RunnerSession
+    from orchestrator.host.wire import AgentError
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: [accepted.append(listener.accept()[0]) for _ in range(8)], daemon=True).start()
+    s = RunnerSession(str(tmp_path), [])
+    ended: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            op_probe_http(s, f"http://127.0.0.1:{listener.getsockname()[1]}", "/generate", {"text": "x"}, 2, 2, 600,
+                          greedy_body={"text": "x"} if greedy else None)
+            ended.append(None)
+        except AgentError as e:
+            ended.append(e)
+
+    threading.Thread(target=probe, daemon=True).start()
+    wait_until(lambda: accepted, "the probe's request to be held")
+    s.cancel_requested = True  # what the runner's SIGTERM handler does
+    wait_until(lambda: ended, "the probe to end at the abort", timeout=60)
+    listener.close()
+    assert isinstance(ended[0], AgentError) and ended[0].kind == "cancelled", ended
