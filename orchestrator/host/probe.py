@@ -78,11 +78,13 @@ def probe_batch(s, url, payload, headers, timeout, count, concurrency):
     for t in threads:
         t.daemon = True
         t.start()
-    # Every request is bounded by ``timeout``; the batch by the worst case of that.
+    # Every request is bounded by ``timeout``; the batch by the worst case of that. An abort
+    # (Ctrl-C, the runner's SIGTERM) stops the wait at once, not after the requests in
+    # flight time out: a gate's probe of a server that hangs would hold the restore that long.
     deadline = started + timeout * (count // max(1, concurrency) + 2)
     said = started
     for t in threads:
-        while t.is_alive() and time.time() < deadline:
+        while t.is_alive() and time.time() < deadline and nightly_stop_reason(s) is None:
             t.join(0.2)
             if time.time() - said >= 2.0:
                 said = time.time()
@@ -94,6 +96,20 @@ def probe_batch(s, url, payload, headers, timeout, count, concurrency):
             samples[i] = {"latency": duration, "status": None, "error": "no answer before the probe's deadline",
                           "tokens": None}
     return samples, duration
+
+
+def probe_alone(s, url, payload, headers, timeout):
+    """One request (its whole answer kept), waited for in a thread so that an abort stops
+    the wait at once: a signal does not end a socket read (PEP 475 retries it), so a
+    server that holds the request would hold the runner's abort for ``timeout``."""
+    got = []
+    worker = threading.Thread(target=lambda: got.append(probe_request(url, payload, headers, timeout, keep_doc=True)))
+    worker.daemon = True
+    worker.start()
+    while worker.is_alive() and nightly_stop_reason(s) is None:
+        worker.join(0.2)
+    s.check_cancel()
+    return got[0]
 
 
 def op_probe_http(s, base_url, path, body, requests, concurrency, timeout, headers=None, warmup=0,
@@ -115,7 +131,7 @@ def op_probe_http(s, base_url, path, body, requests, concurrency, timeout, heade
         probe_batch(s, url, payload, hdrs, timeout, warmup, concurrency)
     greedy = None
     if greedy_body is not None:
-        greedy = probe_request(url, json.dumps(greedy_body).encode("utf-8"), hdrs, timeout, keep_doc=True)
+        greedy = probe_alone(s, url, json.dumps(greedy_body).encode("utf-8"), hdrs, timeout)
     s.event("progress", msg="probe: %d request(s) to %s at concurrency %d" % (requests, path, concurrency))
     samples, duration = probe_batch(s, url, payload, hdrs, timeout, requests, concurrency)
     return {"samples": samples, "duration": duration, "greedy": greedy}

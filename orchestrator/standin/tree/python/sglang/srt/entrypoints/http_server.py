@@ -34,7 +34,10 @@ checks: whoever polled has seen it healthy, however late it looked); ``STANDIN_F
 503 for S seconds, and so on; ``STANDIN_HANG=1`` accepts connections and
 never answers; ``STANDIN_TRICKLE=S`` sends health answers one byte every S
 seconds; ``STANDIN_READY_FILE=PATH`` becomes healthy only once PATH exists
-(so a test decides the moment, instead of racing a delay).
+(so a test decides the moment, instead of racing a delay);
+``STANDIN_GENERATE_HOLD_FILE=PATH`` holds every generation request
+(``/generate``, ``/v1/completions``, ``/v1/chat/completions``) until PATH
+exists, so a test can hold a gate's probe of this server open from outside.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ DEFAULT_MAX_NEW_TOKENS = 128
 BATCH_WINDOW_S = 0.02
 MAX_LAG_S = 0.5
 HEALTH_PATHS = ("/health", "/health_generate", "/ping")
+GENERATION_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 FLUSH_CACHE_MESSAGE = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
@@ -508,6 +512,8 @@ class Handler(BaseHTTPRequestHandler):
         if method not in methods:
             self._send(Reply.json({"detail": "Method Not Allowed"}, 405))
             return
+        if path in GENERATION_PATHS and not self._held_until_released():
+            return  # shutting down while held: no answer, as a server that stops mid-request
         try:
             reply = endpoint(self.state, body)
         except BadRequest as e:
@@ -521,6 +527,15 @@ class Handler(BaseHTTPRequestHandler):
         self._send(reply)
         if path == "/generate" and reply.status == 200 and self.state.generated_at is None:
             self.state.generated_at = time.monotonic()
+
+    def _held_until_released(self) -> bool:
+        """Wait while ``STANDIN_GENERATE_HOLD_FILE`` names a file that does not exist yet;
+        False when the server shuts down first."""
+        hold = os.environ.get("STANDIN_GENERATE_HOLD_FILE")
+        while hold and not os.path.exists(hold):
+            if self.state.shutting_down.wait(0.05):
+                return False
+        return True
 
     def _send(self, reply: Reply) -> None:
         self.send_response(reply.status)
