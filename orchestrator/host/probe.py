@@ -7,6 +7,7 @@ import time
 
 from .health import http
 from .nightly import nightly_stop_reason
+from .wire import AgentError
 
 
 def probe_tokens(doc):
@@ -103,13 +104,25 @@ def probe_alone(s, url, payload, headers, timeout):
     the wait at once: a signal does not end a socket read (PEP 475 retries it), so a
     server that holds the request would hold the runner's abort for ``timeout``."""
     got = []
-    worker = threading.Thread(target=lambda: got.append(probe_request(url, payload, headers, timeout, keep_doc=True)))
+
+    def ask():
+        try:
+            got.append((probe_request(url, payload, headers, timeout, keep_doc=True), None))
+        except Exception as e:  # raised where it is waited for, as it was before the thread
+            got.append((None, e))
+
+    worker = threading.Thread(target=ask)
     worker.daemon = True
     worker.start()
     while worker.is_alive() and nightly_stop_reason(s) is None:
         worker.join(0.2)
-    s.check_cancel()
-    return got[0]
+    if not got:
+        s.check_cancel()
+        raise AgentError("cancelled", "the probe was stopped before its answer came")
+    answer, error = got[0]
+    if error is not None:
+        raise error
+    return answer
 
 
 def op_probe_http(s, base_url, path, body, requests, concurrency, timeout, headers=None, warmup=0,
