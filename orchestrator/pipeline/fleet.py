@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
@@ -52,6 +52,15 @@ HostWork = Callable[[HostTarget], R]
 Settle = Callable[[list[HostTarget], dict[str, R], str], dict[str, R]]
 """``settle(batch, done, when)``: the results to put in place of some of a batch's before it is
 judged; ``when`` says what waits on it ("before batch 2", "before the end of the run")."""
+
+
+class SettleInterrupted(KeyboardInterrupt):
+    """A Ctrl-C during a batch's ``settle``: the results it had settled by then (the others
+    kept as they were); the run starts no later batch."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        super().__init__()
+        self.results = results
 
 
 @dataclass(frozen=True)
@@ -119,7 +128,12 @@ def run_fleet(
             break
         if settle is not None:
             when = f"before batch {number + 1}" if later else "before the end of the run"
-            done = {**done, **settle(batch, done, when)}
+            try:
+                done = {**done, **settle(batch, done, when)}
+            except SettleInterrupted as e:  # a Ctrl-C while it followed: no later batch starts
+                results.update(e.results)
+                stopped, left = INTERRUPTED, later
+                break
             results.update(done)
         verdict = judge_batch([hooks.outcome(done[t.name]) for t in batch if t.name in done],
                               plan.max_fail_percent)
@@ -298,7 +312,13 @@ def follow_lost(
     lost = [t for t in batch if t.name in done and lost_after_commit(done[t.name])]
     if not lost:
         return {}
-    return HostPool(lost, lambda t: follow(t, done[t.name]), forks, hooks).run()
+    pool = HostPool(lost, lambda t: follow(t, done[t.name]), forks, hooks)
+    found = pool.run()
+    if pool.interrupted:
+        # a host the Ctrl-C cut off keeps its report (unreachable: its runner finishes it by itself)
+        raise SettleInterrupted({t.name: done[t.name] if found.get(t.name) is None or found[t.name].error ==
+                                 INTERRUPTED else found[t.name] for t in lost})
+    return found
 
 
 def lost_after_commit(report: HostReport) -> bool:
