@@ -11,7 +11,16 @@ from fractions import Fraction
 
 from orchestrator.core.selection import parse_serial
 from orchestrator.core.target import HostTarget
-from orchestrator.pipeline.fleet import FleetHooks, FleetPlan, HostPool, run_fleet, undone_report
+from orchestrator.pipeline.fleet import (
+    LOST_AFTER_COMMIT,
+    FleetHooks,
+    FleetPlan,
+    HostPool,
+    follow_lost,
+    lost_after_commit,
+    run_fleet,
+    undone_report,
+)
 from orchestrator.pipeline.report import HostReport
 
 WAIT = 30.0
@@ -114,3 +123,43 @@ def test_a_bug_in_one_hosts_work_is_raised_after_the_others_finished() -> None:
     else:
         raise AssertionError("the bug was swallowed")
     assert sorted(finished) == ["h2", "h3"]
+
+
+def lost_or_changed(t: HostTarget) -> HostReport:
+    """h1's deploy lost its link after the commit (``unreachable``, exit 3); the others changed."""
+    if t.name == "h1":
+        return HostReport("h1", "unreachable", 3, release="r-h1", error="lost after the commit",
+                          extra={LOST_AFTER_COMMIT: {"release_dir": "/s/releases/r-h1", "events_seen": 7}})
+    return HostReport(t.name, "changed", 0, release=f"r-{t.name}")
+
+
+def test_a_host_lost_after_its_commit_is_followed_again_before_its_batch_is_judged() -> None:
+    asked: list[tuple[str, str, int]] = []
+
+    def follow(t: HostTarget, lost: HostReport) -> HostReport:
+        asked.append((t.name, str(lost.release), lost.extra[LOST_AFTER_COMMIT]["events_seen"]))
+        return HostReport(t.name, "changed", 0, release=lost.release, extra={"followed_again": True})
+
+    def settle(batch: list[HostTarget], done: dict[str, HostReport], when: str) -> dict[str, HostReport]:
+        asked.append(("when", when, 0))
+        return follow_lost(batch, done, follow, 2, hooks())
+
+    plan = FleetPlan(forks=2, serial=tuple(parse_serial("1")), max_fail_percent=Fraction(0))
+    run = run_fleet(targets(3), lost_or_changed, plan, hooks(), settle=settle)
+    # only the lost host is followed, once, from where its controller lost it
+    assert asked == [("when", "before batch 2", 0), ("h1", "r-h1", 7), ("when", "before batch 3", 0),
+                     ("when", "before the end of the run", 0)]
+    assert run.results["h1"].outcome == "changed" and run.results["h1"].extra["followed_again"] is True
+    assert run.stopped is None and run.not_started == [] and len(run.results) == 3
+
+
+def test_a_host_still_unreachable_counts_as_failed_and_the_later_batches_never_start() -> None:
+    def settle(batch: list[HostTarget], done: dict[str, HostReport], when: str) -> dict[str, HostReport]:
+        return follow_lost(batch, done, lambda t, lost: lost, 2, hooks())  # the second try fails too
+
+    plan = FleetPlan(forks=2, serial=tuple(parse_serial("1")), max_fail_percent=Fraction(0))
+    run = run_fleet(targets(3), lost_or_changed, plan, hooks(), settle=settle)
+    assert run.results["h1"].outcome == "unreachable" and run.results["h1"].exit_code == 3
+    assert run.not_started == ["h2", "h3"]
+    assert run.stopped == "batch 1 of 3 failed: every host of the batch failed (1 of 1)"
+    assert not lost_after_commit(HostReport("h9", "unreachable", 2))  # before the commit: not followed again

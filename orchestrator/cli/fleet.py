@@ -29,7 +29,14 @@ from orchestrator.core.selection import hosts_to_retry, retry_file_text
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import OrchError
 from orchestrator.pipeline.events import Reporter
-from orchestrator.pipeline.fleet import INTERRUPTED, FleetHooks, FleetPlan, run_fleet, undo_changed
+from orchestrator.pipeline.fleet import (
+    INTERRUPTED,
+    FleetHooks,
+    FleetPlan,
+    follow_lost,
+    run_fleet,
+    undo_changed,
+)
 from orchestrator.pipeline.report import HostReport, RunReport, not_started
 
 RETRY_FILE = "orch.retry"
@@ -38,6 +45,8 @@ RETRY_FILE = "orch.retry"
 T = TypeVar("T")
 
 HostCommand = Callable[[HostTarget, Reporter], HostReport]
+FollowCommand = Callable[[HostTarget, Reporter, HostReport, str], HostReport]
+"""``follow(target, reporter, lost, when)``: ``pipeline.follow.follow_again``."""
 
 
 def run_reports(
@@ -49,11 +58,15 @@ def run_reports(
     *,
     title: str,
     undo: HostCommand | None = None,
+    follow: FollowCommand | None = None,
 ) -> RunReport:
     """``work`` on every target as ``plan`` says; every host's report, in the selection's order.
 
     ``undo`` (``--rollback-all-on-failure``): rolls back the successes of a
-    batch that failed. Each report gets ``duration``: the host's wall time.
+    batch that failed. ``follow`` (a deploy on several hosts): follows again,
+    before the batch is judged, each host whose link was lost after its
+    commit (``pipeline.fleet.follow_lost``). Each report gets ``duration``:
+    the host's wall time.
     """
     many = len(targets) > 1
     board = HostBoard([t.name for t in targets], title) if many and out.terminal and not out.quiet else None
@@ -84,9 +97,14 @@ def run_reports(
         def after(batch: list[HostTarget], done: dict[str, HostReport]) -> dict[str, HostReport]:
             return undo_changed(batch, done, timed(undo), plan.forks, hooks)
 
+    settle = None
+    if follow is not None:
+        def settle(batch: list[HostTarget], done: dict[str, HostReport], when: str) -> dict[str, HostReport]:
+            return follow_lost(batch, done, lambda t, lost: follow(t, reporter, lost, when), plan.forks, hooks)
+
     live = start_board(out, board) if board is not None else None
     try:
-        run = run_fleet(targets, timed(work), plan, hooks, after_failed_batch=after)
+        run = run_fleet(targets, timed(work), plan, hooks, after_failed_batch=after, settle=settle)
     finally:
         if live is not None:
             live.stop()

@@ -133,6 +133,17 @@ def _(e: ev.Reconnecting) -> str:
 
 
 @line.register
+def _(e: ev.FollowingAgain) -> str:
+    return f"following release {e.release} again {e.when}"
+
+
+@line.register
+def _(e: ev.StillUnreachable) -> str:
+    return (f"release {e.release} could not be followed again ({e.why}): unreachable, and counted as "
+            "failed; the host finishes it by itself")
+
+
+@line.register
 def _(e: ev.RunnerStep) -> str:
     took = f" ({e.seconds:.1f} s)" if e.seconds is not None else ""
     return f"{e.step}: {e.state}{took}"

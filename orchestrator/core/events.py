@@ -183,6 +183,24 @@ class Reconnecting(Event):
 
 
 @dataclass(frozen=True)
+class FollowingAgain(Event):
+    """A fleet follows again a release whose link was lost after its commit, before it decides
+    its next batch (``when``: "before batch 2", "before the end of the run")."""
+
+    release: str
+    when: str
+
+
+@dataclass(frozen=True)
+class StillUnreachable(Event):
+    """The fleet's second try could not follow that release either: the host stays ``unreachable``."""
+
+    level: ClassVar[Level] = WARNING
+    release: str
+    why: str
+
+
+@dataclass(frozen=True)
 class RunnerStep(Event):
     """A step of a release's runner began, ended or failed (``status --follow``)."""
 

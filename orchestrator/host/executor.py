@@ -91,10 +91,19 @@ def check_answer(step, answer):
             if got.get(path) != digest:
                 raise AgentError("readback", "%s reads back with sha256 %s, planned %s" % (path, got.get(path), digest),
                                  path=path, sha256=got.get(path), planned=digest)
+    if step.name is StepName.RESTORE and isinstance(answer, dict) and not answer.get("ok"):
+        # a rollback's restore that failed fails its step: its runner never restores again
+        raise AgentError("restore", "the rollback's restore failed: %s" % restore_failure(answer), record=answer)
     if "rc" in expect:
         rc = answer.get("rc") if isinstance(answer, dict) else None
         if rc != expect["rc"]:
             raise AgentError("refused", refusal(step, answer, rc), answer=answer)
+
+
+def restore_failure(record):
+    """What a restore record says went wrong, in a line (its error, else its server's)."""
+    server = record.get("server") if isinstance(record.get("server"), dict) else {}
+    return str(record.get("error") or server.get("error") or "see its record")
 
 
 def refusal(step, answer, rc):

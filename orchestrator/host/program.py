@@ -45,6 +45,7 @@ class StepName(str, enum.Enum):
     BASELINE = "baseline"  # the gate's probe of the server still running
     STOP = "stop"  # the old server stopped, its port free
     SWITCH = "switch"  # a night's ``current`` link moved to the new build
+    RESTORE = "restore"  # a rollback's restore: its files, links and server brought to its plan
     START = "start"  # the new command line started
     HEALTH = "health"  # health checks until healthy, then the stability window
     GATE = "gate"  # the gate's probe of the new server

@@ -92,6 +92,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
 from orchestrator.pipeline.follow import reconnect_and_follow, reported_op
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
@@ -679,7 +680,11 @@ class Deployment:
             return HostReport(label, v.outcome, v.exit_code, release=self.release_id, files=files,  # type: ignore[arg-type]
                               error=reason, extra={"restore": done, "drift": [f.path for f in record.drift],
                                                    "timings": self.timings, **self._gate_report()})
+        extra: dict[str, Any] = {"timings": self.timings}
         if isinstance(cause, LinkLostError):
+            if restoring_until is None and self.reached >= Step.COMMITTING:
+                # a fleet follows it again before its next batch (``pipeline.fleet.follow_lost``)
+                extra[LOST_AFTER_COMMIT] = {"release_dir": self.release_dir, "events_seen": self.lines_seen}
             if restoring_until is not None:
                 reason += (f"; the restore of release {self.release_id} was under way on the host when the link "
                            f"dropped: the host finishes it by itself, and the watchdog backs it up at "
@@ -695,7 +700,7 @@ class Deployment:
                 reason += "; nothing on the host was changed"
         return HostReport(label, v.outcome, v.exit_code, release=self.release_id or None,  # type: ignore[arg-type]
                           files=files if self.reached >= Step.COMMITTING else [], error=reason,
-                          extra={"timings": self.timings})
+                          extra=extra)
 
     def _unsafe(self, message: str, reason: str) -> HostReport:
         return HostReport.ended(self.label, UNSAFE, release=self.release_id,

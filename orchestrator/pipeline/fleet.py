@@ -14,7 +14,10 @@ selected host:
   it says stop, the hosts of the later batches are never started — not even
   connected — and come back in ``not_started``; ``after_failed_batch`` may
   first replace the failed batch's results (``--rollback-all-on-failure``
-  undoes its successes through it).
+  undoes its successes through it). Before the judging, ``settle`` may
+  replace some of the batch's results (a deploy follows again the hosts
+  whose link was lost after their commit: ``follow_lost``), so the batch is
+  judged by what its hosts ended in, not by where their controller lost them.
 - Ctrl-C: no host is started any more, and every host at work gets a
   ``KeyboardInterrupt`` in its own thread, where the deploy turns it into a
   rollback, exactly as with one host (a second Ctrl-C reaches it again and
@@ -33,7 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
@@ -45,6 +48,19 @@ R = TypeVar("R")
 INTERRUPTED = "interrupted (Ctrl-C)"
 
 HostWork = Callable[[HostTarget], R]
+
+Settle = Callable[[list[HostTarget], dict[str, R], str], dict[str, R]]
+"""``settle(batch, done, when)``: the results to put in place of some of a batch's before it is
+judged; ``when`` says what waits on it ("before batch 2", "before the end of the run")."""
+
+
+class SettleInterrupted(KeyboardInterrupt):
+    """A Ctrl-C during a batch's ``settle``: the results it had settled by then (the others
+    kept as they were); the run starts no later batch."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        super().__init__()
+        self.results = results
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ def run_fleet(
     hooks: FleetHooks[R],
     *,
     after_failed_batch: Callable[[list[HostTarget], dict[str, R]], dict[str, R]] | None = None,
+    settle: Settle[R] | None = None,
 ) -> FleetRun[R]:
     """``work`` on every target, ``plan.forks`` at a time, batch after batch (see the module doc)."""
     batches = plan_batches(list(targets), list(plan.serial) or None)
@@ -109,6 +126,15 @@ def run_fleet(
             stopped = INTERRUPTED
             left = pool.never_started + later
             break
+        if settle is not None:
+            when = f"before batch {number + 1}" if later else "before the end of the run"
+            try:
+                done = {**done, **settle(batch, done, when)}
+            except SettleInterrupted as e:  # a Ctrl-C while it followed: no later batch starts
+                results.update(e.results)
+                stopped, left = INTERRUPTED, later
+                break
+            results.update(done)
         verdict = judge_batch([hooks.outcome(done[t.name]) for t in batch if t.name in done],
                               plan.max_fail_percent)
         if verdict.stop:
@@ -265,6 +291,43 @@ def undo_changed(
         return {}
     undone = HostPool(changed, undo, forks, hooks).run()
     return {name: undone_report(done[name], report) for name, report in undone.items()}
+
+
+def follow_lost(
+    batch: Sequence[HostTarget],
+    done: dict[str, HostReport],
+    follow: Callable[[HostTarget, HostReport], HostReport],
+    forks: int,
+    hooks: FleetHooks[HostReport],
+) -> dict[str, HostReport]:
+    """A deploy's ``settle``: follow again the hosts of a batch whose link was lost after their commit.
+
+    Their runners carry those releases on by themselves; the batch is decided
+    by how the releases end. ``follow(target, report)`` connects once and
+    follows the release to its verdict (``pipeline.follow.follow_again``); a
+    host it cannot reach keeps its ``unreachable`` report, which
+    ``--max-fail-percent`` counts as failed. The hosts are followed
+    ``forks`` at a time, like the batch itself.
+    """
+    lost = [t for t in batch if t.name in done and lost_after_commit(done[t.name])]
+    if not lost:
+        return {}
+    pool = HostPool(lost, lambda t: follow(t, done[t.name]), forks, hooks)
+    found = pool.run()
+    if pool.interrupted:
+        # a host the Ctrl-C cut off keeps its report (unreachable: its runner finishes it by itself)
+        raise SettleInterrupted({t.name: done[t.name] if found.get(t.name) is None or found[t.name].error ==
+                                 INTERRUPTED else found[t.name] for t in lost})
+    return found
+
+
+def lost_after_commit(report: HostReport) -> bool:
+    """A deploy whose controller lost the link after the commit and could not reconnect in time."""
+    return report.outcome == Outcome.UNREACHABLE and bool(report.extra.get(LOST_AFTER_COMMIT))
+
+
+LOST_AFTER_COMMIT = "lost_after_commit"
+"""The report field of a deploy that lost its link after the commit: ``{"release_dir", "events_seen"}``."""
 
 
 def undone_report(deployed: HostReport, rollback: HostReport) -> HostReport:

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core import events
-from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, runner_verdict
+from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, Verdict, runner_verdict
 from orchestrator.core.progress import HostState, view_of_state
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import HostKeyError, LinkLostError, UnreachableError
+from orchestrator.errors import HostKeyError, LinkLostError, OrchError, UnreachableError
 from orchestrator.host.protocol_events import StepEvent, event_from_wire
 from orchestrator.host.records import HostRecords
 from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.shell import ops
@@ -154,6 +155,56 @@ def restore_now(target: HostTarget, options: ConnectOptions, reporter: Reporter)
     from orchestrator.pipeline.rollback import rollback_host
 
     return rollback_host(target, None, options, reporter)
+
+
+def follow_again(target: HostTarget, options: ConnectOptions, reporter: Reporter, lost: HostReport,
+                 when: str) -> HostReport:
+    """A fleet's deploy whose link was lost after its commit, followed once more before the
+    fleet decides its next batch (``pipeline.fleet.follow_lost``): one connection with the
+    connect timeout, then the runner's events from where its controller lost them, to the
+    verdict, which is marked reported. The report becomes the verdict's (confirmed:
+    ``changed``; restored: ``rolled_back``; …); a host still out of reach keeps ``lost``
+    (``unreachable``, exit 3), and so does a Ctrl-C here: it only stops this follow, the
+    runner finishes the release by itself.
+    """
+    label, release = target.name, str(lost.release)
+    seen = lost.extra.get(LOST_AFTER_COMMIT) or {}
+    release_dir = str(seen.get("release_dir") or "")
+    reporter.event(label, events.FollowingAgain(release, when))
+    follow = release_follow(release_dir, int(seen.get("events_seen") or 0), abort_on_cancel=False)
+
+    def on_event(ev: dict[str, Any]) -> None:
+        event = event_from_wire(ev)
+        if isinstance(event, StepEvent):
+            reporter.event(label, events.RunnerStep(event.step, event.state, event.seconds))
+        elif ev.get("event") not in ("answers", "tick"):
+            reporter.progress(label, ev)
+
+    try:
+        with HostSession(target, options) as session:
+            v: RunVerdict = session.batch([follow, reported_op(release_dir, "deploy")], on_event=on_event)[follow]
+    except KeyboardInterrupt:
+        return lost
+    except RemoteStepError as e:
+        if e.kind == "unfinished":  # runner and guard both gone: `orch rollback` finishes it
+            return HostReport.ended(label, runner_verdict(False, None), release=release, files=lost.files,
+                                    error=e.message, extra=dict(lost.extra))
+        return still_unreachable(reporter, lost, when, e)
+    except OrchError as e:
+        return still_unreachable(reporter, lost, when, e)
+    found = report_of(label, release, v)
+    extra = {k: w for k, w in lost.extra.items() if k != LOST_AFTER_COMMIT}
+    return HostReport.ended(label, Verdict(found.outcome, found.exit_code), release=release, files=lost.files,
+                            error=found.error, notes=lost.notes,
+                            extra={**extra, **found.extra, "followed_again": when})
+
+
+def still_unreachable(reporter: Reporter, lost: HostReport, when: str, cause: Exception) -> HostReport:
+    """The lost host's report as it was (``unreachable``, exit 3), saying that the second try failed too."""
+    reporter.event(lost.host, events.StillUnreachable(str(lost.release), str(cause)))
+    error = f"{lost.error}; followed again {when}, in vain: {cause}"
+    return HostReport(lost.host, lost.outcome, lost.exit_code, release=lost.release, files=lost.files,
+                      error=error, notes=lost.notes, extra=dict(lost.extra))
 
 
 def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False) -> HostReport:

@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.core import events
+from orchestrator.core.budget import COMMIT_ALLOWANCE, KILL_GRACE, NO_HEALTH_WAIT
 from orchestrator.core.cmdline import flag_change_fields, flag_changes
 from orchestrator.core.outcomes import UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
@@ -33,7 +34,9 @@ from orchestrator.core.releases import (
 )
 from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_restore, restore_spec
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import OrchError, RefusedError
+from orchestrator.errors import HostUnsafeError, OrchError, RefusedError
+from orchestrator.host.program import StepName
+from orchestrator.host.protocol_events import StepEvent
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -43,14 +46,16 @@ from orchestrator.host.records import (
     RecordedOutcome,
     StatePaths,
 )
-from orchestrator.host.restore_plan import RestoreSpec
+from orchestrator.host.restore_plan import RestoreSpec, ServerTarget
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.follow import reported_op
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
+from orchestrator.shell.program import ReleaseProgram, RunVerdict, release_follow, release_run
 
 
 def rollback_host(
@@ -129,6 +134,43 @@ def report_restore(
             f"`orch rollback --host {label}` again"))
     reporter.event(label, events.RestoreDone(what, done))
     return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
+
+
+def _runner_events(reporter: Reporter, label: str) -> Any:
+    """The rollback runner's log as it comes: the restore's progress on the live line (its
+    step's begin and end and its answers are said by the report)."""
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("event") not in ("answers", "tick", StepEvent.KIND):
+            reporter.progress(label, ev)
+    return on_event
+
+
+def runner_record(label: str, release_id: str, v: RunVerdict) -> RestoreRecord:
+    """The restore record of a rollback's runner: its restore step's answer (done), or the record
+    its failed step carries (``rollback_failed``); the guard's when the runner died mid-way."""
+    if v.confirmed:
+        wire = (v.results.get(StepName.RESTORE.value) or [None])[-1]
+    elif v.restore is not None:
+        wire = v.restore  # the runner died: its guard finished the rollback
+    else:
+        wire = ((v.failed or {}).get("details") or {}).get("record")
+    if not isinstance(wire, dict):
+        why = (v.failed or {}).get("message") or v.verdict
+        raise HostUnsafeError(f"{label}: the rollback {release_id} ended without a restore record ({why}); "
+                              f"run `orch status --host {label}`")
+    return RestoreRecord.from_wire(wire)
+
+
+def rollback_budget(server: ServerTarget | None, health: dict[str, Any] | None) -> float:
+    """The backstop of a rollback's runner (host clock): the files, the stop, the port free, a
+    hook, health and the stability window, with the confirm's slack: what its restore may take."""
+    seconds = COMMIT_ALLOWANCE + NO_HEALTH_WAIT
+    if server is not None:
+        seconds += server.stop_timeout + KILL_GRACE + server.free_timeout
+        seconds += server.hook_timeout if server.after_healthy else 0.0
+    if health is not None:
+        seconds += float(health.get("timeout") or 0) + float(health.get("stable_for") or 0)
+    return seconds
 
 
 def rollback_summary(undone: Sequence[str], now: Manifest | None, releases: dict[str, Manifest]) -> str:
@@ -276,17 +318,29 @@ def undo_releases(
     what = ", ".join(target.undo)
     reporter.event(label, events.RollingBack(tuple(target.undo), tuple((link.path, link.target) for link in target.links),
                                              restart=server is not None))
+    # The rollback is a release run by the host's runner, as a deploy's steps after its commit
+    # are: armed (its guard), then handed on in the same round trip, so that from the moment
+    # it changes anything the host carries it to its verdict by itself. Its program is the
+    # one restore; a rollback's runner never restores on failure (``rollback_failed``).
+    restore = ops.restore_release(release_dir, "rollback")
+    program = ReleaseProgram(rid, "rollback")
+    program.add(StepName.RESTORE, [restore])
+    spec = restore_spec(rid, "rollback", plan, budget=rollback_budget(server, health))
     steps = [
-        ops.release_create(state_dir, rid, manifest, backups, restore=restore_spec(rid, "rollback", plan)),
+        ops.release_create(state_dir, rid, manifest, backups, restore=spec),
+        program.write(release_dir),
         ops.put_json(paths_of.journal, Journal(rid, "rollback", JournalStep.ROLLING_BACK, session.host_time(),
                                                controller=lock_holder("rollback")).to_wire()),
     ]
     if server is not None:
         steps.append(ops.mark(paths_of.server_touched(rid)))
-    restore = ops.restore_release(release_dir, "rollback")
-    steps.append(restore)
+    # a Ctrl-C stops the following only: the runner finishes the rollback (it has nothing to restore to)
+    follow = release_follow(release_dir, abort_on_cancel=False)
+    steps += [ops.release_arm(state_dir, release_dir), release_run(release_dir, state_dir), follow,
+              reported_op(release_dir, "rollback")]
     started = session.host_time()
-    record: RestoreRecord = session.batch(steps, on_event=_events(reporter, label))[restore]
+    verdict_of: RunVerdict = session.batch(steps, on_event=_runner_events(reporter, label))[follow]
+    record = runner_record(label, rid, verdict_of)
     finished = session.host_time()
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))

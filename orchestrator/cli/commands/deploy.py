@@ -49,6 +49,7 @@ def deploy(out: OutputFlags, where: HostFlags, batches: BatchFlags, check: bool,
     from orchestrator.core.rendering import vars_for_host
     from orchestrator.core.secrets import secret_names, secret_values
     from orchestrator.pipeline.deploy import deploy_host
+    from orchestrator.pipeline.follow import follow_again
     from orchestrator.pipeline.rollback import rollback_host
     from orchestrator.shell.config_files import (
         display_path,
@@ -75,12 +76,16 @@ def deploy(out: OutputFlags, where: HostFlags, batches: BatchFlags, check: bool,
     if batches.rollback_all_on_failure and not check:
         def undo(target, reporter):  # type: ignore[no-untyped-def]
             return rollback_host(target, None, options, reporter)
+    follow = None
+    if len(targets) > 1 and not check:
+        def follow(target, reporter, lost, when):  # type: ignore[no-untyped-def]
+            return follow_again(target, options, reporter, lost, when)
     report = run_reports(
         output, targets,
         lambda target, reporter: deploy_host(target, loaded, variables, options, reporter, check=check,
                                              baseline=baseline),
         plan, ConsoleReporter(output, diff=show_diff, planned_view=check),
-        title="orch deploy --check" if check else "orch deploy", undo=undo)
+        title="orch deploy --check" if check else "orch deploy", undo=undo, follow=follow)
     draw_fleet_summary(output, report)
     if stats:
         draw_stats(output, report.hosts)

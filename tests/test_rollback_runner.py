@@ -1,0 +1,105 @@
+"""``orch rollback`` is run by the host's runner, as a deploy's steps after its commit are
+(issue 19, item 1): armed with its guard, handed on in the same round trip, its events
+followed by the controller. A controller killed mid-restore changes nothing; a restore that
+fails is ``rollback_failed`` (exit 3), and the runner never restores a second time.
+
+Over real sshd behind the 20 ms proxy, with the stand-in server. The restored server's
+health is held from outside: the server started by hand has ``STANDIN_READY_FILE``, so the
+same command line, started again by the rollback, waits until the test creates the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from orchestrator.host import eventlog
+from tests.fixtures.sandbox import Sandbox, cmdline, get_json, sha256, wait_healthy, wait_until
+from tests.test_faults import Link, hold_ready, read, release_dirs, story
+from tests.test_faults import link as link  # noqa: F401 - the fixture, used by name
+
+
+def deployed_then_held(box: Sandbox) -> tuple[Path, str, str]:
+    """A good deploy over a hand-started server whose restart will wait for the ready file
+    (held from now on): that file, the target's sha256 before the deploy, and after."""
+    gate = hold_ready(box)
+    original = sha256(box.server_args)
+    gate.write_text("")  # the deploy's new server (same environment) comes up at once
+    done = box.orch("deploy", "--host", "gpu", "--json", str(story(box)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    gate.unlink()  # from now on a server started again waits for the test
+    return gate, original, sha256(box.server_args)
+
+
+def rollback_release(box: Sandbox) -> Path:
+    """The rollback's release, once its runner's restore has started the previous server again."""
+    def started() -> Path | None:
+        for d in release_dirs(box):
+            if (d / "manifest.json").exists() and read(d / "manifest.json").get("kind") == "rollback" and any(
+                    str(w.get("msg", "")).startswith("started pid") for w in eventlog.lines(str(d))):
+                return d
+        return None
+    found: Path = wait_until(started, "the rollback's runner to start the previous server", 120)
+    return found
+
+
+def verdicts(release: Path) -> list[str]:
+    return [str(w["verdict"]) for w in eventlog.lines(str(release)) if w.get("event") == "verdict"]
+
+
+def test_the_rollbacks_controller_killed_mid_restore_the_runner_finishes_the_rollback(link: Link) -> None:
+    box = link.box
+    gate, original, patched = deployed_then_held(box)
+    assert patched != original
+    proc = box.start_orch("rollback", "--host", "gpu", "--json")
+    release = rollback_release(box)
+    runner = read(release / "runner.json")
+    assert int(read(box.state_dir / "lock.json")["agent_pid"]) == runner["pid"]  # the lock is the runner's
+    proc.send_signal(signal.SIGKILL)  # mid-restore: the previous server waits for its ready file
+    proc.wait()
+    gate.write_text("")
+    wait_until(lambda: verdicts(release), "the runner's verdict", 120)
+    assert verdicts(release) == ["confirmed"]
+    record = read(release / "restored.json")
+    assert record["by"] == "rollback" and record["ok"] is True
+    assert sha256(box.server_args) == original
+    wait_healthy(box.port, 60)
+    assert cmdline(box.server_pid()) == box.hand_argv
+    assert "speculative_disable_batch_threshold" not in get_json(box.port, "/get_server_info") or get_json(
+        box.port, "/get_server_info")["speculative_disable_batch_threshold"] is None
+    journal = read(box.state_dir / "journal.json")
+    assert journal["release"] == release.name and journal["finished"] is True
+    wait_until(lambda: not (box.state_dir / "lock.json").exists(), "the runner to give the lock back")
+    assert read(box.state_dir / "state.json")["applied"] == []
+    status = box.orch("status", "--host", "gpu")
+    assert status.returncode == 0, status.stdout + status.stderr
+
+
+def test_a_rollback_whose_restart_fails_is_exit_3_rollback_failed_and_restored_once(link: Link) -> None:
+    box = link.box
+    gate, original, _ = deployed_then_held(box)
+    proc = box.start_orch("rollback", "--host", "gpu", "--json")
+    release = rollback_release(box)
+    pid = int((box.state_dir / "server.pid").read_text())
+    assert cmdline(pid) == box.hand_argv
+    os.kill(pid, signal.SIGKILL)  # the previous server, started again, dies before it is healthy
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 3, out + err
+    report = json.loads(out)["hosts"]["gpu"]
+    assert report["outcome"] == "rollback_failed" and report["release"] == release.name, out
+    assert "FAILED" in report["error"] and "Traceback" not in out + err
+    assert verdicts(release) == ["rollback_failed"]
+    record = read(release / "restored.json")
+    assert record["by"] == "rollback" and record["ok"] is False  # the guard did not restore again
+    assert not (release / "claim.json").exists() or read(release / "claim.json")["by"] == "rollback"
+    assert sha256(box.server_args) == original  # the files were restored before the restart failed
+    rows = json.loads(box.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"]
+    assert len([r for r in rows if r.get("kind") == "rollback"]) == 1, rows
+    # the guard left nothing running, and `orch rollback` finishes what is unfinished
+    gate.write_text("")
+    back = box.orch("rollback", "--host", "gpu", "--json")
+    assert back.returncode == 0, back.stdout + back.stderr
+    wait_healthy(box.port, 60)
+    assert cmdline(box.server_pid()) == box.hand_argv
