@@ -1,12 +1,12 @@
 """A fleet follows again a host whose link was lost after its commit before it decides its
-next batch (issue 19, item 5). Two REAL sshd hosts (tests/fixtures/fleet.py); the first is
+next batch (issue 19, item 5). REAL sshd hosts (tests/fixtures/fleet.py); the first is
 reached through the latency proxy, whose route is refused once that host's runner waits in
 its ``before_stop`` hook (a hook that waits for a file: the step is held from outside).
 
-The controller's own reconnect window for that host runs out (its connections are refused,
-or accepted and never answered: they time out); the fleet's pass then connects once more:
-when the route has come back it follows the release to its verdict and the next batch runs;
-when it has not, the host is ``unreachable`` and ``--max-fail-percent 0`` stops the run.
+The controller's own reconnect window for that host runs out (its connections are
+refused); the fleet's pass then connects once more: when the route has come back it
+follows the release to its verdict and the next batch runs; when it has not, the host is
+``unreachable`` and ``--max-fail-percent 0`` stops the run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from tests.fixtures.sandbox import wait_until
 from tests.test_fleet import STORY, deployed
 from tests.test_runner import held_at_before_stop, outcome
 
-CONNECT_TIMEOUT = "4"  # the controller's own window: 6 × 4 s; a held connection gives up after 3.6 s
+CONNECT_TIMEOUT = "4"  # the controller's own window for a lost host: 6 × 4 s
 
 
 def held_story(fleet: Fleet) -> Path:
@@ -40,26 +39,29 @@ def held_story(fleet: Fleet) -> Path:
     return path
 
 
-def behind_proxy(fleet: Fleet, a: FleetHost, b: FleetHost, go: Path) -> TcpProxy:
-    """``a`` reached through a proxy (its hook held by ``go``), ``b`` straight (its hook lets go at once)."""
+def behind_proxy(fleet: Fleet, a: FleetHost, others: list[FleetHost], go: Path,
+                 holds: dict[str, Path] | None = None) -> TcpProxy:
+    """``a`` reached through a proxy (its hook held by ``go``), the ``others`` straight (each hook
+    held by its file in ``holds``, else let go at once)."""
     proxy = TcpProxy(a.sshd.port, upstream_host=a.address, delay=0.02)
     known = fleet.root / "known_hosts_proxy"
     known.write_text(f"[127.0.0.1]:{proxy.port} {a.sshd.host_key_pub}")
     free = fleet.root / "free"
     free.write_text("")
-    fleet.write_inventory([a, b], extra={
-        a.name: {"address": "127.0.0.1", "port": proxy.port, "known_hosts": str(known), "vars": {"hold": str(go)}},
-        b.name: {"vars": {"hold": str(free)}},
-    })
+    extra: dict[str, dict[str, Any]] = {
+        a.name: {"address": "127.0.0.1", "port": proxy.port, "known_hosts": str(known), "vars": {"hold": str(go)}}}
+    for other in others:
+        extra[other.name] = {"vars": {"hold": str((holds or {}).get(other.name, free))}}
+    fleet.write_inventory([a, *others], extra=extra)
     return proxy
 
 
-def start_deploy(fleet: Fleet, story: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+def start_deploy(fleet: Fleet, story: Path, *args: str, serial: str = "1") -> tuple[subprocess.Popen[str], Path]:
     """``orch deploy --json`` in the background: its human lines on a pipe (read as they come),
     the JSON report into a file (so a long report never fills a pipe nobody reads yet)."""
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1", **fleet.extra_env)
     out = fleet.root / "report.json"
-    cmd = [sys.executable, "-m", "orchestrator", "deploy", "--host", "fleet", "--serial", "1", "--json",
+    cmd = [sys.executable, "-m", "orchestrator", "deploy", "--host", "fleet", "--serial", serial, "--json",
            "--connect-timeout", CONNECT_TIMEOUT, *args, str(story), "--ssh-config", str(fleet.ssh_config)]
     with out.open("w") as sink:
         proc = subprocess.Popen(cmd, cwd=fleet.root, env=env, stdout=sink, stderr=subprocess.PIPE, text=True)
@@ -92,47 +94,51 @@ def index_of(lines: list[str], needle: str) -> int:
 
 def test_the_route_back_after_the_hosts_own_window_the_fleet_follows_it_to_changed_then_batch_2(
         fleet: Fleet) -> None:
-    a, b = fleet.new_boxes(fleet.root, count=2)
-    go = fleet.root / "go"
-    proxy = behind_proxy(fleet, a, b, go)
+    """Batch 1 is gpu01 and gpu02, batch 2 gpu03. gpu01 loses its route once its runner waits
+    in its hook and its controller's own window runs out (``finished: unreachable``) while
+    gpu02 is still held in its own hook; only then does the route come back, gpu02 is let go,
+    and when batch 1 has ended the fleet follows gpu01 again: every step of it waits for
+    something the test saw, never for a time."""
+    a, b, c = fleet.new_boxes(fleet.root, count=3)
+    go, go_b = fleet.root / "go", fleet.root / "go_b"
+    proxy = behind_proxy(fleet, a, [b, c], go, holds={b.name: go_b})
     try:
-        proc, out = start_deploy(fleet, held_story(fleet))
-        assert a.box is not None
+        proc, out = start_deploy(fleet, held_story(fleet), serial="2")
+        assert a.box is not None and b.box is not None
         release = held_at_before_stop(a.box)
-        route_back = threading.Event()
-        proxy.refuse()  # the controller's link to gpu01 dies
-        # from now on every new connection waits, unanswered, until the fleet says it follows
-        # gpu01 again: the controller's own reconnects all time out, the pass's goes through
-        proxy.reopen(hold_until=route_back)
+        proxy.refuse()  # the controller's link to gpu01 dies, and every reconnect is refused
         seen: list[str] = []
-        again = f"gpu01 following release {release.name} again before batch 2"
-        found = read_until(proc, again, seen)
-        route_back.set()
-        go.write_text("")  # the runner may go on: the pass follows it through stop, start, health, confirm
+        own_window_over = read_until(proc, "gpu01 finished: unreachable", seen)
+        held_at_before_stop(b.box)  # batch 1 is not over: gpu02 still waits in its hook
+        proxy.reopen()  # the route is back, after gpu01's own window
+        go.write_text("")  # gpu01's runner goes on (no controller follows it now)
+        go_b.write_text("")  # gpu02 finishes: batch 1 has ended, the fleet follows gpu01 again
         report = finish(proc, out, seen)
     finally:
         proxy.close()
     text = "\n".join(seen)
-    assert found, text
+    assert own_window_over, text
     assert proc.returncode == 0, text
     hosts = report["hosts"]
-    assert {n: h["outcome"] for n, h in hosts.items()} == {"gpu01": "changed", "gpu02": "changed"}, text
+    assert {n: h["outcome"] for n, h in hosts.items()} == {
+        "gpu01": "changed", "gpu02": "changed", "gpu03": "changed"}, text
     assert hosts["gpu01"]["release"] == release.name and hosts["gpu01"]["followed_again"] == "before batch 2"
     assert hosts["gpu01"]["verdict"] == "confirmed" and "lost_after_commit" not in hosts["gpu01"]
     # the controller's own window ran out first, then the pass, then batch 2
+    again = f"gpu01 following release {release.name} again before batch 2"
     lost = index_of(seen, "gpu01 finished: unreachable")
     assert "`orch status --follow --host gpu01` gives the verdict" in seen[lost]
-    assert lost < index_of(seen, again) < index_of(seen, "gpu01 finished: changed") < index_of(seen, "gpu02 ")
-    assert index_of(seen, "gpu01 health: began") < index_of(seen, "gpu01 finished: changed")
+    assert lost < index_of(seen, again) < index_of(seen, "gpu01 finished: changed") < index_of(seen, "gpu03 ")
+    assert index_of(seen, "gpu02 finished: changed") < index_of(seen, again)
     assert outcome(release) == "deployed"
     assert json.loads((release / "reported.json").read_text())["by"]["command"] == "deploy"
-    assert deployed(a) and deployed(b)
+    assert deployed(a) and deployed(b) and deployed(c)
 
 
 def test_a_host_still_unreachable_counts_as_failed_and_batch_2_never_starts(fleet: Fleet) -> None:
     a, b = fleet.new_boxes(fleet.root, count=2)
     go = fleet.root / "go"
-    proxy = behind_proxy(fleet, a, b, go)
+    proxy = behind_proxy(fleet, a, [b], go)
     untouched = b.tree_digest()
     try:
         proc, out = start_deploy(fleet, held_story(fleet), "--max-fail-percent", "0")
