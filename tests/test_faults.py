@@ -211,6 +211,8 @@ def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
     code, rep, text = finish(proc)
     assert code == 3, text
     assert rep["outcome"] == "unreachable" and "no data from" in rep["error"]
+    # the reconnects' handshakes stalled too: said in orch's one line, never paramiko's traceback
+    assert "Traceback" not in text and "Exception (client)" not in text, text
     # open_state, plan, stage+validate, backup+arm, the commit followed by the runner's events:
     # and not one more (hello's answer comes with the helper's first line)
     assert rep["round_trips"] == 5, (rep, text)

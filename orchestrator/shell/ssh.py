@@ -23,6 +23,7 @@ import base64
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -59,6 +60,11 @@ from orchestrator.shell.transport import (
     one_line,
     run_on,
 )
+
+# Paramiko logs a failed handshake (a banner that never came) with its traceback; with no
+# handler configured, Python's last-resort handler printed it on stderr between orch's own
+# lines. orch says what went wrong in one line of its own (``UnreachableError`` and friends).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 #: Where host keys are read and (with accept-new) written when the target names none.
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
