@@ -201,10 +201,14 @@ def test_ctrl_c_once_at_a_held_step_the_runner_aborts_and_restores(link: Link, s
     assert not h.go.exists()  # nothing let the step go: the abort ended it
 
 
-def test_ctrl_c_twice_at_health_stops_following_and_the_runner_still_finishes(link: Link) -> None:
+@pytest.mark.parametrize("step", ["health", "gate"])
+def test_ctrl_c_twice_at_a_held_step_stops_following_and_the_runner_still_finishes(link: Link, step: str) -> None:
+    """(At the pre-flight the old server was never stopped: its restore puts files back and
+    restarts nothing, so there is no held moment in it for a second Ctrl-C to land in.)"""
     box = link.box
     ready = hold_ready(box)  # the restore's server waits for `ready`: the second Ctrl-C lands in it
-    h = start_held(box, "health")
+    # the new server inherits the running one's environment: at the gate it must not wait for `ready`
+    h = start_held(box, step, env={"STANDIN_READY_FILE": ""} if step == "gate" else None)
     h.proc.send_signal(signal.SIGINT)
     wait_until(lambda: (h.release / "claim.json").exists(), "the runner's restore to begin")
     h.proc.send_signal(signal.SIGINT)
