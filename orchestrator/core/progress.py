@@ -8,7 +8,8 @@ telling them apart decides whether a person should act:
   controller pings). Somebody's run is working; `orch rollback` would undo
   a colleague's good deploy mid-start. Nobody may take its lock.
 - **controller gone** — no such helper, but the release's watchdog is
-  alive (a night's, or an older orch's deploy): the host restores it by
+  alive (a release armed whose controller died before its commit or
+  switch, or an older orch's deploy): the host restores it by
   itself at the watchdog's time (host clock), so it is named as in
   progress, never as an error by itself; `orch rollback` restores it now.
 - **unfinished** — helper and watchdog both gone: nothing on the host will
