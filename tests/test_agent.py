@@ -24,10 +24,10 @@ from orchestrator.core.target import HostTarget
 from orchestrator.errors import LinkLostError, OrchError
 from orchestrator.shell.agent_client import (
     BOOTSTRAP,
-    HELPER_ARCHIVE,
     Agent,
     RemoteStepError,
     helper_archive,
+    shipped_archive,
 )
 from orchestrator.shell.transport import open_transport
 from tests.fixtures.sandbox import wait_until
@@ -78,10 +78,10 @@ def test_the_helper_archive_is_the_same_bytes_for_the_same_source() -> None:
     the files' times, and it holds the package (and its own stub ``orchestrator``) only."""
     import zipfile
 
-    assert helper_archive() == HELPER_ARCHIVE
+    assert helper_archive() == shipped_archive()
     os.utime(HOST / "wire.py")  # a touched file changes no byte of it
-    assert helper_archive() == HELPER_ARCHIVE
-    with zipfile.ZipFile(io.BytesIO(HELPER_ARCHIVE)) as z:
+    assert helper_archive() == shipped_archive()
+    with zipfile.ZipFile(io.BytesIO(shipped_archive())) as z:
         infos = z.infolist()
     names = [i.filename for i in infos]
     assert names == ["orchestrator/__init__.py"] + sorted(f"orchestrator/host/{p.name}" for p in HOST.glob("*.py"))
@@ -96,7 +96,7 @@ def test_a_helper_sent_as_an_archive_runs_from_memory_under_its_package_s_file_n
              "print(m.main.__code__.co_filename, f.write_atomic.__code__.co_filename)\n")
     script = BOOTSTRAP.replace("main(archive, (sys.argv[1], sys.argv[2]))\n", shown)
     assert script != BOOTSTRAP
-    out = subprocess.run([sys.executable, "-c", script, "", "0" * 16], input=base64.b64encode(HELPER_ARCHIVE) + b"\n",
+    out = subprocess.run([sys.executable, "-c", script, "", "0" * 16], input=base64.b64encode(shipped_archive()) + b"\n",
                          capture_output=True, timeout=60, env={"PATH": os.environ["PATH"]})
     lines = out.stdout.decode().splitlines()
     assert lines[0] == '{"send": true}', out
@@ -390,7 +390,7 @@ def test_a_host_keeps_the_helper_compiled_and_only_in_a_private_state_dir(
 
     assert start_with_state()[0]  # a new host: the archive is sent, then kept once state_init made the dir
     kept = sorted(p.name for p in (state / "helper").iterdir())
-    assert kept == [hashlib.sha256(HELPER_ARCHIVE).hexdigest()[:16]], kept
+    assert kept == [hashlib.sha256(shipped_archive()).hexdigest()[:16]], kept
     package = state / "helper" / kept[0] / "orchestrator" / "host"
     assert sorted(p.name for p in package.glob("*.py")) == sorted(p.name for p in HOST.glob("*.py"))
     compiled = {p.name.split(".")[0] for p in (package / "__pycache__").iterdir()}

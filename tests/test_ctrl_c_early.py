@@ -104,3 +104,19 @@ def test_the_early_report_is_what_the_json_module_would_write() -> None:
     report = {"exit_code": 1, "error": "interrupted", "hosts": {}, "interrupted": True}
     assert report == orchestrator.INTERRUPTED_REPORT
     assert json.dumps(report, indent=2, sort_keys=True) + "\n" == orchestrator.INTERRUPTED_JSON
+
+
+def test_an_error_a_ctrl_c_caused_in_a_librarys_cleanup_is_still_the_ctrl_c() -> None:
+    """Seen in the suite: a Ctrl-C inside zipfile's writer during an import made zipfile's
+    ``__exit__`` raise ValueError ("an open writing handle"), and the run ended in that
+    traceback, not in one line. The entry point tells such an error by its context."""
+    from orchestrator.cli.entry import came_from_ctrl_c
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("Can't close the ZIP file while there is an open writing handle") from None
+    except ValueError as e:
+        assert came_from_ctrl_c(e)  # ``from None`` hides it from the traceback, not from the context
+    assert not came_from_ctrl_c(ValueError("a plain error"))

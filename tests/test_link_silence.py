@@ -26,11 +26,11 @@ from orchestrator.host import session as host_session
 from orchestrator.host import wire
 from orchestrator.shell.agent_client import (
     BOOTSTRAP,
-    HELPER_ID,
     LINK_TIMEOUT,
     READY_MAGIC,
     Agent,
     bootstrap_payload,
+    helper_id,
     helper_reason,
 )
 from orchestrator.shell.transport import open_transport
@@ -84,7 +84,7 @@ def test_a_helper_whose_controller_fell_silent_leaves_with_one_clean_line(tmp_pa
     """The helper leaves when its controller says nothing for ``SILENCE_SECONDS``: a message
     of its own on stderr, not an interpreter dump ending in ``<no Python frame>`` (which is what
     a failed big transfer used to show as its reason), and the helper's exit code 0."""
-    proc = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP, "", HELPER_ID], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP, "", helper_id()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     assert json.loads(proc.stdout.readline()) == {"send": True}  # no kept copy: it asks for its source

@@ -24,11 +24,35 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         run_cli(args)
     except KeyboardInterrupt:
-        output = sys.modules.get("orchestrator.cli.output")
-        if output is not None:  # a spinner on screen: erased before the line that says so
-            output.stop_live_views()
+        stop_live_views()
+        interrupted(args)
+    except Exception as e:
+        if not came_from_ctrl_c(e):
+            raise
+        # a Ctrl-C that landed inside a library's cleanup (zipfile's, while a module was being
+        # imported) comes out as that cleanup's own error: it is still the Ctrl-C
+        stop_live_views()
         interrupted(args)
     finally:
         # The run is over (its report printed, its code chosen): a Ctrl-C now changes nothing,
         # and must not kill the interpreter while it exits (it restores the default action).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def came_from_ctrl_c(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a ``KeyboardInterrupt`` was being handled."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
+
+
+def stop_live_views() -> None:
+    """A spinner on screen is erased before the line that says the run was interrupted."""
+    output = sys.modules.get("orchestrator.cli.output")
+    if output is not None:
+        output.stop_live_views()

@@ -48,7 +48,7 @@ the archive, never the rest of an orch that happens to be installed there."""
 def helper_archive() -> bytes:
     """``orchestrator/host/*.py`` as one zip, the same bytes for the same source (as Ansible's
     AnsiballZ ships a module with its utils): sorted names, fixed times and modes. Its hash
-    names the helper on every host (``HELPER_ID``), so each orch version keeps its own copy."""
+    names the helper on every host (``helper_id``), so each orch version keeps its own copy."""
     members = [ARCHIVE_TOP] + [
         (f"orchestrator/host/{path.name}", path.read_bytes()) for path in sorted(HOST_PACKAGE.glob("*.py"))
     ]
@@ -63,10 +63,20 @@ def helper_archive() -> bytes:
     return buffer.getvalue()
 
 
-HELPER_ARCHIVE = helper_archive()
-"""Built once per run (at import), sent to every host that has no copy of it yet."""
-HELPER_ID = hashlib.sha256(HELPER_ARCHIVE).hexdigest()[:16]
-"""Names this helper's copy in a host's state dir: another orch version keeps its own."""
+@functools.cache
+def shipped_archive() -> bytes:
+    """The archive this run sends to every host that has no copy of it yet: built once, when a
+    host first needs it (not at import: a command that reaches no host never builds it, and a
+    Ctrl-C during a start-up import never lands inside zipfile)."""
+    return helper_archive()
+
+
+@functools.cache
+def helper_id() -> str:
+    """Names this helper's copy in a host's state dir: another orch version keeps its own."""
+    return hashlib.sha256(shipped_archive()).hexdigest()[:16]
+
+
 READY_MAGIC = "ORCH-AGENT-READY"
 # The bootstrap, on the command line: argv = [state dir, helper id].
 # A host keeps the helper in ``<state dir>/helper/<id>/orchestrator/host/*.py``
@@ -143,7 +153,7 @@ EventHandler = Callable[[dict[str, Any]], None]
 @functools.cache
 def bootstrap_payload() -> bytes:
     """The helper's archive as the bootstrap reads it: encoded once per run, not per host."""
-    return base64.b64encode(HELPER_ARCHIVE) + b"\n"
+    return base64.b64encode(shipped_archive()) + b"\n"
 
 PROTOCOL_LOG = logging.getLogger("orchestrator.protocol")
 """Every line on the helper's channel, at DEBUG (``orch -v``/``-vv`` show them; off by default)."""
@@ -232,7 +242,7 @@ class Agent:
     def start(self) -> Agent:
         """Start the helper; raises ``UnreachableError`` when it cannot run there."""
         label = self.transport.target.label
-        argv = [self.python, "-u", "-c", BOOTSTRAP, self.state_dir, HELPER_ID]
+        argv = [self.python, "-u", "-c", BOOTSTRAP, self.state_dir, helper_id()]
         _trace(self.transport.target.name, "$", argv)
         proc = self.transport.spawn(argv)
         # A login shell may print banners (conda, motd) before the helper runs:
