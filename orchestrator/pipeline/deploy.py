@@ -93,7 +93,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
-from orchestrator.pipeline.follow import reconnect_and_follow, reported_op
+from orchestrator.pipeline.follow import abort_and_follow, reconnect_and_follow, reported_op
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -124,7 +124,6 @@ from orchestrator.shell.program import (
     RunVerdict,
     StepResults,
     read_steps,
-    release_abort,
     release_follow,
     release_run,
     release_stamp,
@@ -401,16 +400,9 @@ class Deployment:
     def _interrupted(self) -> HostReport:
         """Ctrl-C after the commit was sent: the runner aborts and restores (its verdict is
         followed to the end); a runner that had confirmed already keeps the release."""
-        abort, follow = release_abort(self.release_dir), release_follow(self.release_dir)
-        try:
-            v: RunVerdict = self.session.batch([abort, follow, reported_op(self.release_dir, "deploy")],
-                                               on_event=self._on_runner_event)[follow]
-        except KeyboardInterrupt:
+        v = abort_and_follow(self.session, self.release_dir, "deploy", self._on_runner_event)
+        if v is None:
             return self._stopped_following()
-        except RemoteStepError as e:
-            if e.kind == "norunner":
-                raise KeyboardInterrupt from None  # the commit's batch stopped before the runner: restore here
-            raise
         if v.confirmed:
             self.reporter.event(self.label, events.InterruptedAfterConfirm(self.release_id))
             return self._confirmed(v)

@@ -124,15 +124,8 @@ def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abo
         follow = release_follow(release_dir, 0, abort_on_cancel=abort)
         steps += [follow, reported_op(release_dir, "status --follow")]
 
-        def on_event(ev: dict[str, Any]) -> None:
-            event = event_from_wire(ev)
-            if isinstance(event, StepEvent):
-                reporter.event(label, events.RunnerStep(event.step, event.state, event.seconds))
-            elif ev.get("event") not in ("answers", "tick"):
-                reporter.progress(label, ev)
-
         try:
-            v: RunVerdict = session.batch(steps, on_event=on_event)[follow]
+            v: RunVerdict = session.batch(steps, on_event=runner_steps(reporter, label))[follow]
         except KeyboardInterrupt:
             return HostReport.ended(label, STOPPED_FOLLOWING, release=release,
                                     error=f"stopped following release {release}; its runner still finishes it")
@@ -173,16 +166,10 @@ def follow_again(target: HostTarget, options: ConnectOptions, reporter: Reporter
     reporter.event(label, events.FollowingAgain(release, when))
     follow = release_follow(release_dir, int(seen.get("events_seen") or 0), abort_on_cancel=False)
 
-    def on_event(ev: dict[str, Any]) -> None:
-        event = event_from_wire(ev)
-        if isinstance(event, StepEvent):
-            reporter.event(label, events.RunnerStep(event.step, event.state, event.seconds))
-        elif ev.get("event") not in ("answers", "tick"):
-            reporter.progress(label, ev)
-
     try:
         with HostSession(target, options) as session:
-            v: RunVerdict = session.batch([follow, reported_op(release_dir, "deploy")], on_event=on_event)[follow]
+            v: RunVerdict = session.batch([follow, reported_op(release_dir, "deploy")],
+                                          on_event=runner_steps(reporter, label))[follow]
     except KeyboardInterrupt:
         return lost
     except RemoteStepError as e:
@@ -205,6 +192,36 @@ def still_unreachable(reporter: Reporter, lost: HostReport, when: str, cause: Ex
     error = f"{lost.error}; followed again {when}, in vain: {cause}"
     return HostReport(lost.host, lost.outcome, lost.exit_code, release=lost.release, files=lost.files,
                       error=error, notes=lost.notes, extra=dict(lost.extra))
+
+
+def abort_and_follow(session: HostSession, release_dir: str, command: str,
+                     on_event: Callable[[dict[str, Any]], None]) -> RunVerdict | None:
+    """Ctrl-C after the hand-over (a deploy's commit, a night's switch): ask the runner to abort,
+    then follow it to its verdict (its restore, or the confirm it had already made). None when
+    a second Ctrl-C stops the following; a ``KeyboardInterrupt`` when the batch that starts the
+    runner stopped before it did (nothing to follow: the caller restores as before a commit)."""
+    abort, follow = release_abort(release_dir), release_follow(release_dir)
+    try:
+        v: RunVerdict = session.batch([abort, follow, reported_op(release_dir, command)], on_event=on_event)[follow]
+    except KeyboardInterrupt:
+        return None
+    except RemoteStepError as e:
+        if e.kind == "norunner":
+            raise KeyboardInterrupt from None
+        raise
+    return v
+
+
+def runner_steps(reporter: Reporter, label: str) -> Callable[[dict[str, Any]], None]:
+    """A runner's log as a follower without the playbook prints it: each step's begin and end,
+    progress on the live line (the steps' answers are for the controller that planned them)."""
+    def on_event(ev: dict[str, Any]) -> None:
+        event = event_from_wire(ev)
+        if isinstance(event, StepEvent):
+            reporter.event(label, events.RunnerStep(event.step, event.state, event.seconds))
+        elif ev.get("event") not in ("answers", "tick"):
+            reporter.progress(label, ev)
+    return on_event
 
 
 def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False) -> HostReport:

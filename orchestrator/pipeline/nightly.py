@@ -129,7 +129,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter, RunLog
-from orchestrator.pipeline.follow import reconnect_and_follow, reported_op
+from orchestrator.pipeline.follow import abort_and_follow, reconnect_and_follow, reported_op
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
@@ -161,7 +161,6 @@ from orchestrator.shell.program import (
     ReleaseProgram,
     RunVerdict,
     read_steps,
-    release_abort,
     release_follow,
     release_run,
     release_stamp,
@@ -870,16 +869,9 @@ class Night:
     def interrupted(self) -> NightResult:
         """Ctrl-C after the switch batch was sent: the runner aborts and switches back (its
         verdict is followed to the end); a runner that had confirmed already keeps the night."""
-        abort, follow = release_abort(self.release_dir), release_follow(self.release_dir)
-        try:
-            v: RunVerdict = self.session.batch([abort, follow, reported_op(self.release_dir, "nightly")],
-                                               on_event=self.on_runner_event)[follow]
-        except KeyboardInterrupt:
+        v = abort_and_follow(self.session, self.release_dir, "nightly", self.on_runner_event)
+        if v is None:
             return self.stopped_following()
-        except RemoteStepError as e:
-            if e.kind == "norunner":
-                raise KeyboardInterrupt from None  # the switch batch stopped before the runner: switch back here
-            raise
         if v.confirmed:
             self.reporter.event(self.label, events.InterruptedAfterConfirm(self.name))
             return self.confirmed(v)
