@@ -5,8 +5,14 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.fixtures.coverage_env import helper_coverage_env
+
+# The property tests must pass on a busy machine: no deadline per example, and a slow draw of
+# inputs is no failure (the suite runs beside sshd, servers and a busy loop on each core).
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 pytest_plugins = ["tests.fixtures.sshd", "tests.fixtures.sandbox", "tests.fixtures.fleet", "tests.fixtures.local_helper"]
 

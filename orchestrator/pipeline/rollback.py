@@ -55,7 +55,13 @@ from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_hold
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
-from orchestrator.shell.program import ReleaseProgram, RunVerdict, release_follow, release_run
+from orchestrator.shell.program import (
+    ReleaseProgram,
+    RunVerdict,
+    read_steps,
+    release_follow,
+    release_run,
+)
 
 
 def rollback_host(
@@ -145,12 +151,14 @@ def _runner_events(reporter: Reporter, label: str) -> Any:
     return on_event
 
 
-def runner_record(label: str, release_id: str, v: RunVerdict) -> RestoreRecord:
+def runner_record(label: str, release_id: str, v: RunVerdict, program: ReleaseProgram,
+                  restore: ops.Op) -> RestoreRecord:
     """The restore record of a rollback's runner: its restore step's answer (done), or the record
     its failed step carries (``rollback_failed``); the guard's when the runner died mid-way."""
     if v.confirmed:
-        wire = (v.results.get(StepName.RESTORE.value) or [None])[-1]
-    elif v.restore is not None:
+        record: RestoreRecord = read_steps(program.steps, v.results, [StepName.RESTORE.value])[restore]
+        return record
+    if v.restore is not None:
         wire = v.restore  # the runner died: its guard finished the rollback
     else:
         wire = ((v.failed or {}).get("details") or {}).get("record")
@@ -340,7 +348,7 @@ def undo_releases(
               reported_op(release_dir, "rollback")]
     started = session.host_time()
     verdict_of: RunVerdict = session.batch(steps, on_event=_runner_events(reporter, label))[follow]
-    record = runner_record(label, rid, verdict_of)
+    record = runner_record(label, rid, verdict_of, program, restore)
     finished = session.host_time()
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))
