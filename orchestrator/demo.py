@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shlex
 import signal
@@ -177,9 +178,25 @@ def listening_pid(port: int) -> int | None:
     return pid_listening_on(port)
 
 
+def stop_release_processes(state_dir: Path) -> None:
+    """Kill the guards and runners a release left in ``state_dir`` (a demo or a test cut
+    short mid-release), by the pids their release recorded. They go before the server: a
+    runner at work would start a server again (its restore) after it was stopped. The guard
+    before its runner, so that it does not restore when the runner dies; the runner with its
+    process group (what its step runs)."""
+    for pidfile in state_dir.glob("releases/*/watchdog.pid"):
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, OSError):
+            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+    for record in state_dir.glob("releases/*/runner.json"):
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, KeyError, TypeError, OSError):
+            os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
+
+
 def kill_port_owner(port: int, state_dir: Path) -> None:
-    """Stop whatever server the demo left (by orch's pidfile and by its port), and wait
-    until it is gone: "everything it started is stopped" holds when the demo returns."""
+    """Stop whatever the demo left — a release's guard and runner, then the server (by orch's
+    pidfile and by its port) — and wait until it is gone: "everything it started is stopped"
+    holds when the demo returns."""
+    stop_release_processes(state_dir)
     pids = set()
     pidfile = state_dir / "server.pid"
     if pidfile.exists():

@@ -231,3 +231,32 @@ def cmdline_of(pid: int | None) -> list[str]:
     if pid is None:
         return []
     return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def test_the_demo_stops_a_releases_guard_and_runner_by_the_pids_their_release_recorded(tmp_path: Path) -> None:
+    """A demo (or test) cut short mid-release leaves a runner that would restart a server after
+    the cleanup stopped it: the guard and the runner (its whole group) go first, by their records."""
+    import json
+    import signal
+
+    from orchestrator.demo import alive, stop_release_processes
+    from tests.fixtures.sandbox import wait_until
+
+    release = tmp_path / "releases" / "r1"
+    release.mkdir(parents=True)
+    step_child = tmp_path / "child.pid"
+    guard = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    runner = subprocess.Popen(["sh", "-c", f"sleep 600 & echo $! > {step_child}; wait"], start_new_session=True)
+    wait_until(lambda: step_child.exists() and step_child.read_text().strip(), "the runner's step to start")
+    child = int(step_child.read_text())
+    (release / "watchdog.pid").write_text(f"{guard.pid}\n")
+    (release / "runner.json").write_text(json.dumps({"pid": runner.pid, "guard": guard.pid}))
+    try:
+        stop_release_processes(tmp_path)
+        assert guard.wait(timeout=30) == -signal.SIGKILL
+        assert runner.wait(timeout=30) == -signal.SIGKILL
+        wait_until(lambda: not alive(child), "what the runner's step ran to be killed with it")
+    finally:
+        for proc in (guard, runner):
+            if proc.poll() is None:
+                proc.kill()
