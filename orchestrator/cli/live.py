@@ -215,7 +215,7 @@ def draw_fleet_summary(out: Output, report: RunReport) -> None:
     else:
         with out.lock:
             print_summary(out, report)
-    if report.stopped:
+    if report.stopped and len(report.hosts) > 1:  # one host's own outcome line already says why
         out.problem(f"stopped: {report.stopped}", "red")
     if report.retry_file:
         retry = [n for n, r in report.hosts.items() if r.exit_code != 0]
