@@ -45,6 +45,22 @@ ended before a host's own run could say more (``interrupted``: only such a repor
 INTERRUPTED_REPORT = {"exit_code": 1, "error": "interrupted", "hosts": {}, "interrupted": True}
 
 
+_ctrl_c_seen = False
+
+
+def note_ctrl_c() -> None:
+    """A SIGINT reached this process. Kept because a library may turn the ``KeyboardInterrupt``
+    it raises into an error of its own with no trace of it (pydantic-core, building a model's
+    schema during an import, raises ``SchemaError``): the entry point still answers that run as
+    the Ctrl-C it was (``ctrl_c_seen``)."""
+    global _ctrl_c_seen
+    _ctrl_c_seen = True
+
+
+def ctrl_c_seen() -> bool:
+    return _ctrl_c_seen
+
+
 def _ctrl_c_while_starting(_signum: int, _frame: object) -> None:
     interrupted(_sys.argv[1:])
 

@@ -126,3 +126,32 @@ def test_an_error_a_ctrl_c_caused_in_a_librarys_cleanup_is_still_the_ctrl_c() ->
     except ValueError as e:
         assert came_from_ctrl_c(e)  # ``from None`` hides it from the traceback, not from the context
     assert not came_from_ctrl_c(ValueError("a plain error"))
+
+
+def test_a_ctrl_c_a_library_turned_into_its_own_error_with_no_trace_of_it_is_still_one_line(tmp_path: Path) -> None:
+    """Seen under a busy loop: a SIGINT while pydantic-core built a model's schema (a lazy import
+    inside a command) came out as its ``SchemaError``, with no ``KeyboardInterrupt`` in its
+    context, and the run ended in that traceback. The real entry point and a real SIGINT; only
+    the command is a stand-in that converts the interrupt as pydantic-core does."""
+    script = tmp_path / "converting.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "import orchestrator.cli.app as app\n"
+        "from orchestrator.cli.entry import main\n"
+        "def command(args):\n"
+        "    converted = False\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(30)\n"
+        "    except KeyboardInterrupt:\n"
+        "        converted = True\n"
+        "    if converted:  # raised outside the handler: no context links it to the interrupt\n"
+        "        raise ValueError('SchemaError: Error building serializer: KeyboardInterrupt')\n"
+        "app.main = command\n"
+        "sys.argv = ['orch', 'status', '--json']\n"
+        "main()\n"
+    )
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert "Traceback" not in got.stderr and got.stderr.strip().splitlines() == ["orch: error: interrupted"]
+    assert json.loads(got.stdout)["interrupted"] is True

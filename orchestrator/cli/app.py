@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import click
 
-from orchestrator import __version__, interrupted
+from orchestrator import __version__, interrupted, note_ctrl_c
 from orchestrator.cli.commands.config import config
 from orchestrator.cli.commands.demo import demo
 from orchestrator.cli.commands.deploy import deploy
@@ -57,6 +57,7 @@ class SigintGate:
         self.pending = False
 
     def handler(self, _signum: int, _frame: object) -> None:
+        note_ctrl_c()
         if self.in_command:
             raise KeyboardInterrupt
         self.pending = True

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from orchestrator import interrupted
+from orchestrator import ctrl_c_seen, interrupted, note_ctrl_c
 
 
 def main() -> None:
@@ -21,22 +21,29 @@ def main() -> None:
     try:
         from orchestrator.cli.app import main as run_cli
 
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, ctrl_c)
         run_cli(args)
     except KeyboardInterrupt:
         stop_live_views()
         interrupted(args)
     except Exception as e:
-        if not came_from_ctrl_c(e):
+        if not (came_from_ctrl_c(e) or ctrl_c_seen()):
             raise
-        # a Ctrl-C that landed inside a library's cleanup (zipfile's, while a module was being
-        # imported) comes out as that cleanup's own error: it is still the Ctrl-C
+        # a Ctrl-C that landed inside a library comes out as that library's own error (zipfile's
+        # cleanup, pydantic-core's schema builder, while a module was being imported): it is
+        # still the Ctrl-C
         stop_live_views()
         interrupted(args)
     finally:
         # The run is over (its report printed, its code chosen): a Ctrl-C now changes nothing,
         # and must not kill the interpreter while it exits (it restores the default action).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def ctrl_c(_signum: int, _frame: object) -> None:
+    """SIGINT while the command line is imported: noted, then raised as ``KeyboardInterrupt``."""
+    note_ctrl_c()
+    raise KeyboardInterrupt
 
 
 def came_from_ctrl_c(error: BaseException) -> bool:
