@@ -354,19 +354,29 @@ def run_in_pty(box: Sandbox, *args: str, columns: int = 80) -> tuple[int, str]:
     """``orch ARGS`` with a pseudo-terminal of ``columns`` as its stdin, stdout and stderr;
     the screen's text, colours and cursor moves taken out."""
     code, raw = run_in_pty_raw(box, *args, columns=columns)
+    return code, screen_text(raw)
+
+
+def screen_text(raw: bytes) -> str:
+    """What a terminal shows of ``raw``: colours and cursor moves taken out."""
     text = raw.decode("utf-8", "replace").replace("\r", "")
-    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
 
 
 def run_in_pty_raw(box: Sandbox, *args: str, columns: int = 80) -> tuple[int, bytes]:
     """``orch ARGS`` under a pseudo-terminal of ``columns``: its exit code and the raw bytes it wrote."""
+    return orch_in_pty([*args, "--ssh-config", str(box.sshd.ssh_config)], box.root, columns)
+
+
+def orch_in_pty(args: list[str], cwd: Path, columns: int, lines: int = 40) -> tuple[int, bytes]:
+    """``orch ARGS`` in ``cwd`` under a pseudo-terminal ``columns`` wide: its exit code and the raw
+    bytes it wrote (its stdin, stdout and stderr are the terminal, as for a person)."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
     env["TERM"] = "xterm-256color"
-    cmd = [sys.executable, "-m", "orchestrator", *args, "--ssh-config", str(box.sshd.ssh_config)]
-    proc = subprocess.Popen(cmd, cwd=box.root, env=env, stdin=slave, stdout=slave, stderr=slave,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, stdin=slave,
+                            stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
     chunks = []
     while True:

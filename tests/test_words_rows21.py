@@ -193,30 +193,10 @@ def test_demo_help_row_help_and_docs_say_the_steps_the_demo_runs_and_the_round_t
 def in_pty(kept: Kept, *args: str, columns: int) -> tuple[int, str]:
     """``orch ARGS`` under a pseudo-terminal ``columns`` wide: its exit code and the screen's text
     (colours and cursor moves taken out)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
+    from tests.test_cli import orch_in_pty, screen_text
 
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
-    env["TERM"] = "xterm-256color"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=kept.root, env=env,
-                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child side closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    text = b"".join(chunks).decode("utf-8", "replace").replace("\r", "")
-    return proc.wait(120), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+    code, raw = orch_in_pty(list(args), kept.root, columns, lines=50)
+    return code, screen_text(raw)
 
 
 def test_history_row_on_a_terminal_at_200_columns_paths_are_whole_never_shortened(kept: Kept) -> None:
