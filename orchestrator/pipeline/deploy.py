@@ -74,7 +74,6 @@ from orchestrator.errors import (
     ContentChangedError,
     GateFailedError,
     LinkLostError,
-    MalformedReplyError,
     OrchError,
     PreflightRefusedError,
     RemoteError,
@@ -254,12 +253,8 @@ class Deployment:
         try:
             got = self.session.batch(steps, on_event=self._on_runner_event)
         except LinkLostError as lost:
-            if isinstance(lost, MalformedReplyError):
-                raise  # a helper that spoke garbage is not asked for a verdict again
-            got_back = self._reconnect_and_follow(lost)
-            if got_back is None:
-                raise
-            return self._verdict(got_back)
+            return self._verdict(reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
+                                                      lambda: self.lines_seen, self._on_runner_event, "deploy"))
         except RemoteStepError as e:
             if wire and e.op == "batch":
                 # what the commit wrote, by the host's record: never assumed from where the batch failed
@@ -353,12 +348,6 @@ class Deployment:
             self._show_healthy(results)
         elif step == StepName.GATE.value and self.gate is not None and isinstance(judged, dict):
             self.reporter.gate(self.label, self.gate.take_judged(judged))
-
-    def _reconnect_and_follow(self, lost: LinkLostError) -> RunVerdict | None:
-        """The link was lost after the commit was sent: reconnect and follow the runner on
-        (``pipeline.follow.reconnect_and_follow``, shared with a night's switch)."""
-        return reconnect_and_follow(self.session, self.reporter, self.release_dir, lost, lambda: self.lines_seen,
-                                    self._on_runner_event, "deploy")
 
     def _stopped_following(self, signame: str | None = None) -> HostReport:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the commit: one line naming the release and

@@ -19,13 +19,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import events
 from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, Verdict, runner_verdict
 from orchestrator.core.progress import HostState, view_of_state
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import HostKeyError, LinkLostError, OrchError, UnreachableError
+from orchestrator.errors import (
+    HostKeyError,
+    LinkLostError,
+    MalformedReplyError,
+    OrchError,
+    UnreachableError,
+)
 from orchestrator.host.protocol_events import StepEvent, event_from_wire
 from orchestrator.host.records import HostRecords
 from orchestrator.pipeline.events import Reporter
@@ -36,9 +42,18 @@ from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.program import RunVerdict, release_abort, release_follow
 
+if TYPE_CHECKING:
+    from orchestrator.pipeline.nightly_late import LateNight
+
 REPORTED_FILE = "reported.json"  # some controller followed this release's verdict to its end
 RUNNER_FILE = "runner.json"
 RECONNECT_SECONDS = 5.0  # between tries to reach a host again after its link was lost after the commit
+
+
+def verdict_reads(release_dir: str) -> tuple[ops.Op, ops.Op]:
+    """The two reads that say whether a release's verdict is owed to someone: its runner's
+    record (a release a runner carried) and its ``reported.json`` (absent: nobody reported it)."""
+    return ops.get_json(f"{release_dir}/{RUNNER_FILE}"), ops.get_json(f"{release_dir}/{REPORTED_FILE}")
 
 
 def reported_op(release_dir: str, command: str) -> ops.Op:
@@ -48,11 +63,14 @@ def reported_op(release_dir: str, command: str) -> ops.Op:
 
 def reconnect_and_follow(session: HostSession, reporter: Reporter, release_dir: str, lost: LinkLostError,
                          after: Callable[[], int], on_event: Callable[[dict[str, Any]], None],
-                         command: str) -> RunVerdict | None:
+                         command: str) -> RunVerdict:
     """The link was lost after the runner was started (a deploy's commit, a night's switch):
     connect again (every 5 s, for up to 6 connect timeouts) and follow the runner on from the
-    last line seen (``after()``, asked at each try). None when the host cannot be reached again
-    in that time, or has no runner (the batch that starts it never came)."""
+    last line seen (``after()``, asked at each try). ``lost`` is raised again when the host
+    cannot be reached in that time, has no runner (the batch that starts it never came), or
+    spoke garbage (a helper that did is not asked for a verdict again)."""
+    if isinstance(lost, MalformedReplyError):
+        raise lost
     window = 6 * session.options.connect_timeout
     reporter.event(session.target.name, events.Reconnecting(session.options.masker.text(str(lost)), window))
     until = time.monotonic() + window
@@ -64,11 +82,11 @@ def reconnect_and_follow(session: HostSession, reporter: Reporter, release_dir: 
             return v
         except RemoteStepError as e:
             if e.kind == "norunner":
-                return None
+                raise lost from None
             raise
         except (UnreachableError, LinkLostError, HostKeyError):
             if time.monotonic() + RECONNECT_SECONDS > until:
-                return None
+                raise lost from None
             time.sleep(RECONNECT_SECONDS)
 
 
@@ -81,14 +99,13 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
     (``orch status --follow --reports``): a night followed here is reported as its own
     controller would have (``pipeline.nightly_late``).
     """
-    late: list[Any] = []
-    report = _follow(target, options, reporter, abort, reports_dir is not None, late)
-    if late and reports_dir is not None:
+    report, late = _follow(target, options, reporter, abort, reports_dir is not None)
+    if late is not None and reports_dir is not None:
         from orchestrator.pipeline.nightly_late import write_late
         from orchestrator.pipeline.nightly_report import host_rows
 
         rows, unread = host_rows(target, options)
-        path = write_late(reports_dir, late[0], rows)
+        path = write_late(reports_dir, late, rows)
         if unread:
             reporter.note(target.name, unread)
         reporter.step(target.name, f"report: {path}")
@@ -96,9 +113,10 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
     return report
 
 
-def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abort: bool, nights: bool,
-            late: list[Any]) -> HostReport:
-    """``follow_host`` on one connection; a night's late report (``nights``) into ``late``."""
+def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abort: bool,
+            nights: bool) -> tuple[HostReport, LateNight | None]:
+    """``follow_host`` on one connection; with ``nights``, a night followed here is returned to be
+    reported late."""
     label = target.name
     with HostSession(target, options) as session:
         state: HostRecords = session.run(ops.state_read(target.state_dir))
@@ -108,18 +126,18 @@ def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abo
         release = journal.release if in_progress and journal is not None else (newest[0].id if newest else None)
         if release is None:
             reporter.event(label, events.NothingToFollow(None, None, False))
-            return HostReport.ended(label, UNCHANGED)
+            return HostReport.ended(label, UNCHANGED), None
         release_dir = state.paths.release(release)
-        asked = [ops.get_json(f"{release_dir}/{RUNNER_FILE}"), ops.get_json(f"{release_dir}/{REPORTED_FILE}")]
-        got = session.batch(asked)
-        runner_rec, reported = got[asked[0]], got[asked[1]]
+        runner_read, reported_read = verdict_reads(release_dir)
+        got = session.batch([runner_read, reported_read])
+        runner_rec, reported = got[runner_read], got[reported_read]
         last = next((m for m in newest if m.id == release), None)
         if runner_rec is None and abort and view_of_state(label, state).state is HostState.CONTROLLER_GONE:
-            return restore_now(target, options, reporter)
+            return restore_now(target, options, reporter), None
         if runner_rec is None or (reported is not None and not in_progress and not abort):
             outcome = last.outcome if last is not None else None
             reporter.event(label, events.NothingToFollow(release, outcome, in_progress))
-            return HostReport.ended(label, UNCHANGED, release=release)
+            return HostReport.ended(label, UNCHANGED, release=release), None
         steps: list[ops.Op] = [release_abort(release_dir)] if abort else []
         follow = release_follow(release_dir, 0, abort_on_cancel=abort)
         steps += [follow, reported_op(release_dir, "status --follow")]
@@ -128,16 +146,17 @@ def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abo
             v: RunVerdict = session.batch(steps, on_event=runner_steps(reporter, label))[follow]
         except KeyboardInterrupt:
             return HostReport.ended(label, STOPPED_FOLLOWING, release=release,
-                                    error=f"stopped following release {release}; its runner still finishes it")
+                                    error=f"stopped following release {release}; its runner still finishes it"), None
         except RemoteStepError as e:
             if e.kind == "unfinished":
-                return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message)
+                return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message), None
             raise
+        late = None
         if nights and last is not None and last.kind == "night" and not abort:
             from orchestrator.pipeline.nightly_late import late_night
 
-            late.append(late_night(session, last, v))
-        return report_of(label, release, v, aborted=abort)
+            late = late_night(session, last, v)
+        return report_of(label, release, v, aborted=abort), late
 
 
 def restore_now(target: HostTarget, options: ConnectOptions, reporter: Reporter) -> HostReport:

@@ -50,7 +50,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
 from orchestrator.core import events
@@ -110,7 +110,6 @@ from orchestrator.errors import (
     AnchorError,
     ConfigError,
     LinkLostError,
-    MalformedReplyError,
     OrchError,
     RefusedError,
     RemoteError,
@@ -167,6 +166,8 @@ from orchestrator.shell.program import (
 )
 from orchestrator.shell.replies import Malformed
 
+if TYPE_CHECKING:  # it imports this module (``NightResult``)
+    from orchestrator.pipeline.nightly_late import LateNight
 
 @dataclass(frozen=True)
 class NightOptions:
@@ -193,7 +194,7 @@ class NightResult:
     seq: int | None = None  # the host's sequence number of the night's release, once it was made
     steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
     events: list[dict[str, Any]] = field(default_factory=list)  # what was said, as fields (``core.events``)
-    late: list[Any] = field(default_factory=list)  # ``nightly_late.LateNight``: an earlier night owed its report
+    late: LateNight | None = None  # an earlier night owed its report, which this run writes
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -307,7 +308,7 @@ class Night:
     probed: ProbeResult | None = None  # the probe step's answers, read as the runner's events come
     lines_seen: int = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
     failure_shown: bool = False  # the runner's "restoring" said why the night failed, as it happened
-    late: list[Any] = field(default_factory=list)  # ``nightly_late.LateNight``: the night before, reported here
+    late: LateNight | None = None  # the night before, ended without its controller: reported here
     previous_build: str | None = None
     existing_builds: list[str] = field(default_factory=list)
     complete_builds: list[str] | None = None  # of those, the ones a night confirmed (None: unknown)
@@ -452,13 +453,15 @@ class Night:
 
         last = ops.get_json(f"{self.link}/manifest.json")
         night = nightly_late.unreported_night(self.state)
-        owed = nightly_late.unreported_reads(self.state, night) if night is not None else []
-        got = self.session.batch([last, *owed])  # one round trip, as the read of the last good night alone
-        data = got[last]
-        if night is not None and nightly_late.owed(got[owed[0]], got[owed[1]]):
-            # the night before ended without its controller (after its switch): its report is ours to write
-            late = nightly_late.follow_unreported(self.session, self.state, night, "nightly")
-            self.late = [late] if late is not None else []
+        if night is None:
+            data = self.session.run(last)
+        else:
+            runner, reported = nightly_late.unreported_reads(self.state, night)
+            got = self.session.batch([last, runner, reported])  # one round trip, as the read of `last` alone
+            data = got[last]
+            if nightly_late.owed(got[runner], got[reported]):
+                # the night before ended without its controller (after its switch): its report is ours to write
+                self.late = nightly_late.follow_unreported(self.session, self.state, night, "nightly")
         if data:
             self.last_good = NightManifest.model_validate(data)
         if self.last_good and self.last_good.files:
@@ -769,13 +772,8 @@ class Night:
             try:
                 v: RunVerdict = self.session.batch(steps, on_event=self.on_runner_event)[follow]
             except LinkLostError as lost:
-                if isinstance(lost, MalformedReplyError):
-                    raise  # a helper that spoke garbage is not asked for a verdict again
-                got = reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
-                                           lambda: self.lines_seen, self.on_runner_event, "nightly")
-                if got is None:
-                    raise
-                v = got
+                v = reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
+                                         lambda: self.lines_seen, self.on_runner_event, "nightly")
         except KeyboardInterrupt as e:  # while following, or while connecting again to follow
             if isinstance(e, Terminated):
                 return self.stopped_following(signal.Signals(e.signum).name)
@@ -1097,7 +1095,7 @@ def nightly_host(
             current = Night(session, loaded, cli_vars, RunLog(reporter, options.masker, options.words), night, name, started, options.break_lock,
                             clock=clock)
             result = current.run()
-            result.late = list(current.late)
+            result.late = current.late
             result.notes.append(f"round trips: {session.round_trips}")
             result.steps = clock.steps(session.host_time)
             result.events = [e.to_wire() for e in current.reporter.events]
@@ -1116,7 +1114,7 @@ def nightly_host(
                              steps=clock.steps(session.host_time))
         if current is not None:
             result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq
-            result.late = list(current.late)
+            result.late = current.late
             result.events = [e.to_wire() for e in current.reporter.events]
         return result
 

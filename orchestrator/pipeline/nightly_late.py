@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.nightly import NightManifest
-from orchestrator.core.outcomes import runner_verdict
 from orchestrator.core.restore import RestoreRecord, describe_restore
 from orchestrator.errors import OrchError
 from orchestrator.host.records import HostRecords, Manifest
-from orchestrator.pipeline.follow import REPORTED_FILE, RUNNER_FILE, reported_op
+from orchestrator.pipeline.follow import report_of, reported_op, verdict_reads
 from orchestrator.pipeline.nightly import NightResult
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
@@ -46,11 +45,9 @@ def unreported_night(state: HostRecords) -> Manifest | None:
     return newest[0] if newest and newest[0].kind == "night" else None
 
 
-def unreported_reads(state: HostRecords, night: Manifest) -> list[ops.Op]:
-    """The two reads that say whether ``night`` is owed a report: its runner's record (a
-    night the runner carried) and its ``reported.json`` (absent: nobody reported it)."""
-    release_dir = state.paths.release(night.id)
-    return [ops.get_json(f"{release_dir}/{RUNNER_FILE}"), ops.get_json(f"{release_dir}/{REPORTED_FILE}")]
+def unreported_reads(state: HostRecords, night: Manifest) -> tuple[ops.Op, ops.Op]:
+    """The two reads that say whether ``night`` is owed a report (``follow.verdict_reads``)."""
+    return verdict_reads(state.paths.release(night.id))
 
 
 def owed(runner: Any, reported: Any) -> bool:
@@ -72,9 +69,7 @@ def follow_unreported(session: HostSession, state: HostRecords, night: Manifest,
 def late_night(session: HostSession, night: Manifest, v: RunVerdict) -> LateNight:
     """The night's result as its own controller would have reported it, from the host's records."""
     label = session.target.name
-    verdict = runner_verdict(v.confirmed, bool(v.restore.get("ok")) if v.restore else None)
-    failed = v.failed or {}
-    error = None if v.confirmed else str(failed.get("message") or (v.restore or {}).get("error") or v.verdict)
+    verdict = report_of(label, night.id, v)  # its outcome, exit code and error, as ``status --follow`` says them
     builds_dir = night.builds_dir or ""
     before = (night.link or {}).get("before")
     asked = [ops.get_json(f"{builds_dir}/{night.id}/manifest.json")]
@@ -93,7 +88,7 @@ def late_night(session: HostSession, night: Manifest, v: RunVerdict) -> LateNigh
             build_log = session.options.masker.text(wire_bytes(info.get("data")).decode("utf-8", "replace"))
     finished = manifest.finished if manifest is not None and manifest.finished else session.host_time()
     result = NightResult(label, night.id, verdict.outcome, verdict.exit_code, night.created, finished or 0.0,
-                         error=error, manifest=manifest, last_good=last_good, build_log=build_log, seq=night.seq)
+                         error=verdict.error, manifest=manifest, last_good=last_good, build_log=build_log, seq=night.seq)
     if v.restore:
         result.restore = describe_restore(RestoreRecord.from_wire(v.restore))
     result.notes.append(f"reported late: night {night.id} ended without its controller")

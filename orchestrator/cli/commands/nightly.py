@@ -70,7 +70,7 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
     report = RunReport()
     for target in targets:
         result = nightly_host(target, loaded, variables, options, reporter, NightOptions(frozen, force))
-        for late in result.late:  # a night before this one ended without its controller: its report
+        if (late := result.late) is not None:  # a night before this one ended without its controller
             path = write_late(Path(reports_dir), late, None)
             reporter.step(target.name, f"report of night {late.result.name} (ended without its controller): {path}")
         rows, unread = host_rows(target, options) if result.outcome in READABLE else (None, None)
