@@ -49,10 +49,11 @@ _ctrl_c_seen = False
 
 
 def note_ctrl_c() -> None:
-    """A SIGINT reached this process. Kept because a library may turn the ``KeyboardInterrupt``
-    it raises into an error of its own with no trace of it (pydantic-core, building a model's
-    schema during an import, raises ``SchemaError``): the entry point still answers that run as
-    the Ctrl-C it was (``ctrl_c_seen``)."""
+    """A SIGINT (or a SIGTERM/SIGHUP, which before a commit acts as one) reached this process.
+    Kept because a library may turn the ``KeyboardInterrupt`` it raises into an error of its own,
+    with or without a trace of it (zipfile's cleanup raises ``ValueError``; pydantic-core,
+    building a model's schema during an import, ``SchemaError``): the entry point still answers
+    that run as the Ctrl-C it was (``ctrl_c_seen``)."""
     global _ctrl_c_seen
     _ctrl_c_seen = True
 

@@ -65,6 +65,7 @@ class SigintGate:
     def terminate(self, signum: int, _frame: object) -> None:
         """SIGTERM, SIGHUP: inside a command a ``Terminated`` (a deploy after its commit stops
         following, and aborts nothing); elsewhere the same as a Ctrl-C."""
+        note_ctrl_c()
         if self.in_command:
             raise Hangup() if signum == signal.SIGHUP else Terminated()
         self.pending = True

@@ -26,12 +26,12 @@ def main() -> None:
     except KeyboardInterrupt:
         stop_live_views()
         interrupted(args)
-    except Exception as e:
-        if not (came_from_ctrl_c(e) or ctrl_c_seen()):
+    except Exception:
+        if not ctrl_c_seen():
             raise
         # a Ctrl-C that landed inside a library comes out as that library's own error (zipfile's
-        # cleanup, pydantic-core's schema builder, while a module was being imported): it is
-        # still the Ctrl-C
+        # cleanup, pydantic-core's schema builder, while a module was being imported), with or
+        # without the interrupt in its context: it is still the Ctrl-C
         stop_live_views()
         interrupted(args)
     finally:
@@ -44,18 +44,6 @@ def ctrl_c(_signum: int, _frame: object) -> None:
     """SIGINT while the command line is imported: noted, then raised as ``KeyboardInterrupt``."""
     note_ctrl_c()
     raise KeyboardInterrupt
-
-
-def came_from_ctrl_c(error: BaseException) -> bool:
-    """Whether ``error`` was raised while a ``KeyboardInterrupt`` was being handled."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__context__
-    return False
 
 
 def stop_live_views() -> None:
