@@ -348,9 +348,10 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
 
 HELD_START = 'IFS= read -r go || exit 125; exec "$@" </dev/null'
 """The shell a server is started through: it waits for "go" on its stdin (a pipe), then
-becomes the server (``exec``: same pid, the server's own argv, stdin from /dev/null). The one who started it writes "go"
-only once the pidfile names that pid; if it dies first (a runner killed right after
-the fork) the pipe ends, the shell exits 125, and no server runs that nobody can find."""
+becomes the server (``exec``: same pid, the server's own argv, stdin from /dev/null). The
+one who started it writes "go" only once the pidfile names that pid; if it dies first (a
+runner killed right after the fork) the pipe ends, the shell exits 125, and no server runs
+that nobody can find."""
 
 
 def spawn_held(argv, cwd, env, out):
