@@ -82,9 +82,9 @@ gate:
   probes:
     - post: /generate
       json: {text: "The gate's prompt", sampling_params: {max_new_tokens: 8}}
-      requests: 64
+      requests: 32
       concurrency: 32          # under load: where speculation costs throughput
-      warmup: 32
+      warmup: 32               # one full batch first, not counted
       rounds: 3                # the median is compared; the rounds' range is the noise
       timeout: 30s
   rules:
