@@ -136,6 +136,7 @@ health:
   base_url: "http://127.0.0.1:{{ port }}"
   timeout: 5m
   interval: 0.2s
+  stable_for: 1s           # the restored server, too, must stay healthy this long
   checks:
     - get: /health
 """
