@@ -30,6 +30,12 @@ class Hangup(Terminated):
     signum = 1
 
 
+class InterruptedTwice(KeyboardInterrupt):
+    """A second Ctrl-C, as a fleet's worker thread is told it: a thread has one slot for an
+    exception raised in it from outside, so two Ctrl-C that come before it runs again would be
+    one; this one says both came (stop waiting, after asking the host to abort)."""
+
+
 class OrchError(Exception):
     """Base of all errors orch raises on purpose."""
 

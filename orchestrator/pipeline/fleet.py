@@ -41,6 +41,7 @@ from typing import Any, Generic, TypeVar
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
+from orchestrator.errors import InterruptedTwice
 from orchestrator.pipeline.report import HostReport
 
 R = TypeVar("R")
@@ -206,6 +207,8 @@ class HostPool(Generic[R]):
     def _interrupt(self, kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
         if not self.interrupted:
             self.hooks.interrupting()
+        elif kind is KeyboardInterrupt:
+            kind = InterruptedTwice  # in its slot, it also stands for a first one not yet seen
         with self._lock:
             self.interrupted = True
             self.queue.clear()

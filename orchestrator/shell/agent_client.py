@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.errors import (
     BecomeRefusedError,
+    InterruptedTwice,
     LinkLostError,
     MalformedReplyError,
     RemoteError,
@@ -345,7 +346,7 @@ class Agent:
                 self.dead = f"{self.transport.target.label}: terminated during {op}"
                 raise
             if sent:
-                self._cancel(rid, op, on_event)
+                self._cancel(rid, op, on_event, twice=isinstance(e, InterruptedTwice))
             else:
                 # Interrupted while the request was being written: the helper never got it
                 # (there is no answer to wait for), and a line may be cut short. Nothing more
@@ -379,7 +380,7 @@ class Agent:
             except Exception:  # noqa: BLE001 - the request path reports a dead link
                 return
 
-    def _cancel(self, rid: int, op: str, on_event: EventHandler | None = None) -> None:
+    def _cancel(self, rid: int, op: str, on_event: EventHandler | None = None, twice: bool = False) -> None:
         """Ctrl-C: stop the op running on the host before anything else is sent; what it says
         while it stops (a runner's restore) still goes to ``on_event``.
 
@@ -390,6 +391,8 @@ class Agent:
             return
         try:
             self._write(b'{"op":"cancel"}\n')
+            if twice:  # the second Ctrl-C came with the first: the abort is asked, not waited for
+                raise KeyboardInterrupt
             self._await(rid, op, on_event)
         except LinkLostError as e:
             self.dead = str(e)

@@ -37,6 +37,7 @@ SUDO_PREFIX: tuple[str, ...] = ("sudo", "-n", "--")
 
 #: How much of a process's stderr is kept (the tail; older bytes are dropped).
 STDERR_LIMIT = 64 * 1024
+WAKE_SECONDS = 0.2  # the longest a reader sleeps between looks (a Ctrl-C raised in its thread lands then)
 
 
 @dataclass(frozen=True)
@@ -242,14 +243,18 @@ class LineBuffer:
             return data
 
     def _wait(self, deadline: float | None) -> bool:
-        # Caller holds the lock; False once the deadline has passed.
+        """Caller holds the lock; False once the deadline has passed. Each wait is at most
+        ``WAKE_SECONDS``: a Ctrl-C meant for a fleet's worker thread is raised in it
+        (``pipeline.fleet.raise_in_thread``) and lands only when it runs Python again, not
+        while it sleeps in the lock; on a silent link it would wait for the next byte or the
+        link's whole timeout (30 s) instead of stopping at once."""
         if deadline is None:
-            self._cond.wait()
+            self._cond.wait(WAKE_SECONDS)
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
-        self._cond.wait(remaining)
+        self._cond.wait(min(remaining, WAKE_SECONDS))
         return True
 
 
