@@ -30,7 +30,7 @@ from tests.fixtures.sandbox import SHIPPED_SPEC, quick_stability, wait_healthy
 
 ORIGINAL_FLAG = None  # the hand-started servers run without the flag
 
-STORY = quick_stability(SHIPPED_SPEC, "2s").replace(
+STORY = quick_stability(SHIPPED_SPEC, "1s").replace(
     "vars:\n  threshold: 32\n  port: 30000\n",
     'vars:\n  threshold: 32\n  port: 30000\n  exit_after: 0\n  crash: 0\n',
 ).replace(
@@ -42,10 +42,12 @@ STORY = quick_stability(SHIPPED_SPEC, "2s").replace(
 seconds after it first answered a full health poll, ``crash: 1`` makes it fail at start."""
 
 
-def write_story(fleet: Fleet) -> Path:
+def write_story(fleet: Fleet, stable_for: str = "1s") -> Path:
+    """The story in the test's directory; ``stable_for``: its health's stability window."""
     assert "STANDIN_EXIT_AFTER_ANSWERED" in STORY and "exit_after: 0" in STORY and "interval: 0.2s" in STORY
+    assert "  stable_for: 1s\n" in STORY
     path = fleet.root / "story.yaml"
-    path.write_text(STORY)
+    path.write_text(STORY.replace("  stable_for: 1s\n", f"  stable_for: {stable_for}\n"))
     return path
 
 
@@ -68,7 +70,7 @@ def test_a_group_deploy_rolls_back_only_the_host_whose_server_dies(fleet: Fleet)
     hosts = fleet.new_boxes(fleet.root, count=3)
     fleet.write_inventory(hosts, extra={"gpu02": {"vars": {"exit_after": 0.5}}})
     before = {h.name: h.file_sha() for h in hosts}
-    story = write_story(fleet)
+    story = write_story(fleet, "2s")  # gpu02's server dies 0.5 s in: well inside the window
 
     proc = fleet.orch("deploy", "--host", "fleet", "--json", "--stats", str(story))
 
