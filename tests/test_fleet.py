@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.fleet import Fleet, FleetHost
+from tests.fixtures.fleet import Fleet, FleetHost, in_parallel
 from tests.fixtures.sandbox import SHIPPED_SPEC, quick_stability, wait_healthy
 
 ORIGINAL_FLAG = None  # the hand-started servers run without the flag
 
-STORY = quick_stability(SHIPPED_SPEC, "2s").replace(
+STORY = quick_stability(SHIPPED_SPEC, "1s").replace(
     "vars:\n  threshold: 32\n  port: 30000\n",
     'vars:\n  threshold: 32\n  port: 30000\n  exit_after: 0\n  crash: 0\n',
 ).replace(
@@ -42,10 +42,12 @@ STORY = quick_stability(SHIPPED_SPEC, "2s").replace(
 seconds after it first answered a full health poll, ``crash: 1`` makes it fail at start."""
 
 
-def write_story(fleet: Fleet) -> Path:
+def write_story(fleet: Fleet, stable_for: str = "1s") -> Path:
+    """The story in the test's directory; ``stable_for``: its health's stability window."""
     assert "STANDIN_EXIT_AFTER_ANSWERED" in STORY and "exit_after: 0" in STORY and "interval: 0.2s" in STORY
+    assert "  stable_for: 1s\n" in STORY
     path = fleet.root / "story.yaml"
-    path.write_text(STORY)
+    path.write_text(STORY.replace("  stable_for: 1s\n", f"  stable_for: {stable_for}\n"))
     return path
 
 
@@ -68,7 +70,7 @@ def test_a_group_deploy_rolls_back_only_the_host_whose_server_dies(fleet: Fleet)
     hosts = fleet.new_boxes(fleet.root, count=3)
     fleet.write_inventory(hosts, extra={"gpu02": {"vars": {"exit_after": 0.5}}})
     before = {h.name: h.file_sha() for h in hosts}
-    story = write_story(fleet)
+    story = write_story(fleet, "2s")  # gpu02's server dies 0.5 s in: well inside the window
 
     proc = fleet.orch("deploy", "--host", "fleet", "--json", "--stats", str(story))
 
@@ -149,11 +151,10 @@ def test_limit_narrows_with_globs_exclusion_and_intersection_and_a_typo_touches_
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return sorted(as_json(proc)["hosts"])
 
-    assert selected("gpu0*:!gpu02") == ["gpu01", "gpu03", "gpu04"]
-    assert selected("fleet:&rack2") == ["gpu03", "gpu04"]
-    assert selected("gpu0[1:2],rack2,!gpu04") == ["gpu01", "gpu02", "gpu03"]
     (fleet.root / "two.txt").write_text("# hosts to redo\ngpu04\n\ngpu01\n")
-    assert selected("@two.txt") == ["gpu01", "gpu04"]
+    # four read-only runs, side by side
+    assert in_parallel(selected, ["gpu0*:!gpu02", "fleet:&rack2", "gpu0[1:2],rack2,!gpu04", "@two.txt"]) == [
+        ["gpu01", "gpu03", "gpu04"], ["gpu03", "gpu04"], ["gpu01", "gpu02", "gpu03"], ["gpu01", "gpu04"]]
     for h in hosts:
         h.log_mark = h.sshd.log.stat().st_size
 
@@ -303,7 +304,9 @@ def test_rollback_history_and_status_give_every_host_its_entry_with_one_unreacha
               "identity_file": str(fleet.client_key), "known_hosts": str(fleet.known_hosts)}
     fleet.write_inventory(hosts, more={"gpu09": closed}, groups={"fleet": ["gpu09", *(h.name for h in hosts)]})
 
-    status = fleet.orch("status", "--host", "fleet", "--json")
+    # status and history only read the hosts: side by side
+    status, history = in_parallel(lambda args: fleet.orch(*args, "--host", "fleet", "--json"),
+                                  [["status"], ["history"]])
     got = as_json(status)
     assert status.returncode == 2 and got["exit_code"] == 2  # the worst host's
     assert got["hosts"]["gpu09"]["outcome"] == "unreachable"
@@ -312,7 +315,6 @@ def test_rollback_history_and_status_give_every_host_its_entry_with_one_unreacha
         assert got["hosts"][h.name]["current"] == h.releases()[-1]["id"]
     assert "gpu02 status: ok" in status.stderr.splitlines()
 
-    history = fleet.orch("history", "--host", "fleet", "--json")
     got = as_json(history)
     assert history.returncode == 2
     assert sorted(got["hosts"]) == ["gpu01", "gpu02", "gpu03"] and list(got["failed"]) == ["gpu09"]

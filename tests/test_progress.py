@@ -20,7 +20,8 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,13 @@ def orch_json(box: Sandbox, *args: str) -> tuple[int, dict[str, Any], str]:
     return proc.returncode, data, text
 
 
+def at_once(*runs: Callable[[], Any]) -> list[Any]:
+    """Each run's result, in order, the runs side by side (``orch`` commands that only read the
+    host or are refused: what one of them does is not what another one answers to)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return [f.result() for f in [pool.submit(run) for run in runs]]
+
+
 def nightly_spec(box: Sandbox) -> Path:
     """A valid night; it is refused at the lock, before anything it names is touched."""
     spec = {"name": "refused-night",
@@ -270,24 +278,26 @@ def test_a_live_deploy_is_in_progress_and_nobody_may_act_on_it(box: Sandbox) -> 
         token = json.loads((box.state_dir / "lock.json").read_text())["token"]
         words = f"release {release} in progress (step restarting since "
 
-        # held at its health wait: in progress, and not healthy now -> 3, never "orch rollback"
-        code, data, text = orch_json(box, "status", "--host", "gpu")
+        # held at its health wait: in progress, and not healthy now -> 3, never "orch rollback";
+        # the two statuses and every command refused run side by side (none of them changes the host)
+        night = nightly_spec(box)
+        refused = (["deploy", "--host", "gpu", str(pb)],
+                   ["deploy", "--check", "--host", "gpu", str(pb)],
+                   ["deploy", "--host", "gpu", "--break-lock", str(pb)],
+                   ["rollback", "--host", "gpu"],
+                   ["rollback", "--host", "gpu", "--break-lock"],
+                   ["nightly", str(night), "--host", "gpu", "--ssh-config", str(box.sshd.ssh_config)])
+        (code, data, text), plain, *answers = at_once(
+            lambda: orch_json(box, "status", "--host", "gpu"), lambda: box.orch("status", "--host", "gpu"),
+            *[lambda args=args: orch_json(box, *args) for args in refused])
         st = data["hosts"]["gpu"]
         assert code == 3, text
         assert st["in_progress"]["state"] == "in_progress" and st["in_progress"]["release"] == release
         assert st["in_progress"]["step"] == "restarting" and st["in_progress"]["holder"] == HOLDER
         assert words in st["state_words"] and f"started by {HOLDER})" in st["state_words"]
-        plain = box.orch("status", "--host", "gpu")
         assert words in plain.stdout and "orch rollback" not in plain.stdout + plain.stderr
 
-        night = nightly_spec(box)
-        for args in (["deploy", "--host", "gpu", str(pb)],
-                     ["deploy", "--check", "--host", "gpu", str(pb)],
-                     ["deploy", "--host", "gpu", "--break-lock", str(pb)],
-                     ["rollback", "--host", "gpu"],
-                     ["rollback", "--host", "gpu", "--break-lock"],
-                     ["nightly", str(night), "--host", "gpu", "--ssh-config", str(box.sshd.ssh_config)]):
-            code, data, text = orch_json(box, *args)
+        for args, (code, data, text) in zip(refused, answers, strict=True):
             assert code == 2, (args, text)
             error = data["hosts"]["gpu"]["error"] if data.get("hosts", {}).get("gpu") else data.get("error")
             assert words in error, (args, error)
@@ -326,7 +336,10 @@ def test_a_deploy_whose_controller_is_gone_is_in_progress_and_rollback_abort_res
                                                                                           fault: str) -> None:
     box.start_by_hand()
     original = sha256(box.server_args)
-    proc = box.start_orch("deploy", "--host", "gpu", "--json",
+    # severed, the controller tries again every 5 s for 6 connect timeouts before it exits 3:
+    # 2.4 s makes that window 14.4 s (tries at 0, 5 and 10 s) instead of the default's 60 s
+    wait = ["--connect-timeout", "2.4"] if fault == "sever" else []
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", *wait,
                           str(playbook(box, env={"STANDIN_NEVER_READY": "1"})))
     wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
     release = box.journal()["release"]
@@ -339,15 +352,17 @@ def test_a_deploy_whose_controller_is_gone_is_in_progress_and_rollback_abort_res
         assert proc.returncode == 3
         box.write_inventory()  # a route back, straight to sshd
     assert sha256(box.server_args) != original
-    # its runner goes on, holding the lock: the release is in progress, whoever asks
-    code, data, text = orch_json(box, "status", "--host", "gpu")
+    # its runner goes on, holding the lock: the release is in progress, whoever asks (side by side)
+    again = playbook(box, "again.yaml")
+    (code, data, text), deploy, rollback = at_once(
+        lambda: orch_json(box, "status", "--host", "gpu"),
+        lambda: orch_json(box, "deploy", "--host", "gpu", str(again)),
+        lambda: orch_json(box, "rollback", "--host", "gpu"))
     st = data["hosts"]["gpu"]
     assert st["in_progress"]["state"] == "in_progress" and st["in_progress"]["release"] == release, text
     assert code == 3, text  # in progress is no error; the new server does not answer health now
-    code, data, text = orch_json(box, "deploy", "--host", "gpu", str(playbook(box, "again.yaml")))
-    assert code == 2 and f"release {release} in progress" in data["hosts"]["gpu"]["error"], text
-    code, data, text = orch_json(box, "rollback", "--host", "gpu")
-    assert code == 2 and f"release {release} in progress" in data["hosts"]["gpu"]["error"], text
+    for code, data, text in (deploy, rollback):
+        assert code == 2 and f"release {release} in progress" in data["hosts"]["gpu"]["error"], text
     # `orch rollback --abort`: the runner stops its health wait and restores; the restore is followed
     code, data, text = orch_json(box, "rollback", "--abort", "--host", "gpu")
     assert code == 0, text

@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.shell.replies import MAX_REPLY_DEPTH
 from tests.fixtures.fleet import Fleet
-from tests.fixtures.sandbox import Sandbox, wait_until
+from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, quick_stability, wait_until
 
 WRAPPER = '''#!{python}
 """A hostile host: the real helper, with the answer to one request replaced by garbage."""
@@ -145,7 +145,8 @@ def test_one_hostile_host_of_three_keeps_the_fleet_report(fleet: Fleet) -> None:
     fleet.write_inventory(hosts, extra={"gpu02": {"python": bad}})
     before = hosts[1].file_sha()
     story = fleet.root / "story.yaml"
-    story.write_text((Path(__file__).parent.parent / "playbooks" / "speculative-disable.yaml").read_text())
+    # the shipped playbook, its health polled every 0.2 s and stable for 1 s (not 1 s and 5 s)
+    story.write_text(quick_stability(SHIPPED_SPEC).replace("  interval: 1s\n", "  interval: 0.2s\n"))
 
     proc = fleet.orch("deploy", "--host", "fleet", "--json", str(story))
 

@@ -199,9 +199,9 @@ def test_reconnects_refused_exit_3_then_status_follow_gives_the_verdict(link: Li
     box = link.box
     box.start_by_hand()
     hold = box.root / "go"
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "3", str(held(box, hold)))
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "2.4", str(held(box, hold)))
     release = held_at_before_stop(box)
-    link.proxy.refuse()  # the route is gone: every new connection is refused
+    link.proxy.refuse()  # the route is gone: every new connection is refused (tries at 0, 5, 10 s of 14.4)
     code, report, out = finish(proc)
     assert code == 3, out
     assert report["outcome"] == "unreachable", out

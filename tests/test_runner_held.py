@@ -250,7 +250,8 @@ def test_controller_killed_at_a_held_step_the_release_becomes_current_without_it
 @pytest.mark.parametrize("fault", ["STANDIN_CRASH_AT_START", "STANDIN_NEVER_READY"])
 def test_controller_killed_at_health_with_a_bad_patch_the_runner_restores(link: Link, fault: str) -> None:
     box = link.box
-    h = start_held(box, "health", env={fault: "1"}, timeout="10s")
+    # the controller is gone within moments of the health step's start: 5 s is long enough
+    h = start_held(box, "health", env={fault: "1"}, timeout="5s")
     h.proc.send_signal(signal.SIGKILL)
     h.proc.wait()
     h.let_go()  # ready file or not, this server never becomes healthy (crashed, or never ready)

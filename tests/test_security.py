@@ -202,7 +202,8 @@ def test_orch_rollback_replaces_a_link_planted_at_the_target_and_reports_it(shar
     s, box = shared, shared.box
     box.start_by_hand()
     original, victim = sha256(box.server_args), s.victim_state()
-    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "3",
+    # refused, the controller tries again every 5 s for 6 connect timeouts: 14.4 s (tries at 0, 5, 10 s)
+    proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "2.4",
                           str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="5m")))
     wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
     s.proxy.refuse()
