@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.fixtures.sandbox import Sandbox
+from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, quick_stability
 from tests.test_cli import REPO, run
 
 
@@ -18,6 +18,8 @@ def test_quiet_status_and_history_say_one_line_per_host(sandbox: Sandbox) -> Non
     assert history.returncode == 0, history.stderr
     lines = history.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu: no releases: orch has never deployed"), lines
+    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     deployed = run(sandbox, "deploy", "--host", "gpu", "-q", "speculative-disable")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
@@ -34,8 +36,11 @@ def test_quiet_status_and_history_say_one_line_per_host(sandbox: Sandbox) -> Non
 
 
 def test_protocol_lines_elide_big_values(sandbox: Sandbox) -> None:
+    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
-    for threshold in (8, 16, 24, 32):  # a few releases make the state read big
+    # two releases make the state read big: some 14,000 characters in one line, elided to <= 4,000
+    for threshold in (8, 32):
         deployed = run(sandbox, "deploy", "--host", "gpu", "-q", "--var", f"threshold={threshold}",
                        "speculative-disable")
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
@@ -52,6 +57,8 @@ def test_history_release_prints_one_release_in_full(sandbox: Sandbox) -> None:
     from tests.test_cli import as_json, folded
 
     before = sha256(sandbox.server_args)
+    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     deployed = run(sandbox, "deploy", "--host", "gpu", "speculative-disable", "--json")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr

@@ -10,14 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.sandbox import Sandbox
+from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, quick_stability
 from tests.fixtures.sshd import SshdServer
-from tests.test_deploy_layouts import PLAYBOOK, sandbox_for
+from tests.test_deploy_layouts import sandbox_for
+
+# The story's playbook with a 0.2 s stability window instead of the shipped 5 s:
+# the deploy below waits it out, and the note is said before any of it.
+PLAYBOOK = "story.yaml"
 
 
 @pytest.fixture
 def spec_box(tmp_path: Path, sshd: SshdServer) -> Iterator[Sandbox]:
     box = sandbox_for(tmp_path, sshd, "spec")
+    (tmp_path / PLAYBOOK).write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     try:
         yield box
     finally:
@@ -70,6 +75,8 @@ def test_a_stopped_server_is_started_not_listed_as_flag_changes(sandbox: Sandbox
 
 
 def test_an_unhealthy_server_is_called_not_healthy_once(sandbox: Sandbox) -> None:
+    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0
     sandbox.stop_all()

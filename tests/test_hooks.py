@@ -21,7 +21,7 @@ def hooked(box: Sandbox, name: str, *, before_stop: str | None = None, env: dict
         # the command line it is given says which server was put back
         after_healthy=f"sh -c 'echo \"serve $0\" >> {router}' {{{{ command }}}}",
     )
-    spec["health"].update(timeout="20s", stable_for="1s")
+    spec["health"].update(timeout="20s", stable_for="0.2s")
     path = box.root / name
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path

@@ -13,7 +13,7 @@ import json
 import subprocess
 from typing import Any
 
-from tests.fixtures.sandbox import Sandbox, get_json, health_status
+from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, get_json, health_status, quick_stability
 
 FLAG = "--speculative-disable-batch-threshold"
 
@@ -50,6 +50,8 @@ def events_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(sandbox: Sandbox) -> None:
+    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
 
     # a flag added: absent before is null

@@ -49,6 +49,11 @@ def test_tmux_recipe_deploys_refuses_a_bad_flag_and_rolls_back(sandbox: Sandbox,
     workdir = sandbox.sglang_root.parent
     log = sandbox.root / "tmux.log"
     text = recipe("sglang-in-tmux").replace("/opt/sglang/.venv/bin/python", sys.executable)
+    # The recipe's commands as written; only its health waits are shorter than the page's
+    # (polled every 0.2 s, stable for 1 s instead of the 5 s default), as for every deploy
+    # of the suite: the deploy and the rollback each wait them out.
+    assert "  interval: 1s\n" in text, "the recipe's health has no interval line to shorten"
+    text = text.replace("  interval: 1s\n", "  interval: 0.2s\n  stable_for: 1s\n", 1)
     (sandbox.root / "tmux.yaml").write_text(text)
     values = ["--var", f"session={session}", "--var", f"workdir={workdir}", "--var", f"log={log}",
               "--var", f"port={sandbox.port}", "--var", "model=/models/standin"]

@@ -27,7 +27,7 @@ def deployed_then_held(box: Sandbox) -> tuple[Path, str, str]:
     gate = hold_ready(box)
     original = sha256(box.server_args)
     gate.write_text("")  # the deploy's new server (same environment) comes up at once
-    done = box.orch("deploy", "--host", "gpu", "--json", str(story(box)))
+    done = box.orch("deploy", "--host", "gpu", "--json", str(story(box, stable_for="0.2s")))  # short waits
     assert done.returncode == 0, done.stdout + done.stderr
     gate.unlink()  # from now on a server started again waits for the test
     return gate, original, sha256(box.server_args)

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import INTERRUPTED_REPORT
-from tests.fixtures.sandbox import Sandbox, health_status, wait_until
+from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, health_status, quick_stability, wait_until
 from tests.test_ctrl_c_early import DELAYS, bare_start, before_orch, orch_command
 
 LINE = "orch: error: interrupted"
@@ -109,6 +109,8 @@ def alive(pid: int) -> bool:
 def test_ctrl_c_in_a_read_only_command_row_while_reading_the_host(sandbox: Sandbox) -> None:
     """``status`` and ``history`` (with and without ``--json``) held while they read the
     host: one line, exit 1, the report; the host's records and server untouched."""
+    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     sandbox.orch("deploy", "--host", "gpu", "speculative-disable", check_codes=(0,))
     server = sandbox.server_pid()

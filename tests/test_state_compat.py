@@ -271,8 +271,8 @@ def assert_history_reads_the_old_records(host: OldHost) -> None:
     assert [r["error"] is None for r in rows] == [True, True, False]
     assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in rows[2]["error"]
     assert [r["when"] for r in rows] == [r.manifest["created"] for r in (host.first, host.second, host.refused)]
-    text = host.orch("history", "--host", "gpu", code=0).stdout
-    text += host.orch("history", "--host", "gpu", code=0).stderr
+    plain = host.orch("history", "--host", "gpu", code=0)
+    text = plain.stdout + plain.stderr
     for release in (host.first, host.second, host.refused):
         assert release.id[-4:] in text, text
 
@@ -432,7 +432,7 @@ def test_a_deploy_by_this_checkout_continues_a_0_3_0_host_and_is_undone_back_to_
     host.start_as_left(host.second)
     playbooks = host.root.parent / "playbooks"
     playbooks.mkdir()
-    (playbooks / "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC))
+    (playbooks / "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))  # a short wait
     files_before = (host.server_args.read_bytes(), host.launch_server.read_bytes())
 
     rep = host.orch_json("deploy", "--host", "gpu", "--var", "threshold=8", "speculative-disable", code=0)
