@@ -18,7 +18,7 @@ def test_quiet_status_and_history_say_one_line_per_host(sandbox: Sandbox) -> Non
     assert history.returncode == 0, history.stderr
     lines = history.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu: no releases: orch has never deployed"), lines
-    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    # the story, stable for 0.2 s, as the sandbox's own: each restart here waits it out
     sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     deployed = run(sandbox, "deploy", "--host", "gpu", "-q", "speculative-disable")
@@ -36,7 +36,7 @@ def test_quiet_status_and_history_say_one_line_per_host(sandbox: Sandbox) -> Non
 
 
 def test_protocol_lines_elide_big_values(sandbox: Sandbox) -> None:
-    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    # the story, stable for 0.2 s, as the sandbox's own: each restart here waits it out
     sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     # two releases make the state read big: some 14,000 characters in one line, elided to <= 4,000
@@ -57,7 +57,7 @@ def test_history_release_prints_one_release_in_full(sandbox: Sandbox) -> None:
     from tests.test_cli import as_json, folded
 
     before = sha256(sandbox.server_args)
-    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    # the story, stable for 0.2 s, as the sandbox's own: each restart here waits it out
     sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     deployed = run(sandbox, "deploy", "--host", "gpu", "speculative-disable", "--json")

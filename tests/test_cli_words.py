@@ -75,7 +75,7 @@ def test_a_stopped_server_is_started_not_listed_as_flag_changes(sandbox: Sandbox
 
 
 def test_an_unhealthy_server_is_called_not_healthy_once(sandbox: Sandbox) -> None:
-    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    # the story, stable for 0.2 s, as the sandbox's own: each restart here waits it out
     sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     assert sandbox.orch("deploy", "--host", "gpu", "speculative-disable").returncode == 0

@@ -50,7 +50,7 @@ def events_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_flag_changes_and_steps_are_fields_for_deploy_check_rollback_and_status(sandbox: Sandbox) -> None:
-    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    # the story, stable for 0.2 s, as the sandbox's own: each restart here waits it out
     sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
 

@@ -109,7 +109,7 @@ def alive(pid: int) -> bool:
 def test_ctrl_c_in_a_read_only_command_row_while_reading_the_host(sandbox: Sandbox) -> None:
     """``status`` and ``history`` (with and without ``--json``) held while they read the
     host: one line, exit 1, the report; the host's records and server untouched."""
-    # the story, stable for 0.2 s instead of the sandbox's 1 s: each restart here waits it out
+    # the story, stable for 0.2 s, as the sandbox's own: each restart here waits it out
     sandbox.root.joinpath("playbooks", "speculative-disable.yaml").write_text(quick_stability(SHIPPED_SPEC, "0.2s"))
     sandbox.start_by_hand()
     sandbox.orch("deploy", "--host", "gpu", "speculative-disable", check_codes=(0,))
