@@ -204,7 +204,7 @@ def test_ctrl_c_once_at_a_held_step_the_runner_aborts_and_restores(link: Link, s
 @pytest.mark.parametrize("step", ["health", "gate"])
 def test_ctrl_c_twice_at_a_held_step_stops_following_and_the_runner_still_finishes(link: Link, step: str) -> None:
     """(At the pre-flight the old server was never stopped: its restore puts files back and
-    restarts nothing, so there is no held moment in it for a second Ctrl-C to land in.)"""
+    restarts nothing, so there the moment is held on the link: tests/test_ctrl_c_twice_preflight.py.)"""
     box = link.box
     ready = hold_ready(box)  # the restore's server waits for `ready`: the second Ctrl-C lands in it
     # the new server inherits the running one's environment: at the gate it must not wait for `ready`
