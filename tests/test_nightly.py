@@ -448,14 +448,19 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
 
     Held from outside: a link slow enough (0.5 s each way) that the proxy is stalled
     while the arming's answer is on its way; the link comes back once orch's cancel
-    has been written into it."""
+    has been written into it. The link turns slow while the night's build is held at
+    its install (before that it has the fault suite's 20 ms): from there to the arming
+    every answer crosses the slow link."""
     box = nightbox.box
     nightbox.write_spec(keep_builds=3, probe=False)
     ok, data = nightbox.night()
     assert ok.returncode == 0, ok.stdout + ok.stderr
     good = data["hosts"]["gpu"]["build"]
     pid = box.server_pid()
-    proxy = TcpProxy(box.sshd.port, delay=0.5)
+    held, go = box.root / "installing", box.root / "go"
+    nightbox.write_spec(keep_builds=3, probe=False,
+                        install=f"sh -c 'touch {held}; while [ ! -e {go} ]; do sleep 0.05; done'")
+    proxy = TcpProxy(box.sshd.port, delay=0.02)
     try:
         known = box.root / "known_hosts_proxy"
         known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
@@ -463,6 +468,10 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
             "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
             "builds_root": str(nightbox.builds)})
         proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json")
+        wait_until(held.exists, "the night's install, held", 240)
+        assert box.journal().get("step") == "building"  # nothing armed yet
+        proxy.set_delay(0.5)
+        go.write_text("")
         wait_until(lambda: box.journal().get("step") == "armed", "the night armed on the host", 240)
         proxy.stall()
         night = box.journal()["release"]
@@ -474,6 +483,7 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
         proc.send_signal(signal.SIGINT)
         wait_until(lambda: proxy.client_bytes() > sent, "orch's cancel, written into the held link")
         proxy.unstall()
+        proxy.set_delay(0.02)  # the route is back, as fast as before the fault
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 1, out + err
         rep = json.loads(out)["hosts"]["gpu"]
