@@ -129,21 +129,23 @@ def skewed(sandbox: Sandbox) -> Iterator[Skewed]:
         proxy.close()
 
 
-def story(box: Sandbox, *, bad_flag: bool = False, never_ready: bool = False) -> Path:
+def story(box: Sandbox, *, bad_flag: bool = False, held_by: Path | None = None) -> Path:
     """The story's playbook with short timeouts; ``bad_flag`` adds a flag the server's parser refuses,
-    ``never_ready`` makes the new server answer its health 503 until the 15 s timeout."""
+    ``held_by`` makes the new server answer its health 503 until that file exists, and die just
+    after (so its deploy is rolled back as soon as the test lets it go). The server is ready as
+    soon as it listens (no stand-in startup delay: nothing here is about a slow start)."""
     spec = yaml.safe_load(SHIPPED_SPEC)
-    spec["server"].update(stop_timeout="5s", free_timeout="5s", preflight_timeout="15s",
-                          env={"STANDIN_NEVER_READY": "1"} if never_ready else {})
+    env = {"STANDIN_STARTUP_DELAY": "0"}
+    if held_by is not None:
+        env.update(STANDIN_READY_FILE=str(held_by), STANDIN_EXIT_AFTER_READY="0.05")
+    spec["server"].update(stop_timeout="5s", free_timeout="5s", preflight_timeout="15s", env=env)
     spec["health"].update(timeout="30s", stable_for="1s", confirm_timeout="1s", interval="0.2s")
     # health and the flag it reports; no /generate: on two shared cores its answer can outlast
     # the stability window's 1 s bound, and nothing here is about generation
     spec["health"]["checks"] = [c for c in spec["health"]["checks"] if "post" not in c]
     if bad_flag:
         spec["server"]["flags"]["--no-such-flag"] = 1
-    if never_ready:
-        spec["health"]["timeout"] = "15s"
-    path = box.root / ("refused.yaml" if bad_flag else "never-ready.yaml" if never_ready else "story.yaml")
+    path = box.root / ("refused.yaml" if bad_flag else "held.yaml" if held_by else "story.yaml")
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -242,7 +244,8 @@ def test_a_held_lock_shows_since_when_on_the_hosts_clock(skewed: Skewed) -> None
     box.start_by_hand()
     original = sha256(box.server_args)
     started = time.time()
-    cmd, env = sk.command("-1h", "deploy", "--host", "gpu", str(story(box, never_ready=True)), "--json")
+    let_go = box.root / "let-go"
+    cmd, env = sk.command("-1h", "deploy", "--host", "gpu", str(story(box, held_by=let_go)), "--json")
     first = subprocess.Popen(cmd, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: box.journal().get("step") == "restarting", "the first deploy's restart")
@@ -253,8 +256,9 @@ def test_a_held_lock_shows_since_when_on_the_hosts_clock(skewed: Skewed) -> None
         since = datetime.fromtimestamp(lock["taken"], timezone.utc).strftime("%H:%M:%S")
         assert "locked by" in rep["error"] and f"since {since} UTC, host clock" in rep["error"], text
     finally:
+        let_go.write_text("")  # the first deploy's new server: healthy, then gone at once
         out, err = first.communicate(timeout=240)
-    assert first.returncode == 1, out + err  # its new server never got healthy: rolled back
+    assert first.returncode == 1, out + err  # its new server did not stay healthy: rolled back
     assert json.loads(out)["hosts"]["gpu"]["outcome"] == "rolled_back"
     assert sha256(box.server_args) == original and serving(box)[0] == box.hand_argv
     assert box.journal()["finished"] is True

@@ -61,9 +61,12 @@ probe:
 def spec_text(commit: str, *, extra_server_env: str = "", notify: str | None = None,
               source: str | None = None, sglang_root: str = "{{ build }}/python/sglang",
               python: str = "python3", keep_builds: int = 2, health_timeout: str = "1m",
-              server_timeouts: str = "", probe: bool = True, install: str = "") -> str:
+              server_timeouts: str = "", probe: bool = True, install: str = "", stable_for: str = "0.5s") -> str:
     """The test's spec. Every night's server takes two switches from ``--var``: ``crash=1``
-    (it fails at start) and ``never_ready=1`` (its health stays 503)."""
+    (it fails at start) and ``never_ready=1`` (its health stays 503). It is ready as soon as it
+    listens (``STANDIN_STARTUP_DELAY`` 0, not the stand-in's half second) and stable after
+    ``stable_for`` (half a second: two polls or more at 0.2 s): no test here is about a slow
+    start or a flapping server, and every night, switch back and rollback would wait them out."""
     source = source or f"git: {{repo: \"{{{{ source_repo }}}}\", commit: {commit}}}"
     return f"""\
 name: test-nightly
@@ -83,13 +86,13 @@ server:
   command: "{python} -m sglang.launch_server --model-path {{{{ model }}}} --port {{{{ port }}}} --speculative-algorithm EAGLE"
   flags: {{"--speculative-disable-batch-threshold": "{{{{ threshold }}}}"}}
   workdir: "{{{{ builds_dir }}}}/current"
-  env: {{PYTHONPATH: "{{{{ builds_dir }}}}/current/python", PYTHONDONTWRITEBYTECODE: "1", STANDIN_CRASH_AT_START: "{{{{ crash }}}}", STANDIN_NEVER_READY: "{{{{ never_ready }}}}"{extra_server_env}}}
+  env: {{PYTHONPATH: "{{{{ builds_dir }}}}/current/python", PYTHONDONTWRITEBYTECODE: "1", STANDIN_CRASH_AT_START: "{{{{ crash }}}}", STANDIN_NEVER_READY: "{{{{ never_ready }}}}", STANDIN_STARTUP_DELAY: "0"{extra_server_env}}}
   {server_timeouts}
 health:
   base_url: "http://127.0.0.1:{{{{ port }}}}"
   timeout: {health_timeout}
   interval: 0.2s
-  stable_for: 1s
+  stable_for: {stable_for}
   confirm_timeout: 1s
   checks:
     - get: /health
@@ -448,14 +451,19 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
 
     Held from outside: a link slow enough (0.5 s each way) that the proxy is stalled
     while the arming's answer is on its way; the link comes back once orch's cancel
-    has been written into it."""
+    has been written into it. The link turns slow while the night's build is held at
+    its install (before that it has the fault suite's 20 ms): from there to the arming
+    every answer crosses the slow link."""
     box = nightbox.box
     nightbox.write_spec(keep_builds=3, probe=False)
     ok, data = nightbox.night()
     assert ok.returncode == 0, ok.stdout + ok.stderr
     good = data["hosts"]["gpu"]["build"]
     pid = box.server_pid()
-    proxy = TcpProxy(box.sshd.port, delay=0.5)
+    held, go = box.root / "installing", box.root / "go"
+    nightbox.write_spec(keep_builds=3, probe=False,
+                        install=f"sh -c 'touch {held}; while [ ! -e {go} ]; do sleep 0.05; done'")
+    proxy = TcpProxy(box.sshd.port, delay=0.02)
     try:
         known = box.root / "known_hosts_proxy"
         known.write_text(f"[127.0.0.1]:{proxy.port} {box.sshd.host_key_pub}\n")
@@ -463,6 +471,10 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
             "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
             "builds_root": str(nightbox.builds)})
         proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json")
+        wait_until(held.exists, "the night's install, held", 240)
+        assert box.journal().get("step") == "building"  # nothing armed yet
+        proxy.set_delay(0.5)
+        go.write_text("")
         wait_until(lambda: box.journal().get("step") == "armed", "the night armed on the host", 240)
         proxy.stall()
         night = box.journal()["release"]
@@ -474,6 +486,7 @@ def test_ctrl_c_while_a_night_arms_closes_it_at_once(nightbox: NightBox) -> None
         proc.send_signal(signal.SIGINT)
         wait_until(lambda: proxy.client_bytes() > sent, "orch's cancel, written into the held link")
         proxy.unstall()
+        proxy.set_delay(0.02)  # the route is back, as fast as before the fault
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 1, out + err
         rep = json.loads(out)["hosts"]["gpu"]
@@ -516,6 +529,10 @@ def test_the_runner_switches_a_night_back_when_the_controller_dies(nightbox: Nig
         good = rep["hosts"]["gpu"]["build"]
         good_argv, _ = server_build(box, nightbox.builds)
 
+        # the night that never gets healthy: its timeout only needs to outlast the test's
+        # sight of the new server held unhealthy and the kill (a few polls), not 20 s
+        nightbox.write_spec(health_timeout="8s", server_timeouts="stop_timeout: 5s\n  free_timeout: 5s",
+                            probe=False)
         proc = box.start_orch("nightly", str(nightbox.spec), "--host", "gpu", "--json", "--var", "never_ready=1")
 
         def switched_and_held() -> bool:

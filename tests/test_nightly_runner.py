@@ -49,7 +49,10 @@ def held(nightbox: NightBox) -> Iterator[Held]:  # noqa: F811 - the fixture abov
         box.write_inventory(port=proxy.port, known_hosts=str(known), vars={
             "model": "/models/standin", "port": box.port, "source_repo": str(nightbox.src),
             "builds_root": str(nightbox.builds), "exit_after_ready": "0"})
-        nightbox.write_spec(extra_server_env=HELD_ENV, server_timeouts="stop_timeout: 5s\n  free_timeout: 5s")
+        # a 1 s stability window: a server that exits 0.3 s after it was ready (a starved one
+        # may answer a little longer) is gone well inside it
+        nightbox.write_spec(extra_server_env=HELD_ENV, server_timeouts="stop_timeout: 5s\n  free_timeout: 5s",
+                            stable_for="1s")
         yield Held(**vars(nightbox), proxy=proxy)
     finally:
         proxy.close()
