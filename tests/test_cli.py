@@ -223,10 +223,10 @@ def test_status_and_check_exit_codes(sandbox: Sandbox) -> None:
     st = run(sandbox, "status", "--host", "gpu", "--json")
     assert st.returncode == 0, st.stdout + st.stderr
     assert as_json(st)["hosts"]["gpu"]["current"] is None
-    hist = run(sandbox, "history", "--host", "gpu")
+    hist = run(sandbox, "history", "--host", "gpu", "--json")  # the human line: on stderr under --json
     assert hist.returncode == 0
-    assert f"gpu: no releases: orch has never deployed to gpu (no {sandbox.state_dir})" in hist.stdout
-    assert as_json(run(sandbox, "history", "--host", "gpu", "--json"))["hosts"] == {"gpu": []}
+    assert f"gpu: no releases: orch has never deployed to gpu (no {sandbox.state_dir})" in hist.stderr
+    assert as_json(hist)["hosts"] == {"gpu": []}
     assert not sandbox.state_dir.exists()
 
     # --check exits 2 where a deploy would refuse: no server runs and no server.command
@@ -256,7 +256,7 @@ def test_status_and_check_exit_codes(sandbox: Sandbox) -> None:
     st = run(sandbox, "status", "--host", "gpu", "--json")
     assert st.returncode == 3, st.stdout + st.stderr
     assert "server not healthy" in as_json(st)["hosts"]["gpu"]["problems"]
-    assert "gpu status: server not healthy" in run(sandbox, "status", "--host", "gpu").stdout
+    assert "gpu status: server not healthy" in st.stderr  # the human lines, on stderr under --json
 
     journal = sandbox.state_dir / "journal.json"
     journal.write_text(json.dumps({"release": "20260101T000000000-dead", "step": "committed",
@@ -275,7 +275,7 @@ def test_status_and_check_exit_codes(sandbox: Sandbox) -> None:
     hist = run(sandbox, "history", "--host", "gpu", "--json")
     assert hist.returncode == 2
     assert as_json(hist)["failed"]["gpu"]["outcome"] == "unreachable"
-    assert "gpu: unreachable" in run(sandbox, "history", "--host", "gpu").stderr  # a host failure
+    assert "gpu: unreachable" in hist.stderr  # a host failure
 
 
 def test_rollback_to_an_unknown_release_is_exit_2_in_every_state(sandbox: Sandbox) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ server:
   env: {STANDIN_NEVER_READY: "1"}
 health:
   base_url: "http://127.0.0.1:{{ port }}"
-  timeout: 3s
+  timeout: 1s
   interval: 0.2s
   checks: [{get: /health}]
 """
@@ -120,7 +121,7 @@ def test_server_that_never_becomes_healthy_is_rolled_back_after_timeout(sandbox:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rep = report(proc)["hosts"]["gpu"]
     assert rep["outcome"] == "rolled_back"
-    assert "not healthy after 3" in rep["error"]
+    assert "not healthy after 1" in rep["error"]
     assert health_status(sandbox.port) == 200
     assert cmdline(sandbox.server_pid()) == hand_argv
 
@@ -193,7 +194,9 @@ def test_second_deploy_while_locked_fails_fast_naming_the_holder(sandbox: Sandbo
     import sys
 
     slow = sandbox.root / "slow.yaml"
-    slow.write_text(NEVER_HEALTHY.replace("timeout: 3s", "timeout: 20s"))
+    # the holder waits for a server that never turns healthy: it holds the lock until the
+    # test has seen the refusal and interrupts it (Ctrl-C: it rolls back and lets go)
+    slow.write_text(NEVER_HEALTHY.replace("timeout: 1s", "timeout: 5m"))
     env_cmd = [sys.executable, "-m", "orchestrator", "deploy", "--host", "gpu",
                "--ssh-config", str(sandbox.sshd.ssh_config), str(slow)]
     first = subprocess.Popen(env_cmd, cwd=sandbox.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -208,6 +211,7 @@ def test_second_deploy_while_locked_fails_fast_naming_the_holder(sandbox: Sandbo
         out = second.stdout + second.stderr
         assert "locked by" in out and f"pid {first.pid}" in out
     finally:
+        first.send_signal(signal.SIGINT)
         first.wait(120)
 
 
@@ -237,7 +241,6 @@ def test_controller_killed_at_health_is_in_progress_and_an_aborted_runner_restor
     sandbox.start_by_hand()
     original = sha256(sandbox.server_args)
     # A deploy whose controller dies (kill -9) mid-health-wait: the host's runner goes on alone.
-    import signal
     import subprocess
     import sys
 

@@ -72,6 +72,7 @@ health:
   base_url: "http://127.0.0.1:{{{{ port }}}}"
   timeout: 60s
   interval: 0.2s
+  stable_for: 1s
   checks:
     - get: /health
     - get: /get_server_info

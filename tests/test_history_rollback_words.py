@@ -12,7 +12,7 @@ import re
 from tests.fixtures.sandbox import REPO, Sandbox
 from tests.test_cli import as_json, run, run_in_pty
 
-PRUNED = "5 older records pruned (keep_releases 2)"
+PRUNED = "3 older records pruned (keep_releases 2)"
 
 
 def deployed(box: Sandbox, playbook: str) -> str:
@@ -36,26 +36,28 @@ def test_history_on_a_terminal_says_how_many_older_records_were_pruned(sandbox: 
     (sandbox.root / "playbooks" / "local-logging.yaml").write_text(shipped + "keep_releases: 2\n")
 
     first = deployed(sandbox, "local-logging")
-    history = as_json(run(sandbox, "history", "--host", "gpu", "--json"))
+    # one run for both: under --json the human output (the same lines) goes to stderr
+    listed = run(sandbox, "history", "--host", "gpu", "--json")
+    history = as_json(listed)
     assert history["pruned"] == {"gpu": 0}, history  # counted from the first deploy on: none yet
-    assert "pruned" not in run(sandbox, "history", "--host", "gpu").stdout  # none: nothing said
+    assert first in listed.stderr and "pruned" not in listed.stderr  # none: nothing said
 
-    # deploy, roll back, three more times: every release but the last is out of effect,
-    # so each deploy's keep_releases 2 prunes the oldest (d1; rb1, d2; rb2, d3: five in all)
+    # deploy, roll back, two more times: every release but the last is out of effect,
+    # so each deploy's keep_releases 2 prunes the oldest (d1; rb1, d2: three in all)
     last = first
-    for _ in range(3):
+    for _ in range(2):
         roll = run(sandbox, "rollback", "--host", "gpu")
         assert roll.returncode == 0, roll.stdout + roll.stderr
         last = deployed(sandbox, "local-logging")
 
-    text = run(sandbox, "history", "--host", "gpu")
+    text = run(sandbox, "history", "--host", "gpu", "--json")  # the human lines: on stderr
     assert text.returncode == 0, text.stderr
-    lines = text.stdout.splitlines()
-    assert lines[-1] == PRUNED, text.stdout  # after the list
-    assert len([line for line in lines if re.match(r"\d{8}T\d{9}-[0-9a-f]{4} ", line)]) == 2, text.stdout
+    lines = text.stderr.splitlines()
+    assert lines[-1] == PRUNED, text.stderr  # after the list
+    assert len([line for line in lines if re.match(r"\d{8}T\d{9}-[0-9a-f]{4} ", line)]) == 2, text.stderr
 
-    report = as_json(run(sandbox, "history", "--host", "gpu", "--json"))
-    assert report["pruned"] == {"gpu": 5}
+    report = as_json(text)
+    assert report["pruned"] == {"gpu": 3}
     assert [r["id"] for r in report["hosts"]["gpu"]][-1] == last and len(report["hosts"]["gpu"]) == 2
 
     code, screen = run_in_pty(sandbox, "history", "--host", "gpu", columns=80)
@@ -64,9 +66,9 @@ def test_history_on_a_terminal_says_how_many_older_records_were_pruned(sandbox: 
 
     # a state dir an older orch pruned has no count: unknown, so nothing is said
     (sandbox.state_dir / "pruned.json").unlink()
-    text = run(sandbox, "history", "--host", "gpu")
-    assert "pruned" not in text.stdout, text.stdout
-    assert as_json(run(sandbox, "history", "--host", "gpu", "--json"))["pruned"] == {"gpu": None}
+    text = run(sandbox, "history", "--host", "gpu", "--json")
+    assert last in text.stderr and "pruned" not in text.stderr, text.stderr
+    assert as_json(text)["pruned"] == {"gpu": None}
     # and the next prune does not start a count it cannot know (releases are missing from seq)
     run(sandbox, "rollback", "--host", "gpu")
     deployed(sandbox, "local-logging")

@@ -170,15 +170,18 @@ def test_no_secret_reaches_any_output_log_or_record(sandbox: Sandbox) -> None:
     assert health_status(sandbox.port) == 200  # the previous release's server is back
 
     current = json.loads(sandbox.orch("history", "--host", "gpu", "--json").stdout)["hosts"]["gpu"][0]["id"]
-    view = sandbox.orch("history", "--host", "gpu", "--release", current)
-    assert "HF_TOKEN = '***'" in view.stdout, view.stdout  # the release's own copy, read back masked
-    for args in (("history", "--host", "gpu"), ("history", "--host", "gpu", "--json"),
-                 ("history", "--host", "gpu", "--release", current),  # its files' sed -n view too
-                 ("history", "--host", "gpu", "--release", current, "--json"),
-                 ("status", "--host", "gpu", "-vv"), ("status", "--host", "gpu", "--json")):
+    # each read once with --json: the JSON report on stdout and the human output (the same
+    # lines as without --json) on stderr, both checked by assert_no_secret
+    view = sandbox.orch("history", "--host", "gpu", "--release", current, "--json")
+    assert "HF_TOKEN = '***'" in view.stderr, view.stderr  # the release's own copy, read back masked
+    assert view.returncode == 0, view.stdout + view.stderr
+    assert_no_secret(view, "history --release --json")  # its files' sed -n view too
+    for args in (("history", "--host", "gpu", "--json"), ("status", "--host", "gpu", "-vv", "--json")):
         proc = sandbox.orch(*args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert_no_secret(proc, " ".join(args))
+        if "-vv" in args:  # the protocol lines are there to be checked (on stderr under --json)
+            assert '> {"id":' in proc.stderr, proc.stderr
 
     # no playbook: the rules, and the secrets: names the releases recorded; restore.json's real values
     back = sandbox.orch("rollback", "-vv", "--host", "gpu")

@@ -108,18 +108,17 @@ def test_status_probe_row_unchanged_server_within_the_noise_exits_0_and_a_real_r
     release = host_of(deploy)["release"]
     original = widen_recorded_rounds(box, release)
 
-    # the same server, the record's noise far larger than any margin: inconclusive, exit 0
-    unchanged = box.orch("status", "--host", "gpu", "--probe")
+    # the same server, the record's noise far larger than any margin: inconclusive, exit 0.
+    # One probing run: under --json its human output (the same lines) goes to stderr
+    unchanged = box.orch("status", "--host", "gpu", "--probe", "--json")
     assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
-    status_line = next(line for line in unchanged.stdout.splitlines() if line.startswith("gpu status: "))
+    status_line = next(line for line in unchanged.stderr.splitlines() if line.startswith("gpu status: "))
     assert status_line.startswith("gpu status: inconclusive: margin ")
     assert "within noise " in status_line and f"(tokens_per_s.min_ratio on {LABEL})" in status_line
     assert status_line.endswith("after 1 re-probe(s)")  # gate.reprobes' default, then nothing decided
-    assert "regressed" not in unchanged.stdout
-    assert table_row(unchanged.stdout, "tokens_per_s")[-1] == "inconclusive"
-    as_json = box.orch("status", "--host", "gpu", "--probe", "--json")
-    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
-    gate = json.loads(as_json.stdout)["hosts"]["gpu"]["gate"]
+    assert "regressed" not in unchanged.stdout + unchanged.stderr
+    assert table_row(unchanged.stderr, "tokens_per_s")[-1] == "inconclusive"
+    gate = json.loads(unchanged.stdout)["hosts"]["gpu"]["gate"]
     assert gate["verdict"] == "inconclusive" and gate["reprobes"] == 1 and gate["inconclusive_as"] is None
     assert gate["failed"] == []
 
