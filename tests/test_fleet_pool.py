@@ -163,3 +163,41 @@ def test_a_host_still_unreachable_counts_as_failed_and_the_later_batches_never_s
     assert run.not_started == ["h2", "h3"]
     assert run.stopped == "batch 1 of 3 failed: every host of the batch failed (1 of 1)"
     assert not lost_after_commit(HostReport("h9", "unreachable", 2))  # before the commit: not followed again
+
+
+def test_a_second_ctrl_c_while_the_first_is_passed_on_reaches_the_worker_as_interrupted_twice() -> None:
+    """The first Ctrl-C's line is being printed (``interrupting``) when the second comes: the
+    second is not lost out of the pool (it would end the run as a bare "interrupted"), and the
+    worker is told both at once: ``InterruptedTwice``."""
+    import _thread
+    import time
+
+    from orchestrator.errors import InterruptedTwice
+
+    at_work = threading.Event()
+    told: list[type[BaseException]] = []
+
+    def work(t: HostTarget) -> HostReport:
+        at_work.set()
+        try:
+            while True:  # a host at work (Python runs here, as the line reader's loop does)
+                time.sleep(0.01)
+        except KeyboardInterrupt as e:
+            told.append(type(e))
+        return HostReport(t.name, "failed", 1, error="stopped")
+
+    def interrupting() -> None:
+        if not told and not said:
+            said.append("the first Ctrl-C's line")
+            raise KeyboardInterrupt  # the second Ctrl-C, landing while that line is printed
+
+    said: list[str] = []
+    pool = HostPool(targets(1), work, 1, hooks(interrupting=interrupting))
+    threading.Thread(target=lambda: at_work.wait(WAIT) and _thread.interrupt_main(), daemon=True).start()
+    try:
+        results = pool.run()
+    except KeyboardInterrupt:
+        raise AssertionError("a Ctrl-C escaped the pool") from None
+    assert said == ["the first Ctrl-C's line"]
+    assert told == [InterruptedTwice]
+    assert results["h1"].error == "stopped"

@@ -171,6 +171,7 @@ class HostPool(Generic[R]):
         self.results: dict[str, R] = {}
         self.failures: dict[str, BaseException] = {}
         self.interrupted = False
+        self.interrupts = 0  # Ctrl-C (and SIGTERM/SIGHUP) passed on to the workers so far
         self._taken: set[str] = set()
         self._at_work: dict[int, str] = {}  # thread id -> host
         self._lock = threading.Lock()
@@ -189,12 +190,18 @@ class HostPool(Generic[R]):
             w.start()
         # Not ``Thread.join``: a Ctrl-C that interrupts a join marks the thread as stopped
         # while it still runs (CPython 3.11, bpo-45274's fix releases its state lock).
+        # A Ctrl-C is passed on at the top of the loop, inside the ``try``: a second one that
+        # comes while the first is passed on (its line printed, the workers told) is caught too.
+        pending: type[KeyboardInterrupt] | None = None
         while True:
             try:
+                if pending is not None:
+                    kind, pending = pending, None
+                    self._interrupt(kind)
                 if self._all_done.wait(0.25):
                     break
             except KeyboardInterrupt as e:
-                self._interrupt(type(e))  # a Ctrl-C, or SIGTERM/SIGHUP (``errors.Terminated``)
+                pending = type(e)  # a Ctrl-C, or SIGTERM/SIGHUP (``errors.Terminated``)
         for w in workers:
             w.join()
         for t in self.targets:  # taken, but cut off before its work could say anything
@@ -205,7 +212,8 @@ class HostPool(Generic[R]):
         return self.results
 
     def _interrupt(self, kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
-        if not self.interrupted:
+        self.interrupts += 1  # first: a second one that cuts this call short is one more
+        if self.interrupts == 1:
             self.hooks.interrupting()
         elif kind is KeyboardInterrupt:
             kind = InterruptedTwice  # in its slot, it also stands for a first one not yet seen
