@@ -191,9 +191,20 @@ def test_a_second_ctrl_c_while_the_first_is_passed_on_reaches_the_worker_as_inte
             said.append("the first Ctrl-C's line")
             raise KeyboardInterrupt  # the second Ctrl-C, landing while that line is printed
 
+    class Waiting(threading.Event):
+        """The pool's "all done" event, which says when the main thread waits on it: the
+        first Ctrl-C comes then, not while the pool still starts its workers."""
+        waited = threading.Event()
+
+        def wait(self, timeout: float | None = None) -> bool:
+            Waiting.waited.set()
+            return super().wait(timeout)
+
     said: list[str] = []
     pool = HostPool(targets(1), work, 1, hooks(interrupting=interrupting))
-    threading.Thread(target=lambda: at_work.wait(WAIT) and _thread.interrupt_main(), daemon=True).start()
+    pool._all_done = Waiting()
+    threading.Thread(target=lambda: at_work.wait(WAIT) and Waiting.waited.wait(WAIT) and _thread.interrupt_main(),
+                     daemon=True).start()
     try:
         results = pool.run()
     except KeyboardInterrupt:
