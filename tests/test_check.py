@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import sha256
 from tests.fixtures.sglang_wheel import sglang_file
 from tests.fixtures.sshd import SshdServer, free_port
@@ -61,14 +62,8 @@ class Box:
         return sorted(os.listdir(self.target.parent))
 
     def orch(self, *args: str) -> tuple[int, str, dict]:
-        import subprocess
-
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "gpu",
-             "--ssh-config", str(self.sshd.ssh_config), *args],
-            cwd=self.tmp, capture_output=True, text=True, timeout=120,
-            env=dict(os.environ, COLUMNS="160", NO_COLOR="1"),
-        )
+        proc = run_orch(["deploy", "--check", "--json", "--host", "gpu", "--ssh-config", str(self.sshd.ssh_config),
+                         *args], cwd=self.tmp, timeout=120, env=dict(os.environ, COLUMNS="160", NO_COLOR="1"))
         report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
         return proc.returncode, proc.stderr, report
 
@@ -195,8 +190,6 @@ def test_unknown_host_key_is_refused_and_nothing_changes(box: Box) -> None:
 
 
 def test_check_over_the_local_transport(tmp_path: Path) -> None:
-    import subprocess
-
     root = tmp_path / "python" / "sglang"
     (root / "srt").mkdir(parents=True)
     target = root / "srt" / "server_args.py"
@@ -205,9 +198,8 @@ def test_check_over_the_local_transport(tmp_path: Path) -> None:
         "connection": "local", "state_dir": str(tmp_path / "state"), "python": sys.executable,
         "vars": {"sglang_root": str(root)}}}}))
     before = sha256(target)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host",
-                           "sandbox", files_only(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = run_orch(["deploy", "--check", "--json", "--host", "sandbox", files_only(tmp_path)], cwd=tmp_path,
+                    timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["hosts"]["sandbox"]["outcome"] == "planned"
     assert sha256(target) == before

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import Sandbox, health_status
 from tests.fixtures.sshd import free_port
 
@@ -61,12 +62,12 @@ def run(box: Sandbox | Path, *args: str, columns: int = 80, env: dict[str, str] 
         timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
     """``orch ARGS`` from the sandbox dir, stdout and stderr through pipes (not a terminal)."""
     cwd = box.root if isinstance(box, Sandbox) else box
-    full = [sys.executable, "-m", "orchestrator", *args]
+    full = list(args)
     if isinstance(box, Sandbox) and args and args[0] in HOST_COMMANDS:
         full += ["--ssh-config", str(box.sshd.ssh_config)]
     environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     environ.update(COLUMNS=str(columns), **(env or {}))
-    return subprocess.run(full, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+    return run_orch(full, cwd=cwd, env=environ, timeout=timeout)
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:

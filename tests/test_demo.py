@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.fixtures.forkrun import run_orch
+
 
 def standin_processes() -> set[int]:
     found = set()
@@ -34,8 +36,7 @@ def standin_processes() -> set[int]:
 
 def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     # the demo's sandbox under tmp_path (TMPDIR): its servers are told from other runs' by path
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180,
+    proc = run_orch(["demo"], cwd=tmp_path, timeout=180,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -72,8 +73,7 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env["COLUMNS"] = "80"
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "--keep"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = run_orch(["demo", "--keep"], cwd=tmp_path, timeout=180, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     # the demo's words agree with themselves: the misspelt flag had no file to restore and
@@ -86,8 +86,7 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
         port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))
 
         def orch(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=kept,
-                                  capture_output=True, text=True, timeout=180, env=env)
+            return run_orch([*args], cwd=kept, timeout=180, env=env)
 
         started = subprocess.run(["./start-server.sh"], cwd=kept, capture_output=True, text=True,
                                  timeout=30)
@@ -149,8 +148,7 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
     import urllib.request
 
     env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "--keep"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = run_orch(["demo", "--keep"], cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     kept = Path(re.search(r"sandbox kept in (\S+) ", proc.stdout + proc.stderr).group(1))
     port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))

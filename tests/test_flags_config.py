@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from orchestrator.core.templating import Renderer
 from orchestrator.errors import ConfigError, TemplateError
 from orchestrator.pipeline.session import HostSession
 from orchestrator.standin import make_tree
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import Sandbox
 from tests.fixtures.sshd import SshdServer, free_port
 
@@ -242,12 +242,9 @@ def test_check_takes_sglang_root_from_the_running_servers_facts(tmp_path: Path, 
     try:
         box.start_by_hand()
         for playbook, needle in ((book, "speculative_disable_batch_threshold: A["), (extra, "+HERE = 1")):
-            proc = subprocess.run(
-                [sys.executable, "-m", "orchestrator", "deploy", "--check", "--diff", "--json", "--host", "gpu",
-                 "--ssh-config", str(sshd.ssh_config), str(playbook)],
-                cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                env=dict(os.environ, COLUMNS="200", NO_COLOR="1"),
-            )
+            proc = run_orch(["deploy", "--check", "--diff", "--json", "--host", "gpu",
+                 "--ssh-config", str(sshd.ssh_config), str(playbook)], cwd=tmp_path, timeout=240,
+                env=dict(os.environ, COLUMNS="200", NO_COLOR="1"))
             assert proc.returncode == 0, proc.stderr
             host = json.loads(proc.stdout)["hosts"]["gpu"]
             assert host["outcome"] == "planned"
@@ -260,12 +257,9 @@ def test_check_takes_sglang_root_from_the_running_servers_facts(tmp_path: Path, 
 def test_an_undefined_root_says_no_package_was_found_to_default_it(tmp_path: Path) -> None:
     (tmp_path / "inventory.yaml").write_text(json.dumps({"hosts": {"sandbox": {
         "connection": "local", "state_dir": str(tmp_path / "state"), "python": sys.executable}}}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "sandbox",
+    proc = run_orch(["deploy", "--check", "--json", "--host", "sandbox",
          "--var", f"port={free_port()}",  # nothing listens there: no server's facts either
-         str(REPO / "playbooks" / "speculative-disable.yaml")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
+         str(REPO / "playbooks" / "speculative-disable.yaml")], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
     error = json.loads(proc.stdout)["hosts"]["sandbox"]["error"]
     assert "files[0].path: 'sglang_root' is undefined (set it, or install sglang for" in error

@@ -7,8 +7,6 @@ re-probe decision, the table, the budget — no host.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.host.records import Manifest
 from orchestrator.pipeline.gate import GateRun, gate_from_spec_record, recorded_results
 from orchestrator.shell.ops import BatchResults
+from tests.fixtures.forkrun import run_orch
 
 HEAD = """\
 name: gated
@@ -130,8 +129,7 @@ def test_a_bad_gate_is_refused_by_the_cli_with_exit_2_and_nothing_touched(tmp_pa
     (tmp_path / "inventory.yaml").write_text(json.dumps(
         {"hosts": {"box": {"connection": "local", "state_dir": str(state), "vars": {"sglang_root": "/x"}}}}))
     (tmp_path / "bad.yaml").write_text(HEAD + BAD_GATES[1][0])
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "deploy", "--host", "box", "--json", "bad.yaml"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = run_orch(["deploy", "--host", "box", "--json", "bad.yaml"], cwd=tmp_path, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["error"].endswith(
         "bad.yaml:11: gate.rules.tokens_per_s.min_ratio: must be > 0.0 (got: 0)")

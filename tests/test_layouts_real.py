@@ -47,6 +47,7 @@ from orchestrator.errors import AnchorError, EditError
 from orchestrator.host import facts
 from orchestrator.shell.config_files import load_playbook, make_renderer
 from tests.fixtures.flag_probe import TolerantParser, load_tolerant, parse
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.registry import sglang_tree, vllm_file
 from tests.fixtures.sandbox import listening_pid
 from tests.fixtures.sshd import SshdServer, free_port
@@ -463,12 +464,9 @@ def check_over_ssh(tmp: Path, sshd: SshdServer, release: Release) -> tuple[int, 
         deadline = time.time() + 30
         while listening_pid(port) is None and time.time() < deadline:
             time.sleep(0.05)
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "deploy", "--check", "--json", "--host", "gpu",
-             "--ssh-config", str(sshd.ssh_config), str(REPO / "playbooks" / book)],
-            cwd=tmp, capture_output=True, text=True, timeout=300,
-            env=dict(os.environ, COLUMNS="200", NO_COLOR="1"),
-        )
+        proc = run_orch(["deploy", "--check", "--json", "--host", "gpu",
+             "--ssh-config", str(sshd.ssh_config), str(REPO / "playbooks" / book)], cwd=tmp, timeout=300,
+            env=dict(os.environ, COLUMNS="200", NO_COLOR="1"))
     finally:
         server.terminate()
         server.wait(10)

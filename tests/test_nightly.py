@@ -26,6 +26,7 @@ import pytest
 
 from orchestrator.core.nightly import NightManifest
 from orchestrator.standin import make_tree
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.proxy import TcpProxy
 from tests.fixtures.sandbox import (
     REPO,
@@ -718,8 +719,7 @@ def demo_servers(where: Path | None = None) -> set[int]:
 
 def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) -> None:
     before = demo_servers(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--json"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
+    proc = run_orch(["demo", "nightly", "--json"], cwd=tmp_path, timeout=300,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)

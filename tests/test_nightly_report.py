@@ -23,6 +23,7 @@ from xml.etree import ElementTree
 import pytest
 
 from orchestrator.pipeline.nightly_report import CHART_MISSING, rewrite_page
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import wait_until
 from tests.test_nightly import NightBox, demo_servers, nightbox  # noqa: F401 - the fixture, shared
 
@@ -249,8 +250,7 @@ def kept_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     """One kept ``orch demo nightly`` for this file's tests (each leaves it as its next steps say)."""
     tmp_path = tmp_path_factory.mktemp("nightly-demo")
     before = demo_servers(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--keep", "--json"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    proc = run_orch(["demo", "nightly", "--keep", "--json"], cwd=tmp_path, timeout=600,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     sandbox = Path(json.loads(proc.stdout)["sandbox"]) if proc.stdout.strip() else None
     try:
@@ -309,8 +309,7 @@ def test_rollback_to_row_an_ambiguous_night_suffix_is_refused_and_the_page_is_le
     env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
 
     def orch(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=sandbox, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return run_orch([*args], cwd=sandbox, env=env, timeout=300)
 
     rows = json.loads(orch("history", "--host", "sandbox", "--json").stdout)["hosts"]["sandbox"]
     by_suffix: dict[str, list[str]] = {}
@@ -329,8 +328,7 @@ def test_rollback_to_row_an_ambiguous_night_suffix_is_refused_and_the_page_is_le
 
 
 def test_demo_nightly_without_keep_names_no_file_it_deletes(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "nightly", "--json"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600,
+    proc = run_orch(["demo", "nightly", "--json"], cwd=tmp_path, timeout=600,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr

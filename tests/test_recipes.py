@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import Sandbox, cmdline, get_json, health_status, sha256, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,15 +103,13 @@ def test_systemd_and_docker_recipes_pass_lint(tmp_path: Path, name: str) -> None
     playbook.write_text(recipe(name))
     (tmp_path / "inventory.yaml").write_text(
         "hosts:\n  gpu: {address: 127.0.0.1, vars: {sglang_root: /opt/sglang/python/sglang}}\n")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "lint", str(playbook)], cwd=tmp_path,
-                          capture_output=True, text=True)
+    proc = run_orch(["lint", str(playbook)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 playbook" in proc.stdout + proc.stderr
 
     # and lint would catch a broken one: an undefined variable in a server command
     broken = tmp_path / "broken.yaml"
     broken.write_text(recipe(name).replace("{{ port }}", "{{ prot }}", 1))
-    bad = subprocess.run([sys.executable, "-m", "orchestrator", "lint", str(broken)], cwd=tmp_path,
-                         capture_output=True, text=True)
+    bad = run_orch(["lint", str(broken)], cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "prot" in bad.stdout + bad.stderr

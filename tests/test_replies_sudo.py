@@ -15,12 +15,12 @@ import os
 import pwd
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import SHIPPED_SPEC
 from tests.fixtures.sshd import SshdServer, public_part, running_sshd
 
@@ -68,9 +68,8 @@ def test_sudo_asking_for_a_password_is_that_hosts_refusal(user_sshd: SshdServer,
     (tmp_path / "play.yaml").write_text(SHIPPED_SPEC)
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
 
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "deploy", "--host", "gpu", "--json", "play.yaml",
-                           "--ssh-config", str(server.ssh_config)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_orch(["deploy", "--host", "gpu", "--json", "play.yaml",
+                           "--ssh-config", str(server.ssh_config)], cwd=tmp_path, env=env, timeout=240)
 
     assert proc.returncode == 2, proc.stdout + proc.stderr
     host = json.loads(proc.stdout)["hosts"]["gpu"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from orchestrator.core.yamlsrc import MAX_DEPTH, load_yaml
 from orchestrator.errors import ConfigError
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import SHIPPED_SPEC
 
 DEEP = 100_000
@@ -25,8 +25,7 @@ DEEP = 100_000
 
 def orch(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return run_orch([*args], cwd=cwd, env=env, timeout=240)
 
 
 def report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:

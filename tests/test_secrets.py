@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator.core.safetext import printable
 from orchestrator.core.secrets import MASK, Masker
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import Sandbox, cmdline, health_status
 
 # ------------------------------------------------------------------ the rules
@@ -65,12 +66,10 @@ def test_values_found_by_the_rules_are_masked_wherever_they_appear_later() -> No
 
 
 def test_a_value_pasted_into_secrets_is_refused_without_being_quoted(tmp_path: Path) -> None:
-    import sys
 
     pb = tmp_path / "pb.yaml"
     pb.write_text("name: x\nsecrets: [hf_token, 'sk-live 0123']\n")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "lint", str(pb)], cwd=tmp_path,
-                          capture_output=True, text=True)
+    proc = run_orch(["lint", str(pb)], cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "pb.yaml:2: secrets[1]: expected the name of a var" in proc.stdout + proc.stderr
     assert "sk-live 0123" not in proc.stdout + proc.stderr

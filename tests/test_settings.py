@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from orchestrator.core.releases import resolve_release
 from orchestrator.core.settings import ConfigFile, resolve_settings
 from orchestrator.errors import ConfigError
 from orchestrator.host.records import Manifest
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sshd import free_port
 
 INVENTORY = """\
@@ -45,8 +45,7 @@ def orch(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith("ORCH_") and k not in ("NO_COLOR", "FORCE_COLOR")}
     environ.update(XDG_CONFIG_HOME=str(cwd / "xdg"), COLUMNS="80", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=120)
+    return run_orch([*args], cwd=cwd, env=environ, timeout=120)
 
 
 def config_json(cwd: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:

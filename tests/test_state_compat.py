@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sandbox import (
     SHIPPED_SPEC,
     cmdline,
@@ -99,8 +100,8 @@ class OldHost:
     def orch(self, *args: str, code: int) -> subprocess.CompletedProcess[str]:
         """This checkout's real CLI, from the test's directory, as a user runs it."""
         env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-        cmd = [sys.executable, "-m", "orchestrator", *args, "--ssh-config", str(self.sshd.ssh_config)]
-        proc = subprocess.run(cmd, cwd=self.root.parent, env=env, capture_output=True, text=True, timeout=300)
+        proc = run_orch([*args, "--ssh-config", str(self.sshd.ssh_config)], cwd=self.root.parent, env=env,
+                        timeout=300)
         assert proc.returncode == code, f"exit {proc.returncode}, want {code}\n{proc.stdout}\n{proc.stderr}"
         return proc
 

@@ -27,6 +27,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from tests.fixtures.forkrun import run_orch
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -40,8 +42,7 @@ class Kept:
 
     def orch(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """The real CLI in a subprocess on a pipe at 80 columns, from the sandbox's directory."""
-        return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=self.root,
-                              capture_output=True, text=True, timeout=180,
+        return run_orch([*args], cwd=self.root, timeout=180,
                               env=dict(os.environ, COLUMNS="80", NO_COLOR="1", **(env or {})))
 
     def rows(self) -> list[dict[str, Any]]:
@@ -57,8 +58,7 @@ class Kept:
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kept]:
     where = tmp_path_factory.mktemp("demo-keep")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo", "--keep", "--json"], cwd=where,
-                          capture_output=True, text=True, timeout=600,
+    proc = run_orch(["demo", "--keep", "--json"], cwd=where, timeout=600,
                           env=dict(os.environ, COLUMNS="80", NO_COLOR="1", TMPDIR=str(where)))
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     root = Path(report["sandbox"]) if report.get("sandbox") else None
@@ -233,8 +233,7 @@ def test_list_hosts_item3_every_command_that_takes_host_prints_the_batches_and_c
     env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), COLUMNS="80", NO_COLOR="1")
 
     def orch(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator", command, *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return run_orch([command, *args], cwd=tmp_path, env=env, timeout=120)
 
     serial = ["--serial", "1"] if command == "deploy" else []  # only a deploy goes in batches
     done = orch("--host", "all", "--limit", "!gpu2", *serial, "--list-hosts", "--json")
@@ -261,8 +260,7 @@ def test_quiet_row_keeps_the_outcome_line_plus_warnings_and_errors(tmp_path: Pat
     env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), COLUMNS="80", NO_COLOR="1")
 
     def quiet(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator", *args, "-q"], cwd=home, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return run_orch([*args, "-q"], cwd=home, env=env, timeout=120)
 
     warning = f"orch: warning: ignoring ./orch.yaml: its directory {home} is world-writable"
     history = quiet("history", "--host", "box")
