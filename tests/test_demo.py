@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -178,9 +177,9 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
     rollbacks = 0
     try:
         for argv, comment in steps:
-            command = [sys.executable, "-m", "orchestrator", *argv[1:]] if argv[0] == "orch" else argv
             before = {"pid": listening(), "applied": applied()}
-            run = subprocess.run(command, cwd=kept, capture_output=True, text=True, timeout=300, env=env)
+            run = (run_orch(argv[1:], cwd=kept, timeout=300, env=env) if argv[0] == "orch" else
+                   subprocess.run(argv, cwd=kept, capture_output=True, text=True, timeout=300, env=env))
             out = run.stdout + run.stderr
             said = [int(code) for code in re.findall(r"exit (\d)", comment)]  # the first, or another it names
             if argv[0] == "orch":

@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -279,8 +278,8 @@ def test_demo_nightly_keep_next_steps_work_in_order(kept_demo: tuple[Path, subpr
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
     outputs = []
     for argv, code in steps:
-        cmd = [sys.executable, "-m", "orchestrator", *argv[1:]] if argv[0] == "orch" else argv
-        done = subprocess.run(cmd, cwd=sandbox, env=env, capture_output=True, text=True, timeout=600)
+        done = (run_orch(argv[1:], cwd=sandbox, env=env, timeout=600) if argv[0] == "orch" else
+                subprocess.run(argv, cwd=sandbox, env=env, capture_output=True, text=True, timeout=600))
         assert done.returncode == code, (argv, done.stdout + done.stderr)
         outputs.append(done.stdout + done.stderr)
     fifth = re.search(r"changed release (\S+)", outputs[1])
