@@ -6,6 +6,7 @@ the order of events itself: nothing depends on timing.
 
 from __future__ import annotations
 
+import sys
 import threading
 from fractions import Fraction
 
@@ -18,6 +19,7 @@ from orchestrator.pipeline.fleet import (
     HostPool,
     follow_lost,
     lost_after_commit,
+    raise_in_thread,
     run_fleet,
     undone_report,
 )
@@ -212,3 +214,42 @@ def test_a_second_ctrl_c_while_the_first_is_passed_on_reaches_the_worker_as_inte
     assert said == ["the first Ctrl-C's line"]
     assert told == [InterruptedTwice]
     assert results["h1"].error == "stopped"
+
+
+def test_a_ctrl_c_handed_to_a_worker_while_it_starts_a_thread_reaches_the_worker_alone() -> None:
+    """A worker that opens a link starts its reader threads; a Ctrl-C handed to it then must
+    not reach the thread it is starting (Python up to 3.11 gives that thread the worker's id
+    until it runs): that thread died in its start-up and the worker waited for it for ever
+    (``orch status`` hung on a Ctrl-C). Each round's worker starts threads until the Ctrl-C
+    lands in it; it must end, and no thread it started may have died in its start-up."""
+    unraisable: list[object] = []
+    ran: list[int] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        for _ in range(60):
+            started: list[threading.Thread] = []
+            reached = threading.Event()
+
+            def worker(started: list[threading.Thread] = started, reached: threading.Event = reached) -> None:
+                try:
+                    while True:
+                        t = threading.Thread(target=ran.append, args=(1,))
+                        t.start()
+                        started.append(t)
+                        reached.set()
+                except KeyboardInterrupt:
+                    pass
+
+            w = threading.Thread(target=worker)
+            w.start()
+            assert reached.wait(30)
+            assert w.ident is not None
+            raise_in_thread(w.ident, KeyboardInterrupt)
+            w.join(60)
+            assert not w.is_alive(), "the worker hung starting a thread: the Ctrl-C reached that thread"
+            for t in started:
+                t.join(60)
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == [], unraisable  # no thread died in its start-up
+    assert len(ran) >= 60

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -278,8 +279,26 @@ class HostPool(Generic[R]):
 
 
 def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
-    """Make ``exc`` happen in thread ``ident`` at its next Python instruction."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+    """Make ``exc`` happen in thread ``ident`` at its next Python instruction, and there only.
+
+    Up to Python 3.11 a thread being started carries the id of the thread that starts it
+    until it runs, and the call reaches the newest thread of that id: a Ctrl-C handed to a
+    worker in that instant (its link opening its reader threads) reached the new thread
+    instead, which died in its start-up while the worker waited for it to start, for ever
+    (``orch status`` hung on a Ctrl-C). So it waits until no thread is being started:
+    ``threading`` keeps such threads in ``_limbo``, under the lock this holds while it raises,
+    until each runs under its own id."""
+    limbo = getattr(threading, "_limbo", None)
+    lock = getattr(threading, "_active_limbo_lock", None)
+    if limbo is None or lock is None:  # a Python without them: nothing to wait for
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+        return
+    while True:
+        with lock:
+            if not limbo:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+                return
+        time.sleep(0.001)
 
 
 def undo_changed(
