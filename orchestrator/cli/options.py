@@ -199,8 +199,8 @@ def host_options(fn: F | None = None, *, required: bool = True) -> Any:
         fn = click.option("--link-timeout", "link_timeout", default=None, metavar="SECONDS",
                           type=click.FloatRange(min=LINK_TIMEOUT_FLOOR, max=float("inf"), max_open=True),
                           help="How long a connected host's link may stay silent before it is taken "
-                               f"for lost ({LINK_TIMEOUT_FLOOR:g} or more; the host's helper keeps the "
-                               "same limit); else ORCH_LINK_TIMEOUT, else the config file, else 30.")(fn)
+                               "for lost (the host's helper keeps the same limit); else "
+                               "ORCH_LINK_TIMEOUT, else the config file, else 30.")(fn)
         fn = click.option("--forks", default=None, type=click.IntRange(min=1), metavar="N",
                           help="How many hosts at once (each with its own connection); "
                                "else ORCH_FORKS, else the config file, else 10.")(fn)
