@@ -204,9 +204,11 @@ def test_a_runner_that_dies_mid_restore_is_backed_up_by_its_guard_at_once(link: 
     assert rows[-1]["outcome"] == "rolled back (guard)"
 
 def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
-    """Defect 6: a silent link is noticed once; no later request (the lock's release) waits on it."""
+    """Defect 6: a silent link is noticed once; no later request (the lock's release) waits on it.
+    The link's silence limit is set short (``ORCH_LINK_TIMEOUT``): the same fault, a fifth of the wait."""
     box = link.box
     box.start_by_hand()
+    box.extra_env["ORCH_LINK_TIMEOUT"] = "6"
     proc = box.start_orch("deploy", "--host", "gpu", "--json", "--connect-timeout", "2",
                           str(story(box, env={"STANDIN_NEVER_READY": "1"}, timeout="5m")))
     wait_until(lambda: box.journal().get("step") == "restarting", "the restart")
@@ -214,6 +216,7 @@ def test_a_stalled_link_is_reported_and_nothing_waits_on_it(link: Link) -> None:
     code, rep, text = finish(proc)
     assert code == 3, text
     assert rep["outcome"] == "unreachable" and "no data from" in rep["error"]
+    assert re.search(r"no data from [^;]*? for 6 s", rep["error"]), rep["error"]  # the limit set, not 30 s
     # the reconnects' handshakes stalled too: said in orch's one line, never paramiko's traceback
     assert "Traceback" not in text and "Exception (client)" not in text, text
     # open_state, plan, stage+validate, backup+arm, the commit followed by the runner's events:

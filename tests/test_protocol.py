@@ -219,6 +219,38 @@ def test_replies_read_what_an_older_helper_left_out_and_ignore_what_a_newer_one_
         r.HealthReply.from_wire({"elapsed": 1.0})
 
 
+def test_hello_carries_the_link_timeout_and_the_helper_keeps_it() -> None:
+    """``hello``'s ``link_timeout`` across the wire and back; an older controller's hello (none)
+    means the old constant, 30 s, on both ends; the helper's session keeps the limit sent, and
+    ticks well within it; under the floor it is refused in one line."""
+    import io
+    import json
+
+    from orchestrator.host import dispatch, wire
+    from orchestrator.host.session import Session
+    from orchestrator.host.wire import AgentError
+    from orchestrator.shell import agent_client
+
+    hello = p.Hello(link_timeout=6.5)
+    line = json.loads(json.dumps(dict(hello.to_wire(), id=3), separators=(",", ":")))
+    assert line == {"id": 3, "op": "hello", "args": {"link_timeout": 6.5}}
+    assert p.parse_request(line) == hello and p.Hello.from_wire(line).link_timeout == 6.5
+    older = p.Hello.from_wire({"id": 1, "op": "hello", "args": {}})
+    assert older.link_timeout == wire.SILENCE_SECONDS == agent_client.LINK_TIMEOUT == 30.0
+
+    session = Session(io.BytesIO())
+    assert (session.silence_seconds, session.tick_seconds) == (30.0, wire.TICK_SECONDS)
+    assert dispatch.op_hello(session, **hello.arguments())["protocol"] == wire.PROTOCOL
+    assert session.silence_seconds == 6.5 and session.tick_seconds == pytest.approx(6.5 / 3)
+    assert session.heard_seconds == 6.5
+    dispatch.op_hello(session, **older.arguments())
+    assert (session.silence_seconds, session.tick_seconds, session.heard_seconds) == (30.0, 5.0, 12.0)
+    for bad in (2.9, 0, -1, float("nan"), "6", True):
+        with pytest.raises(AgentError, match="^hello: link_timeout must be 3 s or more, got "):
+            dispatch.op_hello(session, link_timeout=bad)
+    assert session.silence_seconds == 30.0  # a refused hello changes nothing
+
+
 def test_the_controllers_shapes_read_exactly_the_reply_types_fields() -> None:
     def names(kind: type) -> set[str]:
         return {f.name for f in dataclasses.fields(kind)}

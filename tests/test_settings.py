@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from orchestrator.cli import options
 from orchestrator.core.releases import resolve_release
-from orchestrator.core.settings import ConfigFile, resolve_settings
+from orchestrator.core.settings import ConfigFile, Setting, parse_config_file, resolve_settings
 from orchestrator.errors import ConfigError
+from orchestrator.host import wire
 from orchestrator.host.records import Manifest
 from tests.fixtures.forkrun import run_orch
 from tests.fixtures.sshd import free_port
@@ -124,6 +126,39 @@ def test_resolve_settings_is_pure_and_keeps_sources() -> None:
     assert (got.forks.value, got.forks.source) == (2, "--forks")
     got = resolve_settings({}, {}, ConfigFile(inventory="~/inv.yaml"), "/etc/x/orch.yaml")
     assert got.inventory.value == os.path.expanduser("~/inv.yaml")
+
+
+def test_link_timeout_resolves_like_the_other_settings_and_refuses_too_short_a_limit(home: Path) -> None:
+    """``link_timeout``: --link-timeout > ORCH_LINK_TIMEOUT > the config file > 30 s; under the
+    floor (3 s: pings and ticks come at a third of it), or not a number, it is one line naming
+    where it came from, exit 2."""
+    file = ConfigFile(link_timeout=12)
+    assert resolve_settings({}, {}, None, None).link_timeout == Setting(30.0, "default")
+    assert resolve_settings({}, {}, file, "/etc/x/orch.yaml").link_timeout == Setting(12.0, "/etc/x/orch.yaml: link_timeout")
+    env = {"ORCH_LINK_TIMEOUT": "6"}
+    assert resolve_settings({}, env, file, "/etc/x/orch.yaml").link_timeout == Setting(6.0, "ORCH_LINK_TIMEOUT")
+    flags = {"link_timeout": 9.5}
+    assert resolve_settings(flags, env, file, "/etc/x/orch.yaml").link_timeout == Setting(9.5, "--link-timeout")
+    for text in ("2.9", "0", "-6", "six", "nan", "inf", ""):
+        if not text:  # empty: not set, as for every ORCH_ variable
+            assert resolve_settings({}, {"ORCH_LINK_TIMEOUT": text}, None, None).link_timeout.source == "default"
+            continue
+        with pytest.raises(ConfigError, match="^ORCH_LINK_TIMEOUT: ORCH_LINK_TIMEOUT=.*: expected seconds, 3 or more$"):
+            resolve_settings({}, {"ORCH_LINK_TIMEOUT": text}, None, None)
+    with pytest.raises(ConfigError, match=r"^orch\.yaml:2: link_timeout: must be >= 3"):
+        parse_config_file("forks: 2\nlink_timeout: 1\n", "orch.yaml")
+    assert options.LINK_TIMEOUT_FLOOR == wire.LINK_TIMEOUT_FLOOR == 3.0  # the flag's range is the helper's floor
+
+    got = config_json(home, env={"ORCH_LINK_TIMEOUT": "6"})["settings"]["link_timeout"]
+    assert got == {"value": 6.0, "source": "ORCH_LINK_TIMEOUT"}
+    (home / "orch.yaml").write_text("link_timeout: 2\n")
+    proc = orch(home, "config")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "orch.yaml:1" in proc.stderr and "link_timeout" in proc.stderr
+    (home / "orch.yaml").unlink()
+    proc = orch(home, "status", "--host", "gpu1", "--link-timeout", "1")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "'--link-timeout'" in proc.stderr
 
 
 def test_orch_inventory_and_the_config_file_pick_the_inventory_of_every_host_command(home: Path) -> None:

@@ -5,7 +5,7 @@ the same words with the same meaning:
 
 - ``output_options``: ``--json``, ``-v``/``-vv``, ``-q``, ``--color/--no-color``;
 - ``host_options``: ``--host``, ``--limit``, ``-i``, ``--var``, ``--ssh-config``,
-  ``--accept-new-host-key``, ``--forks``, ``--connect-timeout``;
+  ``--accept-new-host-key``, ``--forks``, ``--connect-timeout``, ``--link-timeout``;
 - ``batch_options`` (deploy): ``--serial``, ``--max-fail-percent``,
   ``--rollback-all-on-failure``.
 
@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from orchestrator.shell.config_files import FoundConfig
 
 F = Callable[..., Any]
+
+LINK_TIMEOUT_FLOOR = 3.0
+"""``host.wire.LINK_TIMEOUT_FLOOR``, the shortest link timeout, written out: only Click is
+imported here (``tests/test_settings.py`` holds the two equal)."""
 
 HOST_HELP = (
     "An inventory host, a group, `all`, an IP address, a Host of the ssh config, or an "
@@ -123,6 +127,7 @@ class HostFlags:
     limit: str | None = None
     forks: int = 10
     connect_timeout: float = 10.0
+    link_timeout: float = 30.0  # in effect: --link-timeout, else ORCH_LINK_TIMEOUT, else the config file
     list_hosts: bool = False
 
     def targets(self) -> list[HostTarget]:
@@ -164,7 +169,8 @@ class HostFlags:
 
         return ConnectOptions(accept_new_host_key=self.accept_new_host_key,
                               ssh_config_path=self.ssh_config, break_lock=break_lock,
-                              connect_timeout=self.connect_timeout, masker=output.masker, words=line)
+                              connect_timeout=self.connect_timeout, link_timeout=self.link_timeout,
+                              masker=output.masker, words=line)
 
     def fleet(self, batches: BatchFlags | None = None) -> FleetPlan:
         """How many hosts at once, and (deploy) in which batches."""
@@ -190,6 +196,11 @@ def host_options(fn: F | None = None, *, required: bool = True) -> Any:
         fn = click.option("--connect-timeout", "connect_timeout", default=10.0, show_default=True,
                           type=click.FloatRange(min=0.1), metavar="SECONDS",
                           help="How long to wait for a host's SSH connection before it is unreachable.")(fn)
+        fn = click.option("--link-timeout", "link_timeout", default=None, metavar="SECONDS",
+                          type=click.FloatRange(min=LINK_TIMEOUT_FLOOR, max=float("inf"), max_open=True),
+                          help="How long a connected host's link may stay silent before it is taken "
+                               "for lost (the host's helper keeps the same limit); else "
+                               "ORCH_LINK_TIMEOUT, else the config file, else 30.")(fn)
         fn = click.option("--forks", default=None, type=click.IntRange(min=1), metavar="N",
                           help="How many hosts at once (each with its own connection); "
                                "else ORCH_FORKS, else the config file, else 10.")(fn)
@@ -214,17 +225,18 @@ def host_options(fn: F | None = None, *, required: bool = True) -> Any:
         fn = click.option("--host", "hosts", multiple=True, required=required, metavar="H",
                           shell_complete=complete_hosts, help=HOST_HELP)(fn)
         return _collect(fn, ("hosts", "inventory", "cli_vars", "ssh_config", "accept_new_host_key", "limit",
-                             "forks", "connect_timeout", "list_hosts"), "where", _host_flags)
+                             "forks", "connect_timeout", "link_timeout", "list_hosts"), "where", _host_flags)
 
     return decorate(fn) if fn is not None else decorate
 
 
 def _host_flags(*, inventory: str | None, ssh_config: str | None, forks: int | None,
-                **given: Any) -> HostFlags:
-    """``HostFlags`` with the inventory, ssh_config and forks in effect (flag > env > file)."""
-    settings = settings_in_effect({"inventory": inventory, "ssh_config": ssh_config, "forks": forks})
+                link_timeout: float | None, **given: Any) -> HostFlags:
+    """``HostFlags`` with the inventory, ssh_config, forks and link timeout in effect (flag > env > file)."""
+    settings = settings_in_effect({"inventory": inventory, "ssh_config": ssh_config, "forks": forks,
+                                   "link_timeout": link_timeout})
     return HostFlags(inventory=settings.inventory.value, ssh_config=settings.ssh_config.value,
-                     forks=settings.forks.value, **given)
+                     forks=settings.forks.value, link_timeout=settings.link_timeout.value, **given)
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,21 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt
 
 from orchestrator.core.models import _Model, _parse
 from orchestrator.errors import ConfigError
+from orchestrator.host.wire import LINK_TIMEOUT_FLOOR, SILENCE_SECONDS
 
-ENV_NAMES = {"inventory": "ORCH_INVENTORY", "ssh_config": "ORCH_SSH_CONFIG", "forks": "ORCH_FORKS"}
+ENV_NAMES = {"inventory": "ORCH_INVENTORY", "ssh_config": "ORCH_SSH_CONFIG", "forks": "ORCH_FORKS",
+             "link_timeout": "ORCH_LINK_TIMEOUT"}
 """The environment variable of each setting that has one (colour has ``NO_COLOR``)."""
 
 DEFAULT_FORKS = 10
+DEFAULT_LINK_TIMEOUT = SILENCE_SECONDS
+"""Seconds of silence after which either end of a helper's link takes it for dead."""
 
 
 class ConfigFile(_Model):
@@ -33,6 +37,7 @@ class ConfigFile(_Model):
     inventory: str | None = None
     ssh_config: str | None = None
     forks: PositiveInt | None = None
+    link_timeout: Annotated[float, Field(ge=LINK_TIMEOUT_FLOOR, allow_inf_nan=False)] | None = None
     color: bool | None = None
 
 
@@ -56,12 +61,13 @@ class Settings:
     inventory: Setting
     ssh_config: Setting
     forks: Setting
+    link_timeout: Setting
     color: Setting
 
     def rows(self) -> list[tuple[str, Any, str]]:
         """(name, value, source) for ``orch config``, in a fixed order."""
         return [(name, getattr(self, name).value, getattr(self, name).source)
-                for name in ("inventory", "ssh_config", "forks", "color")]
+                for name in ("inventory", "ssh_config", "forks", "link_timeout", "color")]
 
 
 def resolve_settings(
@@ -105,12 +111,15 @@ def resolve_settings(
         inventory=pick("inventory", "-i", None),
         ssh_config=pick("ssh_config", "--ssh-config", None),
         forks=pick("forks", "--forks", DEFAULT_FORKS),
+        link_timeout=pick("link_timeout", "--link-timeout", DEFAULT_LINK_TIMEOUT),
         color=color,
     )
 
 
 def _env_value(key: str, name: str, text: str) -> Any:
     """An environment variable's value as its setting needs it; one line when it cannot be."""
+    if key == "link_timeout":
+        return _env_seconds(name, text)
     if key != "forks":
         return text
     try:
@@ -119,4 +128,15 @@ def _env_value(key: str, name: str, text: str) -> Any:
         value = 0
     if value < 1:
         raise ConfigError(f"{name}={text!r}: expected a whole number of hosts, 1 or more", key=name)
+    return value
+
+
+def _env_seconds(name: str, text: str) -> float:
+    """``ORCH_LINK_TIMEOUT``'s seconds, no fewer than ``LINK_TIMEOUT_FLOOR``; one line when not."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not LINK_TIMEOUT_FLOOR <= value < float("inf"):
+        raise ConfigError(f"{name}={text!r}: expected seconds, {LINK_TIMEOUT_FLOOR:g} or more", key=name)
     return value

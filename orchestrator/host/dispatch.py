@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from .wire import PROTOCOL, READY_MAGIC, AgentError
+from .wire import LINK_TIMEOUT_FLOOR, PROTOCOL, READY_MAGIC, AgentError
 
 OPS = {
     "bye": ("dispatch", "op_bye"),
@@ -217,7 +217,15 @@ def op_batch(s, steps):
     return results
 
 
-def op_hello(s):
+def op_hello(s, link_timeout=30.0):
+    """Who and where this helper is. ``link_timeout``: the controller's silence limit, which
+    this end keeps from now on (``Session.follow_link_timeout``); the ready line's hello,
+    which no request asked for, leaves the default."""
+    if isinstance(link_timeout, bool) or not isinstance(link_timeout, (int, float)) \
+            or not LINK_TIMEOUT_FLOOR <= link_timeout < float("inf"):
+        raise AgentError("protocol", "hello: link_timeout must be %g s or more, got %r"
+                         % (LINK_TIMEOUT_FLOOR, link_timeout))
+    s.follow_link_timeout(link_timeout)
     return {
         "protocol": PROTOCOL,
         "pid": os.getpid(),

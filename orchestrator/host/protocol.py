@@ -148,6 +148,7 @@ class Request(Message):
 @message(frozen=True)
 class Hello(Request):
     OP: ClassVar[str] = "hello"
+    link_timeout: float = 30.0  # seconds: the controller's silence limit, which the helper keeps too
 
 
 @message(frozen=True)
@@ -554,8 +555,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = (
     ProgramWrite, RunSteps, ReleaseRun, ReleaseFollow, ReleaseAbort, ReleaseStamp,
     ServerFind, Process, ServerStop, ServerStart, RunOk, CommandsStart, HealthWait, LogTail, ProbeHttp,
     NightlyPrepare, NightlyBuilds, NightlyFetchGit, NightlyPip, NightlyRun, NightlyRemoveBuild, NightlyPrune,
-    NightlyLinkSwap,
-)
+    NightlyLinkSwap)
 REQUESTS: Mapping[str, type[Request]] = types.MappingProxyType({t.OP: t for t in REQUEST_TYPES})
 """Every op the helper runs, by name."""
 

@@ -22,6 +22,7 @@ from .wire import (
     Blob,
     b64d,
     b64e,
+    beat_seconds,
 )
 
 
@@ -62,6 +63,15 @@ class Session(object):
         self.cache = cache
         self.kept = False
         self.guards = {}  # release dir -> the pipe's write end to its guard (``runner.op_release_run``)
+        self.follow_link_timeout(SILENCE_SECONDS)
+
+    def follow_link_timeout(self, limit):
+        """The controller's silence limit (``hello``'s ``link_timeout``), which this end keeps too:
+        silent that long, the controller is gone; ticks come at a third of it (5 s at most),
+        so the controller never waits as long for a word; the lock's heartbeat stops sooner."""
+        self.silence_seconds = float(limit)
+        self.tick_seconds = beat_seconds(self.silence_seconds)
+        self.heard_seconds = min(HEARD_SECONDS, self.silence_seconds)
 
     def reader(self, stdin):
         """Read requests while an op runs, so a ``cancel`` or the end of the
@@ -139,21 +149,21 @@ class Session(object):
 
     def silent(self):
         """The controller stopped pinging: its link stalled, or it is gone."""
-        return time.monotonic() - self.last_heard > SILENCE_SECONDS
+        return time.monotonic() - self.last_heard > self.silence_seconds
 
     def hears_controller(self):
-        """The controller was heard lately (it pings every 5 s): only then is the
+        """The controller was heard lately (it pings every 5 s, or sooner): only then is the
         lock's heartbeat renewed, so a fresh heartbeat tells another run that this
         helper is alive AND still hears its controller (a run in progress), and a
         stale one that nobody is steering it any more."""
-        return not self.eof and time.monotonic() - self.last_heard < HEARD_SECONDS
+        return not self.eof and time.monotonic() - self.last_heard < self.heard_seconds
 
     def next_request(self):
         with self.cond:
             while not self.requests and not self.eof:
                 if self.silent():
                     self.eof = True  # treat a silent controller as gone: free the host
-                    self.gone = "no word from the controller for %g s" % SILENCE_SECONDS
+                    self.gone = "no word from the controller for %g s" % self.silence_seconds
                     break
                 self.cond.wait(1.0)
             if self.requests:
@@ -216,12 +226,12 @@ class Session(object):
         """Ticks while an op runs; renews the lock heartbeat while held."""
         last_beat = last_tick = 0.0
         while not self.stopping:
-            time.sleep(1.0)
+            time.sleep(min(1.0, self.tick_seconds / 2))
             now = time.monotonic()  # intervals: a step of the wall clock must not stop the ticks
-            if self.current_id is not None and now - last_tick >= TICK_SECONDS:
+            if self.current_id is not None and now - last_tick >= self.tick_seconds:
                 last_tick = now
                 self.event("tick", t=time.time())
-            elif self.receiving(now) and now - last_tick >= TICK_SECONDS:
+            elif self.receiving(now) and now - last_tick >= self.tick_seconds:
                 # The controller has sent a request's bytes and now waits for an answer, while
                 # they still cross a slow link (its buffers took them long ago): tell it we hear.
                 last_tick = now

@@ -20,7 +20,16 @@ READY_MAGIC = "ORCH-AGENT-READY"
 TICK_SECONDS = 5.0
 
 
-SILENCE_SECONDS = 30.0  # the controller pings every 5 s: this much silence means it is gone
+SILENCE_SECONDS = 30.0  # the link's silence limit unless ``hello`` says otherwise (``link_timeout``)
+
+
+LINK_TIMEOUT_FLOOR = 3.0  # no shorter limit: pings and ticks (a third of it, 1 s at least) must fit
+
+
+def beat_seconds(limit):
+    """How often an end that must be heard within ``limit`` seconds speaks (the controller's
+    pings, the helper's ticks): every 5 s, or a third of the limit when that is shorter."""
+    return min(TICK_SECONDS, limit / 3.0)
 
 
 BLOB_CHUNK = 192 * 1024  # bytes per blob line (256 KiB of base64): about a second at 200 KB/s

@@ -23,7 +23,7 @@ from orchestrator.core.events import Event, plain
 from orchestrator.core.secrets import Masker
 from orchestrator.core.target import HostTarget
 from orchestrator.shell import ops
-from orchestrator.shell.agent_client import Agent, EventHandler
+from orchestrator.shell.agent_client import LINK_TIMEOUT, Agent, EventHandler
 from orchestrator.shell.ops import BatchResults, Op
 from orchestrator.shell.replies import Malformed
 from orchestrator.shell.transport import Transport, open_transport
@@ -34,6 +34,8 @@ class ConnectOptions:
     accept_new_host_key: bool = False
     ssh_config_path: str | None = None
     connect_timeout: float = 10.0
+    # the link's silence limit (the ``link_timeout`` setting), which the helper keeps too
+    link_timeout: float = LINK_TIMEOUT
     break_lock: bool = False
     # the run's secrets (``core.secrets``): the pipeline masks its records and run.log with it,
     # and teaches it what it finds (a server's env, a restore plan), which the console then masks too
@@ -86,7 +88,8 @@ class HostSession:
         )
         try:
             self.transport.connect()
-            self.agent = Agent(self.transport, python=self.target.python, state_dir=self.target.state_dir).start()
+            self.agent = Agent(self.transport, python=self.target.python, state_dir=self.target.state_dir,
+                               link_timeout=self.options.link_timeout).start()
         except BaseException:
             self.transport.close()
             raise

@@ -30,6 +30,8 @@ from orchestrator.errors import (
     Terminated,
     UnreachableError,
 )
+from orchestrator.host.protocol import Hello
+from orchestrator.host.wire import LINK_TIMEOUT_FLOOR, SILENCE_SECONDS, beat_seconds
 from orchestrator.shell.replies import Envelope, Malformed, decode
 from orchestrator.shell.transport import (
     PumpedProcess,
@@ -138,11 +140,14 @@ else:
 from orchestrator.host.main import main
 main(archive, (sys.argv[1], sys.argv[2]))
 """
-# Ticks arrive every 5 s while an op runs: this much silence means the link is dead.
-LINK_TIMEOUT = 30.0
-# And the other way: the controller pings the helper this often, so a helper that
-# hears nothing for LINK_TIMEOUT knows its controller is gone (host/session.py).
-PING_SECONDS = 5.0
+# Ticks arrive every 5 s while an op runs: this much silence means the link is dead. The
+# default of the ``link_timeout`` setting; a run's own value is sent to the helper in its
+# first request (``hello``), so both ends keep the same limit.
+LINK_TIMEOUT = SILENCE_SECONDS
+# And the other way: the controller pings the helper this often (every 5 s, or a third of
+# a shorter limit: ``beat_seconds``), so a helper that hears nothing for the limit knows its
+# controller is gone (host/session.py).
+PING_SECONDS = beat_seconds(LINK_TIMEOUT)
 START_TIMEOUT = 60.0
 # File contents travel as blob lines of this many bytes (base64 on the wire), each its own
 # write: pings go between them, and no line takes long to cross even a slow link.
@@ -242,6 +247,8 @@ class Agent:
 
     def start(self) -> Agent:
         """Start the helper; raises ``UnreachableError`` when it cannot run there."""
+        if not self.link_timeout >= LINK_TIMEOUT_FLOOR:
+            raise ValueError(f"link_timeout {self.link_timeout!r}: {LINK_TIMEOUT_FLOOR:g} s at least")
         label = self.transport.target.label
         argv = [self.python, "-u", "-c", BOOTSTRAP, self.state_dir, helper_id()]
         _trace(self.transport.target.name, "$", argv)
@@ -274,6 +281,8 @@ class Agent:
                 continue
             if isinstance(msg, dict) and msg.get("ready") == READY_MAGIC:
                 self._proc = proc
+                if self.link_timeout != LINK_TIMEOUT:
+                    self._send_link_timeout()
                 threading.Thread(target=self._ping, name=f"orch-ping-{label}", daemon=True).start()
                 self.info = msg["hello"] if isinstance(msg.get("hello"), dict) else self.call("hello")
                 if not isinstance(self.info, dict):
@@ -281,6 +290,17 @@ class Agent:
                 self.info_monotonic = time.monotonic()
                 return self
         raise UnreachableError(f"{label}: orch's helper never said it was ready")
+
+    def _send_link_timeout(self) -> None:
+        """Tell the helper this run's silence limit (``hello``'s ``link_timeout``) before anything
+        else: it keeps the same limit and ticks within it. Sent ahead, not waited for: requests
+        are served in order, so it is in effect before the next one, and its answer, which
+        names its own id, is passed over by the next call's wait. No round trip is spent."""
+        self._next_id += 1
+        line = json.dumps({"id": self._next_id, **Hello(link_timeout=self.link_timeout).to_wire()},
+                          separators=(",", ":"))
+        _trace(self.transport.target.name, ">", line)
+        self._write(line.encode("utf-8") + b"\n")
 
     def _refuse_become(self, proc: RemoteProcess) -> None:
         """The helper ended before its ready line under ``become``: if sudo is why (a password
@@ -372,7 +392,7 @@ class Agent:
     def _ping(self) -> None:
         """Tell the helper every few seconds that its controller is alive, so that a
         helper whose link went silent stops what only we cared about and frees the lock."""
-        while not self._closed.wait(PING_SECONDS):
+        while not self._closed.wait(beat_seconds(self.link_timeout)):
             if self.dead is not None or self._proc is None:
                 return
             try:

@@ -10,10 +10,10 @@ from orchestrator.cli.options import OutputFlags, output_options
 @click.command(short_help="Show each setting in effect and where it came from.")
 @output_options
 def config(out: OutputFlags) -> int:
-    """Each setting in effect — inventory, ssh_config, forks, color — and its source.
+    """Each setting in effect — inventory, ssh_config, forks, link_timeout, color — and its source.
 
     Precedence: a flag > its environment variable (ORCH_INVENTORY,
-    ORCH_SSH_CONFIG, ORCH_FORKS; NO_COLOR for colour) > the config file (the
+    ORCH_SSH_CONFIG, ORCH_FORKS, ORCH_LINK_TIMEOUT; NO_COLOR for colour) > the config file (the
     first found of ./orch.yaml and $XDG_CONFIG_HOME/orch/config.yaml) > the
     default. Reads only; contacts nothing.
     """
@@ -28,7 +28,7 @@ def config(out: OutputFlags) -> int:
     shown = {True: "on", False: "off", None: "on a terminal"}
     for name, value, source in settings.rows():
         text = shown[value] if name == "color" else ("-" if value is None else str(value))
-        output.line(f"{name:<11} {text:<24} from {source}")
+        output.line(f"{name:<12} {text:<24} from {source}")
     looked = ", ".join(str(p) for p in config_candidates(os.environ))
     output.line(f"config file: {found.path or 'none found'} (looked for: {looked})", "dim")
     if out.as_json:
