@@ -15,6 +15,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from orchestrator.host import eventlog
 from tests.fixtures.sandbox import Sandbox, cmdline, get_json, sha256, wait_healthy, wait_until
 from tests.test_faults import Link, hold_ready, read, release_dirs, story
@@ -103,3 +105,32 @@ def test_a_rollback_whose_restart_fails_is_exit_3_rollback_failed_and_restored_o
     assert back.returncode == 0, back.stdout + back.stderr
     wait_healthy(box.port, 60)
     assert cmdline(box.server_pid()) == box.hand_argv
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_mid_restore_stops_the_following_exit_3_and_the_runner_finishes_the_rollback(
+        link: Link, sig: signal.Signals) -> None:
+    """docs/CLI.md, "Signals": once a rollback is handed on, nothing is aborted — a Ctrl-C or a
+    SIGTERM stops the following with one line naming the rollback and where its verdict is,
+    `unreachable`, exit 3 (this run cannot say how it ends); the runner finishes it."""
+    box = link.box
+    gate, original, _patched = deployed_then_held(box)
+    proc = box.start_orch("rollback", "--host", "gpu", "--json")
+    release = rollback_release(box)  # its runner waits on the previous server's ready file
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, out + err
+    report = json.loads(out)["hosts"]["gpu"]
+    assert report["outcome"] == "unreachable" and report["release"] == release.name, report
+    said = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
+    assert report["error"] == (f"{said}: orch stopped following rollback {release.name}, which its runner on the "
+                               "host finishes; `orch status --follow --host gpu` gives the verdict"), report
+    assert verdicts(release) == []  # nothing aborted: the runner still waits on the server
+    gate.write_text("")
+    wait_until(lambda: verdicts(release), "the runner's verdict", 120)
+    assert verdicts(release) == ["confirmed"]
+    assert read(release / "restored.json")["by"] == "rollback"
+    assert sha256(box.server_args) == original
+    follow = box.orch("status", "--follow", "--host", "gpu")
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert read(release / "reported.json")["by"]["command"] == "status --follow"

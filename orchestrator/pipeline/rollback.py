@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import secrets
+import signal
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -24,7 +25,7 @@ from orchestrator import __version__
 from orchestrator.core import events
 from orchestrator.core.budget import COMMIT_ALLOWANCE, KILL_GRACE, NO_HEALTH_WAIT
 from orchestrator.core.cmdline import flag_change_fields, flag_changes
-from orchestrator.core.outcomes import UNCHANGED, Step, rollback_verdict, verdict
+from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
     FileState,
     LinkState,
@@ -34,7 +35,7 @@ from orchestrator.core.releases import (
 )
 from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_restore, restore_spec
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import HostUnsafeError, LinkLostError, OrchError, RefusedError
+from orchestrator.errors import HostUnsafeError, LinkLostError, OrchError, RefusedError, Terminated
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import StepEvent
 from orchestrator.host.records import (
@@ -351,7 +352,7 @@ def undo_releases(
     ]
     if server is not None:
         steps.append(ops.mark(paths_of.server_touched(rid)))
-    # a Ctrl-C stops the following only: the runner finishes the rollback (it has nothing to restore to)
+    # a signal stops the following only: the runner finishes the rollback (it has nothing to restore to)
     follow = release_follow(release_dir, abort_on_cancel=False)
     steps += [ops.release_arm(state_dir, release_dir), release_run(release_dir, state_dir), follow,
               reported_op(release_dir, "rollback")]
@@ -359,6 +360,13 @@ def undo_releases(
     on_event = _RunnerEvents(reporter, label)
     try:
         verdict_of: RunVerdict = session.batch(steps, on_event=on_event)[follow]
+    except KeyboardInterrupt as stop:
+        # once handed on, nothing is aborted (docs/CLI.md, "Signals"): the rollback is the host's
+        # to finish, and this run cannot say how it ends: not known to be healthy (exit 3)
+        said = signal.Signals(stop.signum).name if isinstance(stop, Terminated) else "interrupted (Ctrl-C)"
+        return HostReport.ended(label, STOPPED_FOLLOWING, release=rid, files=paths,
+                                error=f"{said}: orch stopped following rollback {rid}, which its runner on the "
+                                      f"host finishes; `orch status --follow --host {label}` gives the verdict")
     except LinkLostError as lost:
         # the runner on the host is followed again once the host answers; without an answer in
         # the window the rollback may be under way there: not known to be healthy (exit 3)
