@@ -158,3 +158,49 @@ def test_the_same_error_with_no_ctrl_c_is_not_taken_for_one(tmp_path: Path) -> N
     """The check above can fail: an error of a run nobody interrupted is still shown as it is."""
     got = converted_run(tmp_path, signal=False, inside=False)
     assert "Traceback" in got.stderr and "SchemaError" in got.stderr and "interrupted" not in got.stdout
+
+
+INSIDE_IMPORT = """\
+import os, signal, sys, time
+from orchestrator.cli.app import SIGINT_GATE
+from orchestrator.cli.entry import ctrl_c
+handler = {{"gate": SIGINT_GATE.handler, "entry": ctrl_c, "sigterm": SIGINT_GATE.terminate}}[{which!r}]
+signum = signal.SIGTERM if {which!r} == "sigterm" else signal.SIGINT
+signal.signal(signum, handler)
+SIGINT_GATE.in_command = True
+said = []
+exec(compile('''
+def locked_section(said):
+    said.append("acquired")
+    os.kill(os.getpid(), signum)
+    for _ in range(1000):
+        pass
+    said.append("released")
+''', {filename!r}, "exec"), globals())
+try:
+    locked_section(said)
+    time.sleep(30)
+    said.append("never answered")
+except BaseException as e:
+    said.append(type(e).__name__)
+print(",".join(said))
+"""
+
+
+@pytest.mark.parametrize("which", ["gate", "entry", "sigterm"])
+@pytest.mark.parametrize("filename", ["<frozen importlib._bootstrap>", "orchestrator/anything.py"],
+                         ids=["inside-the-import-machinery", "elsewhere"])
+def test_a_signal_inside_the_import_machinery_is_answered_once_it_is_out(
+        tmp_path: Path, which: str, filename: str) -> None:
+    """Seen once in CI: a Ctrl-C landed in importlib's ``_get_module_lock.<locals>.cb``, between
+    its ``acquire_lock()`` and the ``try`` that releases it. The exception was printed as
+    "Exception ignored" and dropped, the import lock stayed held, and the deploy hung on its
+    next import in another thread. A handler must not raise in such a frame (its code's file is
+    ``<frozen importlib._bootstrap>``): the section runs to its end and the answer comes after."""
+    script = tmp_path / "inside_import.py"
+    script.write_text(INSIDE_IMPORT.format(which=which, filename=filename))
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and "Exception ignored" not in got.stderr, got.stderr
+    answer = "Terminated" if which == "sigterm" else "KeyboardInterrupt"
+    expected = ["acquired", "released", answer] if filename.startswith("<frozen") else ["acquired", answer]
+    assert got.stdout.split() == [",".join(expected)], got.stdout + got.stderr

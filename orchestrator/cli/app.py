@@ -21,6 +21,7 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 import click
 
@@ -35,6 +36,7 @@ from orchestrator.cli.commands.rollback import rollback
 from orchestrator.cli.commands.status import status
 from orchestrator.core.outcomes import ExitCode, error_exit_code
 from orchestrator.errors import Hangup, OrchError, Terminated
+from orchestrator.interrupts import when_safe
 
 
 class Interrupted(Exception):
@@ -56,16 +58,22 @@ class SigintGate:
         self.in_command = False
         self.pending = False
 
-    def handler(self, _signum: int, _frame: object) -> None:
+    def handler(self, _signum: int, frame: FrameType | None) -> None:
         note_ctrl_c()
+        when_safe(frame, self._ctrl_c)
+
+    def terminate(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM, SIGHUP: inside a command a ``Terminated`` (a deploy after its commit stops
+        following, and aborts nothing); elsewhere the same as a Ctrl-C."""
+        note_ctrl_c()
+        when_safe(frame, lambda: self._terminate(signum))
+
+    def _ctrl_c(self) -> None:
         if self.in_command:
             raise KeyboardInterrupt
         self.pending = True
 
-    def terminate(self, signum: int, _frame: object) -> None:
-        """SIGTERM, SIGHUP: inside a command a ``Terminated`` (a deploy after its commit stops
-        following, and aborts nothing); elsewhere the same as a Ctrl-C."""
-        note_ctrl_c()
+    def _terminate(self, signum: int) -> None:
         if self.in_command:
             raise Hangup() if signum == signal.SIGHUP else Terminated()
         self.pending = True

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import signal
 import sys
+from types import FrameType
 
 from orchestrator import ctrl_c_seen, interrupted, note_ctrl_c
+from orchestrator.interrupts import forget_waiting, when_safe
 
 
 def main() -> None:
@@ -38,11 +40,17 @@ def main() -> None:
         # The run is over (its report printed, its code chosen): a Ctrl-C now changes nothing,
         # and must not kill the interpreter while it exits (it restores the default action).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        forget_waiting()
 
 
-def ctrl_c(_signum: int, _frame: object) -> None:
-    """SIGINT while the command line is imported: noted, then raised as ``KeyboardInterrupt``."""
+def ctrl_c(_signum: int, frame: FrameType | None) -> None:
+    """SIGINT while the command line is imported: noted, then raised as ``KeyboardInterrupt``
+    (once outside the import machinery: ``orchestrator.interrupts``)."""
     note_ctrl_c()
+    when_safe(frame, raise_ctrl_c)
+
+
+def raise_ctrl_c() -> None:
     raise KeyboardInterrupt
 
 

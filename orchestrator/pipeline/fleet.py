@@ -43,6 +43,7 @@ from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import InterruptedTwice
+from orchestrator.interrupts import thread_in_import_machinery
 from orchestrator.pipeline.report import HostReport
 
 R = TypeVar("R")
@@ -287,7 +288,9 @@ def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
     instead, which died in its start-up while the worker waited for it to start, for ever
     (``orch status`` hung on a Ctrl-C). So it waits until no thread is being started:
     ``threading`` keeps such threads in ``_limbo``, under the lock this holds while it raises,
-    until each runs under its own id."""
+    until each runs under its own id. Nor is it raised while the worker is inside the
+    import machinery, where it could leave the import lock held (``orchestrator.interrupts``):
+    a look before raising, which narrows that window to the instant between look and raise."""
     limbo = getattr(threading, "_limbo", None)
     lock = getattr(threading, "_active_limbo_lock", None)
     if limbo is None or lock is None:  # a Python without them: nothing to wait for
@@ -295,7 +298,7 @@ def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
         return
     while True:
         with lock:
-            if not limbo:
+            if not limbo and not thread_in_import_machinery(ident):
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
                 return
         time.sleep(0.001)

@@ -1,0 +1,76 @@
+"""Where an interrupt may be raised: never inside the interpreter's import machinery.
+
+A signal handler that raises (``KeyboardInterrupt`` for a Ctrl-C, ``Terminated`` for a
+SIGTERM) raises in whatever frame was running. Inside ``importlib._bootstrap`` some of
+those frames hold the interpreter's import lock between an ``acquire`` and the ``try``
+that releases it: the weakref callback ``_get_module_lock.<locals>.cb`` runs whenever a
+module lock is freed, and an exception raised there is printed as "Exception ignored"
+and dropped. The Ctrl-C was lost, the lock stayed held, and the next import from any
+other thread (a link's reader, a fleet's worker) waited for ever: seen once in CI as a
+deploy that hung after its Ctrl-C until the test's 240 s ran out.
+
+So a handler answers through ``when_safe``: in such a frame its answer (which raises) is
+not given now but a moment later, from a SIGALRM that finds the import finished (each import is short:
+it is retried every 10 ms). Standard library only: the console script's first handlers
+use it too.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+RETRY_SECONDS = 0.01
+"""How soon an interrupt that came inside the import machinery is tried again."""
+
+
+def in_import_machinery(frame: FrameType | None) -> bool:
+    """Is ``frame`` the interpreter's own import code (``<frozen importlib._bootstrap>``,
+    ``…_bootstrap_external``), where an exception can leave the import lock held?
+
+    Only the innermost frame counts: a module's own body, run by an import, is ordinary
+    code, and an exception there unwinds through the import machinery's ``finally``
+    clauses as any import error does.
+    """
+    return frame is not None and frame.f_code.co_filename.startswith("<frozen importlib")
+
+
+def when_safe(frame: FrameType | None, answer: Callable[[], None]) -> None:
+    """Call ``answer`` (a signal's answer, which usually raises) now, or, when ``frame`` is
+    inside the import machinery, from a SIGALRM a moment later that finds the main thread
+    outside it (tried again until so). The answer decides then what the moment calls for:
+    a command may have ended meanwhile.
+
+    Called from a signal handler, so on the main thread: SIGALRM's handler is only set
+    while an answer waits, and the previous one is put back before answering.
+    """
+    if not in_import_machinery(frame):
+        answer()
+        return
+    previous = signal.getsignal(signal.SIGALRM)
+
+    def retry(_signum: int, later: FrameType | None) -> None:
+        if in_import_machinery(later):
+            signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
+            return
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        answer()
+
+    signal.signal(signal.SIGALRM, retry)
+    signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
+
+
+def forget_waiting() -> None:
+    """The run is over: an answer still waiting for its SIGALRM is dropped (a Ctrl-C now
+    changes nothing) rather than raised into the interpreter's exit."""
+    if getattr(signal.getsignal(signal.SIGALRM), "__name__", "") == "retry":
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+def thread_in_import_machinery(ident: int) -> bool:
+    """Is thread ``ident`` inside the import machinery right now (see ``in_import_machinery``)?
+    A look, not a promise: the thread runs on."""
+    return in_import_machinery(sys._current_frames().get(ident))
