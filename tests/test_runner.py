@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -193,6 +194,45 @@ def test_link_severed_after_the_commit_the_controller_reconnects_and_exits_with_
     assert link.proxy.connections > connections  # it did connect again
     assert outcome(release) == "deployed" and sha256(box.server_args) != original
     assert read(release / "reported.json")["by"]["command"] == "deploy"
+
+
+def test_ctrl_c_while_reaching_the_host_again_stops_following_exit_3_and_the_runner_finishes(link: Link) -> None:
+    """The link was lost after the commit and the controller is trying to reach the host again:
+    a Ctrl-C there cannot ask the runner to abort (no link), and must not be taken for a failure
+    before the commit. It stops the following, in one line naming the release and where its
+    verdict is (exit 3); the runner, which nothing told, finishes the release by itself."""
+    box = link.box
+    box.start_by_hand()
+    original = sha256(box.server_args)
+    hold = box.root / "go"
+    # a pipe read as it comes (the controller's line that it is reaching the host again)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "deploy", "--host", "gpu", "--json", "--connect-timeout", "2.4",
+         str(held(box, hold)), "--ssh-config", str(box.sshd.ssh_config)],
+        cwd=box.root, env=dict(os.environ, COLUMNS="200", NO_COLOR="1", **box.extra_env),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    release = held_at_before_stop(box)
+    link.proxy.refuse()  # every try to connect again is refused: the controller waits between tries
+    assert proc.stderr is not None
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if "connecting again to follow it" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 3, "".join(said) + err
+    report = json.loads(out)["hosts"]["gpu"]
+    assert report["outcome"] == "unreachable", out
+    assert f"while reaching the host again: orch stopped following release {release.name}" in report["error"]
+    assert "`orch status --follow --host gpu`" in report["error"]
+    assert "Traceback" not in err
+    assert outcome(release) == "in_progress"  # nothing aborted it
+    hold.write_text("")
+    wait_until(lambda: outcome(release) == "deployed", timeout=120, what="the runner to confirm by itself")
+    assert sha256(box.server_args) != original
+    wait_until(lambda: box.server_pid() is not None, timeout=60, what="the new server")
+    assert cmdline(box.server_pid()) != box.hand_argv
 
 
 def test_reconnects_refused_exit_3_then_status_follow_gives_the_verdict(link: Link) -> None:

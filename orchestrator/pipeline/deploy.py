@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -77,7 +76,6 @@ from orchestrator.errors import (
     OrchError,
     PreflightRefusedError,
     RemoteError,
-    Terminated,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
@@ -92,7 +90,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
-from orchestrator.pipeline.follow import abort_and_follow, reconnect_and_follow, reported_op
+from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -155,7 +153,7 @@ class Deployment:
     readback: ops.Op | None = None  # the program's requests whose answers the deploy reads
     pruning: PrunePlan | None = None  # what the confirm prunes (decided before the commit)
     committed_shown: bool = False
-    lines_seen: int = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
+    follower: RunnerFollow | None = None  # the runner's events followed, once the commit was sent
     failure_shown: bool = False  # the runner's "restoring" said why the deploy failed, as it happened
     restart_shown: bool = False
     runner_verdict: RunVerdict | None = None  # how the host's runner ended a failed release
@@ -250,11 +248,9 @@ class Deployment:
         run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
         steps += [ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started_at, "steps": before}),
                   run, follow, reported_op(self.release_dir, "deploy")]
+        self.follower = RunnerFollow(self.session, self.reporter, self.release_dir, "deploy", self._on_runner_event)
         try:
-            got = self.session.batch(steps, on_event=self._on_runner_event)
-        except LinkLostError as lost:
-            return self._verdict(reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
-                                                      lambda: self.lines_seen, self._on_runner_event, "deploy"))
+            got = self.follower.run(steps, follow)
         except RemoteStepError as e:
             if wire and e.op == "batch":
                 # what the commit wrote, by the host's record: never assumed from where the batch failed
@@ -264,23 +260,16 @@ class Deployment:
                     if e.kind == "changed":
                         raise ContentChangedError(f"{self.label}: {e.message}") from None
             raise
-        except KeyboardInterrupt as e:
-            if isinstance(e, Terminated):
-                return self._stopped_following(signal.Signals(e.signum).name)
-            if self.session.agent is not None and self.session.agent.interrupted_twice:
-                return self._stopped_following()
-            return self._interrupted()
         finally:
             for phase in ("commit", "restart", "health", "gate"):
                 self._stop(phase)
-        return self._verdict(got[follow])
+        if isinstance(got, StoppedFollowing):
+            return self._stopped_following(got)
+        return self._aborted(got.verdict) if got.aborted else self._verdict(got.verdict)
 
     def _on_runner_event(self, ev: dict[str, Any]) -> None:
         """One event of the runner's log, as it comes: the step lines in the order the host
         ran them, each step's answers shown once it ended, progress on the live line."""
-        line = ev.get("line")
-        if isinstance(line, int) and line > self.lines_seen:
-            self.lines_seen = line  # a follow after a lost link goes on from here
         if ev.get("event") == "answers":
             self._on_answers(str(ev.get("step")), ev.get("answers"), ev.get("judged"))
             return
@@ -349,13 +338,17 @@ class Deployment:
         elif step == StepName.GATE.value and self.gate is not None and isinstance(judged, dict):
             self.reporter.gate(self.label, self.gate.take_judged(judged))
 
-    def _stopped_following(self, signame: str | None = None) -> HostReport:
+    def _stopped_following(self, stop: StoppedFollowing) -> HostReport:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the commit: one line naming the release and
         where its verdict is; exit 3. A signal aborts nothing: the runner goes on as it was."""
-        why = (f"{signame}: orch stopped following release {self.release_id}, which its runner on the host "
-               "finishes" if signame else
-               f"interrupted again: orch stopped following release {self.release_id}, which its runner on the "
-               "host still finishes (aborting it)")
+        if stop.signame:
+            why = f"{stop.signame}: orch stopped following release {self.release_id}, which its runner on the host finishes"
+        elif stop.reconnecting:
+            why = (f"interrupted (Ctrl-C) while reaching the host again: orch stopped following release "
+                   f"{self.release_id}, which its runner on the host finishes")
+        else:
+            why = (f"interrupted again: orch stopped following release {self.release_id}, which its runner on the "
+                   "host still finishes (aborting it)")
         return HostReport.ended(
             self.label, STOPPED_FOLLOWING, release=self.release_id,
             files=[f.path for f in self.plan.changed_files], extra={"timings": self.timings},
@@ -386,12 +379,9 @@ class Deployment:
             return e
         return self._step_failure(e)
 
-    def _interrupted(self) -> HostReport:
-        """Ctrl-C after the commit was sent: the runner aborts and restores (its verdict is
+    def _aborted(self, v: RunVerdict) -> HostReport:
+        """Ctrl-C after the commit was sent: the runner aborted and restored (its verdict was
         followed to the end); a runner that had confirmed already keeps the release."""
-        v = abort_and_follow(self.session, self.release_dir, "deploy", self._on_runner_event)
-        if v is None:
-            return self._stopped_following()
         if v.confirmed:
             self.reporter.event(self.label, events.InterruptedAfterConfirm(self.release_id))
             return self._confirmed(v)
@@ -665,7 +655,8 @@ class Deployment:
         if isinstance(cause, LinkLostError):
             if restoring_until is None and self.reached >= Step.COMMITTING:
                 # a fleet follows it again before its next batch (``pipeline.fleet.follow_lost``)
-                extra[LOST_AFTER_COMMIT] = {"release_dir": self.release_dir, "events_seen": self.lines_seen}
+                extra[LOST_AFTER_COMMIT] = {"release_dir": self.release_dir,
+                                              "events_seen": self.follower.lines_seen if self.follower else 0}
             if restoring_until is not None:
                 reason += (f"; the restore of release {self.release_id} was under way on the host when the link "
                            f"dropped: the host finishes it by itself, and the watchdog backs it up at "

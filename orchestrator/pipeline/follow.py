@@ -16,8 +16,10 @@ reported yet, and otherwise says what the last release was.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,7 @@ from orchestrator.errors import (
     LinkLostError,
     MalformedReplyError,
     OrchError,
+    Terminated,
     UnreachableError,
 )
 from orchestrator.host.protocol_events import StepEvent, event_from_wire
@@ -211,6 +214,75 @@ def still_unreachable(reporter: Reporter, lost: HostReport, when: str, cause: Ex
     error = f"{lost.error}; followed again {when}, in vain: {cause}"
     return HostReport(lost.host, lost.outcome, lost.exit_code, release=lost.release, files=lost.files,
                       error=error, notes=lost.notes, extra=dict(lost.extra))
+
+
+@dataclass(frozen=True)
+class Followed:
+    """The runner's verdict, followed to its end; ``aborted``: a Ctrl-C asked it to abort first
+    (its restore, or the confirm it had made already, is this verdict)."""
+
+    verdict: RunVerdict
+    aborted: bool = False
+
+
+@dataclass(frozen=True)
+class StoppedFollowing:
+    """This controller stopped following; the runner on the host goes on to its verdict.
+    ``signame``: a SIGTERM or SIGHUP; None: a Ctrl-C that aborted nothing (a second one, one
+    where nothing is to be aborted, or one while the link was being found again:
+    ``reconnecting``)."""
+
+    signame: str | None = None
+    reconnecting: bool = False
+
+
+class RunnerFollow:
+    """One controller following the runner it started (a deploy's commit, a night's switch, a
+    rollback's hand-over), written once for the three: the runner's events counted as they
+    come, so that a follow after a lost link goes on from the last line seen; the link found
+    again; and the signal table's rows after the hand-over (docs/CLI.md, "Signals")."""
+
+    def __init__(self, session: HostSession, reporter: Reporter, release_dir: str, command: str,
+                 on_event: Callable[[dict[str, Any]], None]) -> None:
+        self.session = session
+        self.reporter = reporter
+        self.release_dir = release_dir
+        self.command = command
+        self.on_event = on_event
+        self.lines_seen = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
+
+    def event(self, ev: dict[str, Any]) -> None:
+        line = ev.get("line")
+        if isinstance(line, int) and line > self.lines_seen:
+            self.lines_seen = line
+        self.on_event(ev)
+
+    def run(self, steps: list[ops.Op], follow: ops.Op, *, abort_on_ctrl_c: bool = True) -> Followed | StoppedFollowing:
+        """``steps`` (which start the runner, then ``follow`` it) in one batch, to the verdict.
+
+        A lost link is found again and followed on (``reconnect_and_follow``; its
+        ``LinkLostError`` when the host stays out of reach). A Ctrl-C asks the runner to
+        abort and follows its restore (``abort_on_ctrl_c``: a deploy's, a night's; a
+        rollback's runner is never aborted); a second one, a SIGTERM or a SIGHUP only stops
+        the following. Errors of the batch itself (a commit refused) are the caller's.
+        """
+        reconnecting = False
+        try:
+            try:
+                got = self.session.batch(steps, on_event=self.event)
+            except LinkLostError as lost:
+                reconnecting = True
+                return Followed(reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
+                                                     lambda: self.lines_seen, self.event, self.command))
+            return Followed(got[follow])
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                return StoppedFollowing(signal.Signals(e.signum).name, reconnecting)
+            agent = self.session.agent
+            if reconnecting or not abort_on_ctrl_c or (agent is not None and agent.interrupted_twice):
+                return StoppedFollowing(None, reconnecting)
+            v = abort_and_follow(self.session, self.release_dir, self.command, self.event)
+            return StoppedFollowing() if v is None else Followed(v, aborted=True)
 
 
 def abort_and_follow(session: HostSession, release_dir: str, command: str,

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -113,7 +112,6 @@ from orchestrator.errors import (
     OrchError,
     RefusedError,
     RemoteError,
-    Terminated,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import StepEvent, event_from_wire
@@ -128,7 +126,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter, RunLog
-from orchestrator.pipeline.follow import abort_and_follow, reconnect_and_follow, reported_op
+from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
@@ -306,7 +304,6 @@ class Night:
     stamp: ops.Op | None = None  # the confirm's record of what only the host knows at the end
     claim: ops.Op | None = None  # the confirm itself: the claim and its records
     probed: ProbeResult | None = None  # the probe step's answers, read as the runner's events come
-    lines_seen: int = 0  # the runner's log lines followed so far (``release_follow``'s ``after``)
     failure_shown: bool = False  # the runner's "restoring" said why the night failed, as it happened
     late: LateNight | None = None  # the night before, ended without its controller: reported here
     previous_build: str | None = None
@@ -768,26 +765,15 @@ class Night:
         steps = [self.journal(JournalStep.SWITCHING),
                  ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started, "steps": before}),
                  run, follow, reported_op(self.release_dir, "nightly")]
-        try:
-            try:
-                v: RunVerdict = self.session.batch(steps, on_event=self.on_runner_event)[follow]
-            except LinkLostError as lost:
-                v = reconnect_and_follow(self.session, self.reporter, self.release_dir, lost,
-                                         lambda: self.lines_seen, self.on_runner_event, "nightly")
-        except KeyboardInterrupt as e:  # while following, or while connecting again to follow
-            if isinstance(e, Terminated):
-                return self.stopped_following(signal.Signals(e.signum).name)
-            if self.session.agent is not None and self.session.agent.interrupted_twice:
-                return self.stopped_following()
-            return self.interrupted()
-        return self.ended(v)
+        got = RunnerFollow(self.session, self.reporter, self.release_dir, "nightly", self.on_runner_event).run(
+            steps, follow)
+        if isinstance(got, StoppedFollowing):
+            return self.stopped_following(got)
+        return self.aborted(got.verdict) if got.aborted else self.ended(got.verdict)
 
     def on_runner_event(self, ev: dict[str, Any]) -> None:
         """One event of the runner's log as it comes: a step's answers (health, probe) shown
         once it ended, the switch back's cause as it begins, progress on the live line."""
-        line = ev.get("line")
-        if isinstance(line, int) and line > self.lines_seen:
-            self.lines_seen = line  # a follow after a lost link goes on from here
         kind = ev.get("event")
         if kind == "answers":
             self.on_answers(str(ev.get("step")), ev.get("answers"))
@@ -864,24 +850,25 @@ class Night:
                 f"`orch rollback --host {self.label}`"))
         return self.restored(cause or RemoteError(reason), reason, record)
 
-    def interrupted(self) -> NightResult:
-        """Ctrl-C after the switch batch was sent: the runner aborts and switches back (its
-        verdict is followed to the end); a runner that had confirmed already keeps the night."""
-        v = abort_and_follow(self.session, self.release_dir, "nightly", self.on_runner_event)
-        if v is None:
-            return self.stopped_following()
+    def aborted(self, v: RunVerdict) -> NightResult:
+        """Ctrl-C after the switch batch was sent: the runner aborted and switched back (its
+        verdict was followed to the end); a runner that had confirmed already keeps the night."""
         if v.confirmed:
             self.reporter.event(self.label, events.InterruptedAfterConfirm(self.name))
             return self.confirmed(v)
         return self.ended(v, KeyboardInterrupt())
 
-    def stopped_following(self, signame: str | None = None) -> NightResult:
+    def stopped_following(self, stop: StoppedFollowing) -> NightResult:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the switch batch: one line naming the night
         and where its verdict is; exit 3. The runner goes on as it was."""
-        why = (f"{signame}: orch stopped following night {self.name}, which its runner on the host finishes"
-               if signame else
-               f"interrupted again: orch stopped following night {self.name}, which its runner on the host "
-               "still finishes (switching it back)")
+        if stop.signame:
+            why = f"{stop.signame}: orch stopped following night {self.name}, which its runner on the host finishes"
+        elif stop.reconnecting:
+            why = (f"interrupted (Ctrl-C) while reaching the host again: orch stopped following night {self.name}, "
+                   "which its runner on the host finishes")
+        else:
+            why = (f"interrupted again: orch stopped following night {self.name}, which its runner on the host "
+                   "still finishes (switching it back)")
         return self.result(STOPPED_FOLLOWING.outcome, STOPPED_FOLLOWING.exit_code,
                            f"{why}; `orch status --follow --host {self.label}` gives the verdict")
 

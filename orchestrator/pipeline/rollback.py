@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -35,7 +34,7 @@ from orchestrator.core.releases import (
 )
 from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_restore, restore_spec
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import HostUnsafeError, LinkLostError, OrchError, RefusedError, Terminated
+from orchestrator.errors import HostUnsafeError, LinkLostError, OrchError, RefusedError
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import StepEvent
 from orchestrator.host.records import (
@@ -49,7 +48,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.host.restore_plan import RestoreSpec, ServerTarget
 from orchestrator.pipeline.events import Reporter, RunLog
-from orchestrator.pipeline.follow import reconnect_and_follow, reported_op
+from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
@@ -143,22 +142,13 @@ def report_restore(
     return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
 
 
-class _RunnerEvents:
+def runner_progress(reporter: Reporter, label: str) -> Callable[[dict[str, Any]], None]:
     """The rollback runner's log as it comes: the restore's progress on the live line (its
-    step's begin and end and its answers are said by the report), and how far it was read,
-    so that a follow after a lost link goes on from there."""
-
-    def __init__(self, reporter: Reporter, label: str) -> None:
-        self.reporter = reporter
-        self.label = label
-        self.lines_seen = 0
-
-    def __call__(self, ev: dict[str, Any]) -> None:
-        line = ev.get("line")
-        if isinstance(line, int) and line > self.lines_seen:
-            self.lines_seen = line
+    step's begin and end and its answers are said by the report)."""
+    def on_event(ev: dict[str, Any]) -> None:
         if ev.get("event") not in ("answers", "tick", StepEvent.KIND):
-            self.reporter.progress(self.label, ev)
+            reporter.progress(label, ev)
+    return on_event
 
 
 def runner_record(label: str, release_id: str, v: RunVerdict, program: ReleaseProgram,
@@ -357,26 +347,25 @@ def undo_releases(
     steps += [ops.release_arm(state_dir, release_dir), release_run(release_dir, state_dir), follow,
               reported_op(release_dir, "rollback")]
     started = session.host_time()
-    on_event = _RunnerEvents(reporter, label)
     try:
-        verdict_of: RunVerdict = session.batch(steps, on_event=on_event)[follow]
-    except KeyboardInterrupt as stop:
+        # a lost link is found again and the runner followed on; a signal only stops the following
+        got = RunnerFollow(session, reporter, release_dir, "rollback", runner_progress(reporter, label)).run(
+            steps, follow, abort_on_ctrl_c=False)
+    except LinkLostError as gone:
+        # without an answer in the window the rollback may be under way there: not known to be
+        # healthy (exit 3)
+        return HostReport.ended(label, verdict(gone, Step.COMMITTING), release=rid, files=paths,
+                                error=f"{gone} after the rollback {rid} was handed on; the host finishes "
+                                      f"it by itself; `orch status --follow --host {label}` gives the verdict")
+    if isinstance(got, StoppedFollowing):
         # once handed on, nothing is aborted (docs/CLI.md, "Signals"): the rollback is the host's
         # to finish, and this run cannot say how it ends: not known to be healthy (exit 3)
-        said = signal.Signals(stop.signum).name if isinstance(stop, Terminated) else "interrupted (Ctrl-C)"
+        said = got.signame or ("interrupted (Ctrl-C) while reaching the host again" if got.reconnecting
+                                else "interrupted (Ctrl-C)")
         return HostReport.ended(label, STOPPED_FOLLOWING, release=rid, files=paths,
                                 error=f"{said}: orch stopped following rollback {rid}, which its runner on the "
                                       f"host finishes; `orch status --follow --host {label}` gives the verdict")
-    except LinkLostError as lost:
-        # the runner on the host is followed again once the host answers; without an answer in
-        # the window the rollback may be under way there: not known to be healthy (exit 3)
-        try:
-            verdict_of = reconnect_and_follow(session, reporter, release_dir, lost,
-                                              lambda: on_event.lines_seen, on_event, "rollback")
-        except LinkLostError as gone:
-            return HostReport.ended(label, verdict(gone, Step.COMMITTING), release=rid, files=paths,
-                                    error=f"{gone} after the rollback {rid} was handed on; the host finishes "
-                                          f"it by itself; `orch status --follow --host {label}` gives the verdict")
+    verdict_of = got.verdict
     record = runner_record(label, rid, verdict_of, program, restore)
     finished = session.host_time()
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
