@@ -2,7 +2,7 @@
 
 The requests, replies, events and records (``orchestrator/host/protocol*.py``,
 ``records.py``), the controller's events and request builders (``core/events.py``,
-``shell/ops.py``, ``shell/program.py``) are checked by mypy, strictly enough that
+``shell/ops.py``, ``shell/program.py``) and the client that sends them (``shell/agent_client.py``) are checked by mypy, strictly enough that
 a builder passing a field its request does not have, or a reply read by a name it
 does not carry, is an error.
 """
@@ -24,6 +24,7 @@ WIRE = [
     "orchestrator/core/events.py",
     "orchestrator/shell/ops.py",
     "orchestrator/shell/program.py",
+    "orchestrator/shell/agent_client.py",
 ]
 
 

@@ -334,7 +334,7 @@ class Agent:
         self._next_id += 1
         rid = self._next_id
         self.calls += 1
-        blobs: list[tuple[int, bytes]] = []
+        blobs: list[tuple[int, bytes | bytearray | memoryview]] = []
 
         def blob_ref(value: Any) -> dict[str, int]:
             # bytes anywhere in the arguments are sent ahead in blob lines, named here
