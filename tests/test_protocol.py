@@ -13,6 +13,7 @@ import ast
 import collections.abc
 import copy
 import dataclasses
+import json
 import re
 import sys
 import types
@@ -28,6 +29,8 @@ import orchestrator
 from orchestrator.host import protocol as p
 from orchestrator.host import protocol_events as ev
 from orchestrator.host import protocol_replies as r
+from orchestrator.host import protocol_verdict as pv
+from orchestrator.host.protocol_steps import ReprobeEvent, StepEvent
 from orchestrator.shell import ops
 from orchestrator.shell.replies import Malformed
 
@@ -210,6 +213,52 @@ def test_every_event_round_trips_through_its_wire_form(kind: type[ev.Event], dat
     assert wire["event"] == kind.KIND
     assert ev.event_from_wire(wire) == event
     assert kind.from_wire(wire) == event
+
+
+WIRES = st.none() | st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3)
+NUMBERS = st.floats(allow_nan=False, allow_infinity=False)
+FAILURES = st.builds(pv.StepFailure, kind=st.text(min_size=1, max_size=8), message=st.text(max_size=20),
+                     step=st.none() | st.text(max_size=8), details=WIRES)
+PROGRAM_EVENTS = {
+    StepEvent: st.builds(StepEvent, step=st.text(max_size=8), state=st.sampled_from(["began", "ended", "failed"]),
+                         at=NUMBERS, seconds=st.none() | NUMBERS),
+    ReprobeEvent: st.builds(ReprobeEvent, probes=st.tuples(st.text(max_size=5), st.text(max_size=5))),
+    pv.AnswersEvent: st.builds(pv.AnswersEvent, step=st.text(max_size=8),
+                               answers=st.none() | st.lists(WIRES, max_size=3), judged=WIRES),
+    pv.RestoringEvent: st.builds(pv.RestoringEvent, failed=st.none() | FAILURES, by=st.text(min_size=1, max_size=8)),
+    pv.VerdictEvent: st.builds(pv.VerdictEvent, verdict=st.text(max_size=10), failed=st.none() | FAILURES,
+                               results=WIRES, judged=WIRES, restore=WIRES, reason=st.none() | st.text(max_size=10),
+                               by=st.none() | st.text(max_size=8), error=WIRES, note=st.none() | st.text(max_size=8),
+                               claim=WIRES, at=st.none() | NUMBERS),
+}
+
+
+@pytest.mark.parametrize("kind", list(PROGRAM_EVENTS), ids=lambda k: k.KIND)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_every_program_and_runner_event_round_trips_through_the_event_log(kind: type[Any], data: st.DataObject) -> None:
+    """What the runner writes to a release's ``events.jsonl`` (a step, a re-probe, a step's answers,
+    the restore beginning, the verdict) is read back by every follower as the same typed event."""
+    event = data.draw(PROGRAM_EVENTS[kind])
+    line = json.loads(json.dumps(event.to_wire()))  # as the log keeps it
+    assert line["event"] == kind.KIND
+    read = ev.event_from_wire(line) if kind in (StepEvent, ReprobeEvent) else pv.runner_event_of(line)
+    assert read == event
+
+
+def test_a_verdict_an_older_runner_wrote_is_read_and_a_newer_runners_field_is_ignored() -> None:
+    """A verdict outlives the run that wrote it: 0.7's runner wrote ``failed`` with its step inside
+    ``details`` too and no ``by`` on a guard's verdict; a newer one may add fields."""
+    old = {"event": "verdict", "verdict": "restored", "reason": "the runner was killed (signal 9)",
+           "failed": {"step": None, "kind": "runner", "message": "killed", "details": {"program_step": None}},
+           "restore": {"ok": True, "by": "guard"}, "results": {}, "at": 1700000000.5, "new_field": [1, 2]}
+    got = pv.runner_event_of(old)
+    assert isinstance(got, pv.VerdictEvent)
+    assert got.verdict == pv.VerdictEvent.RESTORED and got.by is None and got.restore == {"ok": True, "by": "guard"}
+    assert got.failed == pv.StepFailure("runner", "killed", None, {"program_step": None})
+    assert got.reason == "the runner was killed (signal 9)" and got.at == 1700000000.5
+    assert pv.runner_event_of({"event": "verdict"}) == pv.VerdictEvent()  # every field has its default
+    assert pv.runner_event_of({"event": "tick"}) is None
 
 
 def test_replies_read_what_an_older_helper_left_out_and_ignore_what_a_newer_one_adds() -> None:

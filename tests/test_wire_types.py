@@ -20,6 +20,7 @@ WIRE = [
     "orchestrator/host/protocol_events.py",
     "orchestrator/host/protocol_steps.py",
     "orchestrator/host/protocol_replies.py",
+    "orchestrator/host/protocol_verdict.py",
     "orchestrator/host/records.py",
     "orchestrator/core/events.py",
     "orchestrator/shell/ops.py",

@@ -41,13 +41,13 @@ from . import eventlog
 from .executor import op_release_steps, program_of
 from .files import read_json, read_record, write_json
 from .processes import proc_starttime, same_process
+from .protocol_verdict import AnswersEvent, RestoringEvent, StepFailure, VerdictEvent
 from .session import Session
 from .state import release_own_lock
 from .wire import AgentError, expand
 
 RUNNER_FILE = "runner.json"  # the runner's and the guard's pids and start times, for status and the follower
-VERDICT = "verdict"  # the event that ends a release's log
-RESTORING = "restoring"  # a step failed (or the runner was aborted): the restore begins
+VERDICT = VerdictEvent.KIND  # the event that ends a release's log
 FOLLOW_POLL_SECONDS = 0.1
 GUARD_POLL_SECONDS = 0.2
 RUNNER_START_SECONDS = 30.0  # the commit's batch waits this long for the runner to hold the lock
@@ -75,10 +75,7 @@ class RunnerSession(Session):
         eventlog.append(self.release_dir, fields, self.mask)
 
     def answered(self, step, answers, judged=None):
-        wire = {"event": "answers", "step": step, "answers": answers}
-        if judged is not None:
-            wire["judged"] = judged
-        eventlog.append(self.release_dir, wire, self.mask)
+        eventlog.append(self.release_dir, AnswersEvent(step, answers, judged).to_wire(), self.mask)
 
 
 def verdict_of(release_dir):
@@ -349,21 +346,25 @@ def run_to_verdict(s, release_dir):
     try:
         answer = op_release_steps(s, release_dir, "confirm")
     except AgentError as e:
-        failed = {"step": e.details.get("program_step"), "kind": e.kind, "message": e.message,
-                  "details": {k: v for k, v in e.details.items() if k not in ("results", "step_done")}}
+        step = e.details.get("program_step")
+        failed = StepFailure(e.kind, e.message, step if isinstance(step, str) else None,
+                             {k: v for k, v in e.details.items() if k not in ("results", "step_done")})
         results = e.details.get("results") or {}
         if program_of(release_dir).kind == "rollback":
-            return {"event": VERDICT, "verdict": "rollback_failed", "failed": failed, "results": results}
+            return VerdictEvent(VerdictEvent.ROLLBACK_FAILED, failed, results).to_wire()
         s.cancel_requested = False  # an abort stopped the step; the restore must run whole
-        reason = "aborted after the commit (Ctrl-C)" if e.kind == "cancelled" else e.message
-        s.event(RESTORING, failed=failed, by="runner")  # a follower says it now, not after the restore
+        reason = "aborted after the commit (Ctrl-C)" if failed.aborted else e.message
+        # a follower says why now, not after the restore
+        eventlog.append(release_dir, RestoringEvent(failed, "runner").to_wire(), s.mask)
         return restore_verdict(s, release_dir, "runner", reason, failed, results)
     confirm = (answer["results"].get("confirm") or [{}])[-1]
     if isinstance(confirm, dict) and confirm.get("confirmed") is False:
-        return {"event": VERDICT, "verdict": "not_confirmed", "restore": confirm.get("restored"),
-                "claim": confirm.get("claim"), "results": answer["results"], "judged": answer.get("judged")}
-    return {"event": VERDICT, "verdict": "confirmed", "results": answer["results"], "judged": answer.get("judged"),
-            "at": time.time()}
+        restored, claim = confirm.get("restored"), confirm.get("claim")
+        return VerdictEvent(VerdictEvent.NOT_CONFIRMED, results=answer["results"], judged=answer.get("judged"),
+                            restore=restored if isinstance(restored, dict) else None,
+                            claim=claim if isinstance(claim, dict) else None).to_wire()
+    return VerdictEvent(VerdictEvent.CONFIRMED, results=answer["results"], judged=answer.get("judged"),
+                        at=time.time()).to_wire()
 
 
 def restore_verdict(s, release_dir, by, reason, failed, results=None):
@@ -374,11 +375,10 @@ def restore_verdict(s, release_dir, by, reason, failed, results=None):
         record = op_restore_release(s, release_dir, by, reason=reason)
     except AgentError as e:
         if e.kind == "confirmed":  # the runner died after its claim: the release stands
-            return {"event": VERDICT, "verdict": "confirmed", "failed": failed, "results": results or {},
-                    "note": e.message, "at": time.time()}
-        return {"event": VERDICT, "verdict": "restore_failed", "failed": failed, "results": results or {},
-                "error": {"kind": e.kind, "message": e.message}}
+            return VerdictEvent(VerdictEvent.CONFIRMED, failed, results or {}, note=e.message,
+                                at=time.time()).to_wire()
+        return VerdictEvent(VerdictEvent.RESTORE_FAILED, failed, results or {},
+                            error={"kind": e.kind, "message": e.message}).to_wire()
     ok = bool(record.get("ok"))
-    return {"event": VERDICT, "verdict": "restored" if ok else "restore_failed", "failed": failed,
-            "reason": reason, "restore": record, "results": results or {}, "by": record.get("by", by),
-            "at": time.time()}
+    return VerdictEvent(VerdictEvent.RESTORED if ok else VerdictEvent.RESTORE_FAILED, failed, results or {},
+                        restore=record, reason=reason, by=record.get("by", by), at=time.time()).to_wire()

@@ -79,6 +79,12 @@ from orchestrator.errors import (
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
+from orchestrator.host.protocol_verdict import (
+    AnswersEvent,
+    RestoringEvent,
+    StepFailure,
+    runner_event_of,
+)
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -270,15 +276,16 @@ class Deployment:
     def _on_runner_event(self, ev: dict[str, Any]) -> None:
         """One event of the runner's log, as it comes: the step lines in the order the host
         ran them, each step's answers shown once it ended, progress on the live line."""
-        if ev.get("event") == "answers":
-            self._on_answers(str(ev.get("step")), ev.get("answers"), ev.get("judged"))
+        said = runner_event_of(ev)
+        if isinstance(said, AnswersEvent):
+            self._on_answers(said.step, said.answers, said.judged)
             return
-        if ev.get("event") == "restoring" and not self.failure_shown:
+        if isinstance(said, RestoringEvent):
+            if self.failure_shown:
+                return
             # the host's runner restores now: say why, as the restore's progress follows
-            failed = ev.get("failed") if isinstance(ev.get("failed"), dict) else {}
-            assert isinstance(failed, dict)
-            cause = self._cause_of(failed, {})
-            reason = "interrupted (Ctrl-C)" if failed.get("kind") == "cancelled" else self._redact(str(cause))
+            failed = said.failed or StepFailure()
+            reason = "interrupted (Ctrl-C)" if failed.aborted else self._redact(str(self._cause_of(failed, {})))
             self.failure_shown = True
             self._stop("commit")
             for phase in ("restart", "health", "gate", "confirm"):
@@ -363,19 +370,17 @@ class Deployment:
         if v.verdict == RunVerdict.NOT_CONFIRMED:
             return self._restored_before_confirm(self.runner_record)
         # no step failed when the guard restored (the runner died, or outlived the backstop): its reason
-        failed = v.failed or {"kind": "runner", "message": str(v.wire.get("reason") or "the host's runner died")}
-        e = self._cause_of(failed, v.results)
+        e = self._cause_of(v.failure(), v.results)
         if isinstance(e, RemoteStepError) and e.kind == "gate" and self.gate is not None:
             self.reporter.gate(self.label, self.gate.take_judged(e.details))
             raise GateFailedError(e.message)
         raise self._step_failure(e) if isinstance(e, RemoteStepError) else e
 
-    def _cause_of(self, failed: dict[str, Any], results: dict[str, Any]) -> OrchError:
+    def _cause_of(self, failed: StepFailure, results: dict[str, Any]) -> OrchError:
         """The error a step the runner failed stands for (as if this controller had run it)."""
-        details = dict(failed.get("details") or {}, program_step=failed.get("step"), results=results)
-        e = RemoteStepError("release_steps", str(failed.get("kind") or "runner"),
-                            str(failed.get("message") or "the host's runner failed"), details)
-        if e.kind == "gate" and failed.get("step") == StepName.GATE.value:
+        details = dict(failed.details or {}, program_step=failed.step, results=results)
+        e = RemoteStepError("release_steps", failed.kind, failed.message or "the host's runner failed", details)
+        if e.kind == "gate" and failed.step == StepName.GATE.value:
             return e
         return self._step_failure(e)
 
@@ -569,7 +574,7 @@ class Deployment:
             if isinstance(began, int | float) and isinstance(ended, int | float) and self.clock is not None:
                 self.clock.adopt([{"step": "rollback", "at": began, "seconds": round(ended - began, 3)}])
             if record is None:
-                error = self.runner_verdict.wire.get("error") or {}
+                error = self.runner_verdict.event.error or {}
                 return self._unsafe(
                     f"{self.label}: deploy failed ({reason}) and the host's runner could not restore it: "
                     f"{error.get('message', '?')}. Backups are in {self.release_dir}; run "

@@ -35,7 +35,8 @@ from orchestrator.errors import (
     Terminated,
     UnreachableError,
 )
-from orchestrator.host.protocol_events import StepEvent, event_from_wire
+from orchestrator.host.protocol_events import StepEvent, TickEvent, event_from_wire
+from orchestrator.host.protocol_verdict import AnswersEvent
 from orchestrator.host.records import HostRecords
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
@@ -310,7 +311,7 @@ def runner_steps(reporter: Reporter, label: str) -> Callable[[dict[str, Any]], N
         event = event_from_wire(ev)
         if isinstance(event, StepEvent):
             reporter.event(label, events.RunnerStep(event.step, event.state, event.seconds))
-        elif ev.get("event") not in ("answers", "tick"):
+        elif ev.get("event") not in (AnswersEvent.KIND, TickEvent.KIND):
             reporter.progress(label, ev)
     return on_event
 
@@ -320,8 +321,8 @@ def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False)
     ``orch rollback --abort``'s, whose success is the restore)."""
     restored_ok = bool(v.restore.get("ok")) if v.restore else None
     verdict = runner_verdict(v.confirmed, restored_ok, aborted=aborted)
-    failed = v.failed or {}
-    error = None if v.confirmed else str(failed.get("message") or (v.restore or {}).get("error") or v.verdict)
+    said = v.failed.message if v.failed else ""
+    error = None if v.confirmed else str(said or (v.restore or {}).get("error") or v.verdict)
     by = (v.restore or {}).get("by") if v.restore else None
     return HostReport.ended(label, verdict, release=release, error=error,
                             extra={"verdict": v.verdict, "restored_by": by})

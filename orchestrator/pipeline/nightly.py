@@ -114,7 +114,13 @@ from orchestrator.errors import (
     RemoteError,
 )
 from orchestrator.host.program import StepName
-from orchestrator.host.protocol_events import StepEvent, event_from_wire
+from orchestrator.host.protocol_events import StepEvent, TickEvent, event_from_wire
+from orchestrator.host.protocol_verdict import (
+    AnswersEvent,
+    RestoringEvent,
+    StepFailure,
+    runner_event_of,
+)
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -775,20 +781,19 @@ class Night:
         """One event of the runner's log as it comes: a step's answers (health, probe) shown
         once it ended, the switch back's cause as it begins, progress on the live line."""
         kind = ev.get("event")
-        if kind == "answers":
-            self.on_answers(str(ev.get("step")), ev.get("answers"))
+        said = runner_event_of(ev)
+        if isinstance(said, AnswersEvent):
+            self.on_answers(said.step, said.answers)
             return
-        if kind == "restoring":
-            failed = ev.get("failed") if isinstance(ev.get("failed"), dict) else {}
-            assert isinstance(failed, dict)
-            self.show_failure(failed)
+        if isinstance(said, RestoringEvent):
+            self.show_failure(said.failed or StepFailure())
             return
         event = event_from_wire(ev)
         if isinstance(event, StepEvent):
             if event.state == StepEvent.BEGAN and event.step == StepName.CONFIRM.value:
                 self.reached = Step.CONFIRMING
             return
-        if kind != "tick":
+        if kind != TickEvent.KIND:
             self.reporter.progress(self.label, ev)
 
     def on_answers(self, step: str, answers: Any) -> None:
@@ -810,16 +815,15 @@ class Night:
                 config.post, summary["requests_per_s"], summary.get("output_tokens_per_s"), summary["p50_ms"],
                 summary["p99_ms"], summary["errors"], result.greedy_sha256))
 
-    def show_failure(self, failed: dict[str, Any]) -> str:
+    def show_failure(self, failed: StepFailure) -> str:
         """Why the night failed (the step the runner failed), said once, with the server's log."""
-        if failed.get("kind") == "cancelled":
+        if failed.aborted:
             reason = "interrupted (Ctrl-C)"
         else:
-            reason = self._redact(str(failed.get("message") or "the host's runner failed"))
+            reason = self._redact(failed.message or "the host's runner failed")
         if not self.failure_shown:
             self.failure_shown = True
-            details = failed.get("details") if isinstance(failed.get("details"), dict) else {}
-            tail = details.get("log_tail") if isinstance(details, dict) else None
+            tail = failed.detail("log_tail")
             if isinstance(tail, list) and tail:
                 self.reporter.server_log(self.label, "server log (last 40 lines)",
                                          [self._redact(str(line)) for line in tail])
@@ -840,10 +844,9 @@ class Night:
                     f"run `orch status --host {self.label}`"))
             return self.restored(RemoteError(why), why, record)
         # no step failed when the guard switched back (the runner died, or outlived the backstop): its reason
-        failed = v.failed or {"kind": "runner", "message": str(v.wire.get("reason") or "the host's runner died")}
-        reason = self.show_failure(failed)
+        reason = self.show_failure(v.failure())
         if record is None:
-            error = v.wire.get("error") or {}
+            error = v.event.error or {}
             return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: night {self.name} failed ({reason}) and the host's runner could not switch it "
                 f"back: {error.get('message', '?')}; its restore plan is {self.release_dir}/restore.json; run "

@@ -36,7 +36,8 @@ from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_resto
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import HostUnsafeError, LinkLostError, OrchError, RefusedError
 from orchestrator.host.program import StepName
-from orchestrator.host.protocol_events import StepEvent
+from orchestrator.host.protocol_events import StepEvent, TickEvent
+from orchestrator.host.protocol_verdict import AnswersEvent
 from orchestrator.host.records import (
     AppliedState,
     HostRecords,
@@ -146,7 +147,7 @@ def runner_progress(reporter: Reporter, label: str) -> Callable[[dict[str, Any]]
     """The rollback runner's log as it comes: the restore's progress on the live line (its
     step's begin and end and its answers are said by the report)."""
     def on_event(ev: dict[str, Any]) -> None:
-        if ev.get("event") not in ("answers", "tick", StepEvent.KIND):
+        if ev.get("event") not in (AnswersEvent.KIND, TickEvent.KIND, StepEvent.KIND):
             reporter.progress(label, ev)
     return on_event
 
@@ -158,12 +159,10 @@ def runner_record(label: str, release_id: str, v: RunVerdict, program: ReleasePr
     if v.confirmed:
         record: RestoreRecord = read_steps(program.steps, v.results, [StepName.RESTORE.value])[restore]
         return record
-    if v.restore is not None:
-        wire = v.restore  # the runner died: its guard finished the rollback
-    else:
-        wire = ((v.failed or {}).get("details") or {}).get("record")
+    # the runner died: its guard finished the rollback; or the record its failed step carries
+    wire: Any = v.restore if v.restore is not None else (v.failed.detail("record") if v.failed else None)
     if not isinstance(wire, dict):
-        why = (v.failed or {}).get("message") or v.verdict
+        why = (v.failed.message if v.failed else "") or v.verdict
         raise HostUnsafeError(f"{label}: the rollback {release_id} ended without a restore record ({why}); "
                               f"run `orch status --host {label}`")
     return RestoreRecord.from_wire(wire)

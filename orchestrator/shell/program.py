@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.host import protocol as p
 from orchestrator.host.program import ORDER, Program, ProgramStep, StepName
+from orchestrator.host.protocol_verdict import StepFailure, VerdictEvent
 from orchestrator.shell.ops import Op, _op
 from orchestrator.shell.replies import ANY, DictOf, ListOf, Malformed, Opt
 
@@ -128,27 +129,28 @@ STEPS_FILE = "steps.json"  # the controller's steps before the commit, for ``hos
 
 
 class RunVerdict:
-    """How the runner ended a release (its log's last event), read by field."""
+    """How the runner ended a release (its log's last event, ``VerdictEvent``), read by field."""
 
-    CONFIRMED = "confirmed"
-    RESTORED = "restored"
-    RESTORE_FAILED = "restore_failed"
-    NOT_CONFIRMED = "not_confirmed"  # someone else restored it first (`orch rollback`, the guard)
-    ROLLBACK_FAILED = "rollback_failed"
+    CONFIRMED = VerdictEvent.CONFIRMED
+    RESTORED = VerdictEvent.RESTORED
+    RESTORE_FAILED = VerdictEvent.RESTORE_FAILED
+    NOT_CONFIRMED = VerdictEvent.NOT_CONFIRMED  # someone else restored it first (`orch rollback`, the guard)
+    ROLLBACK_FAILED = VerdictEvent.ROLLBACK_FAILED
 
     def __init__(self, wire: dict[str, Any], lines: int) -> None:
-        self.wire = wire
+        self.event = VerdictEvent.from_wire(wire)
         self.lines = lines  # where a later follow goes on
-        self.verdict = str(wire.get("verdict") or "")
-        failed = wire.get("failed")
-        self.failed: dict[str, Any] | None = failed if isinstance(failed, dict) else None
-        restore = wire.get("restore")
-        self.restore: dict[str, Any] | None = restore if isinstance(restore, dict) else None
-        results = wire.get("results")
-        self.results: dict[str, Any] = results if isinstance(results, dict) else {}
-        judged = wire.get("judged")
-        self.judged: dict[str, Any] = judged if isinstance(judged, dict) else {}
-        self.by = str(wire.get("by") or (self.restore or {}).get("by") or "runner")
+        self.verdict = self.event.verdict
+        self.failed: StepFailure | None = self.event.failed
+        self.restore: dict[str, Any] | None = self.event.restore
+        self.results: dict[str, Any] = self.event.results or {}
+        self.judged: dict[str, Any] = self.event.judged or {}
+        self.by = self.event.by or str((self.restore or {}).get("by") or "runner")
+
+    def failure(self) -> StepFailure:
+        """Why it did not confirm: the step that failed, or, where none did (the runner died,
+        the backstop's deadline passed), the guard's reason."""
+        return self.failed or StepFailure("runner", self.event.reason or "the host's runner died")
 
     @property
     def confirmed(self) -> bool:
