@@ -21,6 +21,12 @@ import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 RETRY_SECONDS = 0.01
 """How soon an interrupt that came inside the import machinery is tried again."""
@@ -37,11 +43,33 @@ def in_import_machinery(frame: FrameType | None) -> bool:
     return frame is not None and frame.f_code.co_filename.startswith("<frozen importlib")
 
 
+class _WaitingAnswer:
+    """SIGALRM's handler while a signal's answer waits for the main thread to leave the import
+    machinery: tried every ``RETRY_SECONDS``; once out, SIGALRM's own handler is put back and
+    the answer given."""
+
+    def __init__(self, answer: Callable[[], None], previous: Handler) -> None:
+        self.answer = answer
+        self.previous = previous
+
+    def __call__(self, _signum: int, frame: FrameType | None) -> None:
+        if in_import_machinery(frame):
+            signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
+            return
+        self.put_back()
+        self.answer()
+
+    def put_back(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous if self.previous is not None else signal.SIG_DFL)
+
+
 def when_safe(frame: FrameType | None, answer: Callable[[], None]) -> None:
     """Call ``answer`` (a signal's answer, which usually raises) now, or, when ``frame`` is
     inside the import machinery, from a SIGALRM a moment later that finds the main thread
     outside it (tried again until so). The answer decides then what the moment calls for:
-    a command may have ended meanwhile.
+    a command may have ended meanwhile. A second signal while one waits replaces its answer
+    (one exception ends the wait either way).
 
     Called from a signal handler, so on the main thread: SIGALRM's handler is only set
     while an answer waits, and the previous one is put back before answering.
@@ -49,25 +77,20 @@ def when_safe(frame: FrameType | None, answer: Callable[[], None]) -> None:
     if not in_import_machinery(frame):
         answer()
         return
-    previous = signal.getsignal(signal.SIGALRM)
-
-    def retry(_signum: int, later: FrameType | None) -> None:
-        if in_import_machinery(later):
-            signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
-            return
-        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-        answer()
-
-    signal.signal(signal.SIGALRM, retry)
+    waiting = signal.getsignal(signal.SIGALRM)
+    if isinstance(waiting, _WaitingAnswer):
+        waiting.answer = answer
+        return
+    signal.signal(signal.SIGALRM, _WaitingAnswer(answer, waiting))
     signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
 
 
 def forget_waiting() -> None:
     """The run is over: an answer still waiting for its SIGALRM is dropped (a Ctrl-C now
     changes nothing) rather than raised into the interpreter's exit."""
-    if getattr(signal.getsignal(signal.SIGALRM), "__name__", "") == "retry":
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    waiting = signal.getsignal(signal.SIGALRM)
+    if isinstance(waiting, _WaitingAnswer):
+        waiting.put_back()
 
 
 def thread_in_import_machinery(ident: int) -> bool:

@@ -204,3 +204,47 @@ def test_a_signal_inside_the_import_machinery_is_answered_once_it_is_out(
     answer = "Terminated" if which == "sigterm" else "KeyboardInterrupt"
     expected = ["acquired", "released", answer] if filename.startswith("<frozen") else ["acquired", answer]
     assert got.stdout.split() == [",".join(expected)], got.stdout + got.stderr
+
+
+TWO_INSIDE_IMPORT = """\
+import os, signal, time
+from orchestrator.cli.app import SIGINT_GATE
+signal.signal(signal.SIGINT, SIGINT_GATE.handler)
+signal.signal(signal.SIGTERM, SIGINT_GATE.terminate)
+SIGINT_GATE.in_command = True
+said = []
+exec(compile('''
+def locked_section(said):
+    said.append("acquired")
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):
+        pass
+    said.append("released")
+''', "<frozen importlib._bootstrap>", "exec"), globals())
+try:
+    locked_section(said)
+    time.sleep(30)
+    said.append("never answered")
+except BaseException as e:
+    said.append(type(e).__name__)
+try:
+    time.sleep(0.1)  # no answer is left waiting to go off later
+    said.append("quiet")
+except BaseException as e:
+    said.append("late " + type(e).__name__)
+said.append("SIGALRM put back" if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL else "SIGALRM left set")
+print(",".join(said))
+"""
+
+
+def test_two_signals_inside_the_import_machinery_are_answered_once_after_it(tmp_path: Path) -> None:
+    """A Ctrl-C, then a SIGTERM, both inside the import machinery: one answer (the latest) once
+    the section is done, none left to go off later, and SIGALRM's own handler put back."""
+    script = tmp_path / "two_inside_import.py"
+    script.write_text(TWO_INSIDE_IMPORT)
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "acquired,released,Terminated,quiet,SIGALRM put back", got.stdout + got.stderr
