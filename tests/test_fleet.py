@@ -357,9 +357,11 @@ gate:
   probes:
     - {post: /generate, json: {text: "the gate's prompt", sampling_params: {max_new_tokens: 8}},
        requests: 32, concurrency: 16, warmup: 16, rounds: 3, timeout: 30s}
-  rules: {tokens_per_s: {min_ratio: 0.6}, errors: 0}
+  rules: {tokens_per_s: {min_ratio: 0.75}, errors: 0}
 """
-"""The story with a performance gate; a host var ``slow: F`` makes that host's new server F times slower."""
+"""The story with a performance gate; a host var ``slow: F`` makes that host's new server F times slower
+(``slow: 2`` halves its throughput: 0.5 of before, a quarter below the rule's 0.75, so a busy
+machine's noise cannot carry it over the line; at 0.6 it once came near)."""
 
 
 def test_a_canary_that_fails_the_gate_leaves_every_other_host_untouched(fleet: Fleet) -> None:
