@@ -164,17 +164,17 @@ INSIDE_IMPORT = """\
 import os, signal, sys, time
 from orchestrator.cli.app import SIGINT_GATE
 from orchestrator.cli.entry import ctrl_c
-handler = {{"gate": SIGINT_GATE.handler, "entry": ctrl_c, "sigterm": SIGINT_GATE.terminate}}[{which!r}]
-signum = signal.SIGTERM if {which!r} == "sigterm" else signal.SIGINT
-signal.signal(signum, handler)
+signal.signal(signal.SIGINT, ctrl_c if {which!r} == "entry" else SIGINT_GATE.handler)
+signal.signal(signal.SIGTERM, SIGINT_GATE.terminate)
 SIGINT_GATE.in_command = True
 said = []
 exec(compile('''
 def locked_section(said):
     said.append("acquired")
-    os.kill(os.getpid(), signum)
-    for _ in range(1000):
-        pass
+    for signum in {signals!r}:
+        os.kill(os.getpid(), getattr(signal, signum))
+        for _ in range(1000):
+            pass
     said.append("released")
 ''', {filename!r}, "exec"), globals())
 try:
@@ -183,8 +183,23 @@ try:
     said.append("never answered")
 except BaseException as e:
     said.append(type(e).__name__)
+try:
+    time.sleep(0.1)  # no answer is left waiting to go off later
+except BaseException as e:
+    said.append("late " + type(e).__name__)
+if signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:
+    said.append("SIGALRM left set")
 print(",".join(said))
 """
+
+
+def inside_import(tmp_path: Path, which: str, filename: str, signals: list[str]) -> list[str]:
+    """What a section of ``filename`` that receives ``signals`` saw, in order (the script above)."""
+    script = tmp_path / "inside_import.py"
+    script.write_text(INSIDE_IMPORT.format(which=which, filename=filename, signals=signals))
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and "Exception ignored" not in got.stderr, got.stderr
+    return got.stdout.strip().split(",")
 
 
 @pytest.mark.parametrize("which", ["gate", "entry", "sigterm"])
@@ -197,54 +212,14 @@ def test_a_signal_inside_the_import_machinery_is_answered_once_it_is_out(
     "Exception ignored" and dropped, the import lock stayed held, and the deploy hung on its
     next import in another thread. A handler must not raise in such a frame (its code's file is
     ``<frozen importlib._bootstrap>``): the section runs to its end and the answer comes after."""
-    script = tmp_path / "inside_import.py"
-    script.write_text(INSIDE_IMPORT.format(which=which, filename=filename))
-    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert got.returncode == 0 and "Exception ignored" not in got.stderr, got.stderr
+    signals = ["SIGTERM"] if which == "sigterm" else ["SIGINT"]
     answer = "Terminated" if which == "sigterm" else "KeyboardInterrupt"
     expected = ["acquired", "released", answer] if filename.startswith("<frozen") else ["acquired", answer]
-    assert got.stdout.split() == [",".join(expected)], got.stdout + got.stderr
-
-
-TWO_INSIDE_IMPORT = """\
-import os, signal, time
-from orchestrator.cli.app import SIGINT_GATE
-signal.signal(signal.SIGINT, SIGINT_GATE.handler)
-signal.signal(signal.SIGTERM, SIGINT_GATE.terminate)
-SIGINT_GATE.in_command = True
-said = []
-exec(compile('''
-def locked_section(said):
-    said.append("acquired")
-    os.kill(os.getpid(), signal.SIGINT)
-    for _ in range(1000):
-        pass
-    os.kill(os.getpid(), signal.SIGTERM)
-    for _ in range(1000):
-        pass
-    said.append("released")
-''', "<frozen importlib._bootstrap>", "exec"), globals())
-try:
-    locked_section(said)
-    time.sleep(30)
-    said.append("never answered")
-except BaseException as e:
-    said.append(type(e).__name__)
-try:
-    time.sleep(0.1)  # no answer is left waiting to go off later
-    said.append("quiet")
-except BaseException as e:
-    said.append("late " + type(e).__name__)
-said.append("SIGALRM put back" if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL else "SIGALRM left set")
-print(",".join(said))
-"""
+    assert inside_import(tmp_path, which, filename, signals) == expected
 
 
 def test_two_signals_inside_the_import_machinery_are_answered_once_after_it(tmp_path: Path) -> None:
     """A Ctrl-C, then a SIGTERM, both inside the import machinery: one answer (the latest) once
     the section is done, none left to go off later, and SIGALRM's own handler put back."""
-    script = tmp_path / "two_inside_import.py"
-    script.write_text(TWO_INSIDE_IMPORT)
-    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert got.returncode == 0, got.stderr
-    assert got.stdout.strip() == "acquired,released,Terminated,quiet,SIGALRM put back", got.stdout + got.stderr
+    got = inside_import(tmp_path, "gate", "<frozen importlib._bootstrap>", ["SIGINT", "SIGTERM"])
+    assert got == ["acquired", "released", "Terminated"]
