@@ -115,6 +115,7 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
     staged_preflight,
 )
+from orchestrator.pipeline.release import Cut, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -581,31 +582,15 @@ class Deployment:
                     f"`orch rollback --host {self.label}`", reason)
         else:
             pb = self.plan.loaded.model
-            within = total(restore_budget(pb.server, pb.health))
-            until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
             self._start("rollback")
             try:
-                record = self.session.run(
-                    ops.restore_release(self.release_dir, "controller", within=within, reason=reason),
-                    on_event=lambda ev: self.reporter.progress(self.label, ev))
-            except LinkLostError as e:
-                return self._report(e, reason, None, restoring_until=until)
-            except KeyboardInterrupt:
-                return self._unsafe(
-                    f"{self.label}: interrupted again during the rollback of {self.release_id}: orch stopped "
-                    f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
-                    f"{at(until)}; or run `orch rollback --host {self.label}` now", reason)
-            except (RemoteStepError, OrchError) as e:
-                if isinstance(e, RemoteStepError) and e.kind == "absent":
-                    # the Ctrl-C came before the host made the release: there is nothing to close
-                    self._remove_staged()
-                    return self._report(cause, reason, None)
-                return self._unsafe(
-                    f"{self.label}: deploy failed ({reason}) and its restore could not run: {e}. Backups are in "
-                    f"{self.release_dir}; the watchdog restores at {at(until)}; run `orch status --host "
-                    f"{self.label}`", reason)
+                got = restore_here(self.session, self.release_dir, total(restore_budget(pb.server, pb.health)),
+                                   reason, lambda ev: self.reporter.progress(self.label, ev))
             finally:
                 self._stop("rollback")
+            if isinstance(got, RestoreCut):
+                return self._restore_cut(got, cause, reason)
+            record = got
         assert record is not None
         if not changed:
             self._remove_staged()
@@ -615,6 +600,24 @@ class Deployment:
         self._close_record(record, verdict(cause, self.reached, record).outcome,
                            reason if self.runner_verdict is not None else None)
         return self._report(cause, reason, record)
+
+    def _restore_cut(self, cut: RestoreCut, cause: BaseException, reason: str) -> HostReport:
+        """The restore this controller asked for came back without a record: why, in words."""
+        if cut.why is Cut.LINK_LOST:
+            assert isinstance(cut.error, LinkLostError)
+            return self._report(cut.error, reason, None, restoring_until=cut.until)
+        if cut.why is Cut.ABSENT:  # the Ctrl-C came before the host made the release: nothing to close
+            self._remove_staged()
+            return self._report(cause, reason, None)
+        if cut.why is Cut.INTERRUPTED:
+            return self._unsafe(
+                f"{self.label}: interrupted again during the rollback of {self.release_id}: orch stopped "
+                f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
+                f"{at(cut.until)}; or run `orch rollback --host {self.label}` now", reason)
+        return self._unsafe(
+            f"{self.label}: deploy failed ({reason}) and its restore could not run: {cut.error}. Backups are in "
+            f"{self.release_dir}; the watchdog restores at {at(cut.until)}; run `orch status --host "
+            f"{self.label}`", reason)
 
     def _remove_staged(self) -> None:
         """Before the commit, a failed deploy leaves no staged copy beside its targets (best effort:

@@ -147,6 +147,7 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
 )
 from orchestrator.pipeline.probe import probe_ops, read_probe
+from orchestrator.pipeline.release import Cut, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -931,28 +932,26 @@ class Night:
         switched = self.reached >= Step.RESTARTING
         self.reporter.event(self.label, events.NightFailed(reason, switching_back=switched))
         spec = self.spec
-        within = total(restore_budget(spec.server, spec.health))
-        until = self.session.host_time() + within  # for the messages: the host counts ``within`` itself
-        try:
-            record: RestoreRecord = self.session.run(
-                ops.restore_release(self.release_dir, "controller", within=within, reason=reason),
-                on_event=self._events())
-        except LinkLostError as e:
-            v = verdict(e, self.reached)
+        got = restore_here(self.session, self.release_dir, total(restore_budget(spec.server, spec.health)), reason,
+                           self._events())
+        if not isinstance(got, RestoreCut):
+            return self.restored(cause, reason, got)
+        until = got.until
+        if got.why is Cut.LINK_LOST:
+            assert got.error is not None
+            v = verdict(got.error, self.reached)
             return self.result(v.outcome, v.exit_code, (
-                f"{reason}; {e}: the switch back of night {self.name} was under way on the host when the link "
-                f"dropped: the host finishes it by itself, and the backstop backs it up at {at(until)}; run "
+                f"{reason}; {got.error}: the switch back of night {self.name} was under way on the host when the "
+                f"link dropped: the host finishes it by itself, and the backstop backs it up at {at(until)}; run "
                 f"`orch status --host {self.label}` to see"))
-        except KeyboardInterrupt:
+        if got.why is Cut.INTERRUPTED:
             return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
                 f"{self.label}: interrupted again during the switch back of night {self.name}: orch stopped "
                 f"waiting and the restore on the host stopped where it was. The backstop finishes it at "
                 f"{at(until)}; or run `orch rollback --host {self.label}` now"))
-        except OrchError as e:
-            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
-                f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {e}. "
-                f"The backstop switches back at {at(until)}; run `orch status --host {self.label}`"))
-        return self.restored(cause, reason, record)
+        return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
+            f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {got.error}. "
+            f"The backstop switches back at {at(until)}; run `orch status --host {self.label}`"))
 
     def restored(self, cause: BaseException, reason: str, record: RestoreRecord) -> NightResult:
         """The night's result from what the host recorded of its switch back."""
