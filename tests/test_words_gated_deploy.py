@@ -14,7 +14,7 @@ and the baseline probe's lines came after "restarting the server". Now:
   in the same order, and no spinner.
 
 The real ``orch`` in a subprocess over real sshd, against the stand-in server; the gate
-passes by a wide margin (see tests/test_gate_deploy.py's ``WIDE``).
+passes by a wide margin (``PASSING``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from tests.fixtures.sandbox import Sandbox
 from tests.test_cli import run, run_in_pty_raw
 from tests.test_gate_deploy import SPECULATION, WIDE, gated
 from tests.test_words_streams_live_line import SPINNER, Screen, no_spinner_left
+
+PASSING = {name: rule for name, rule in WIDE.items() if name != "p99_ms"}
+"""``WIDE`` without its p99 rule: these tests are about the words of a gate that passes, and
+a small sample's p99 under a busy machine once spread ±466 % over the baseline's rounds, so
+the rule stayed inconclusive and failed the deploy (the gate's judgement has its own tests in
+tests/test_gate_deploy.py). Throughput goes up by half with the patch: no spread reaches that."""
 
 STEPS_IN_ORDER = (
     "gpu pre-flight: the server's parser accepts the new command line",
@@ -56,7 +62,7 @@ def once_each_in_order(lines: list[str]) -> None:
 
 def test_gated_deploy_row_through_a_pipe_each_fact_once_in_order_no_progress_lines(sandbox: Sandbox) -> None:
     sandbox.start_by_hand(*SPECULATION)  # slow at the gate's concurrency: the patch makes it faster
-    playbook = gated(sandbox, threshold=8, rules=WIDE)
+    playbook = gated(sandbox, threshold=8, rules=PASSING)
     got = run(sandbox, "deploy", "--host", "gpu", str(playbook))  # pipes, COLUMNS=80
     assert got.returncode == 0, got.stdout + got.stderr
     lines = got.stdout.splitlines()
@@ -75,7 +81,7 @@ def test_gated_deploy_row_through_a_pipe_each_fact_once_in_order_no_progress_lin
 
 def test_gated_deploy_row_on_a_terminal_progress_on_the_live_line_only(sandbox: Sandbox) -> None:
     sandbox.start_by_hand(*SPECULATION)
-    playbook = gated(sandbox, threshold=8, rules=WIDE)
+    playbook = gated(sandbox, threshold=8, rules=PASSING)
     code, raw_bytes = run_in_pty_raw(sandbox, "deploy", "--host", "gpu", str(playbook), columns=80)
     raw = raw_bytes.decode("utf-8", "replace")
     screen = Screen(80)
