@@ -65,14 +65,15 @@ def test_demo_runs_the_whole_story_and_stops_everything(tmp_path) -> None:
     assert servers_of(tmp_path) == set(), "the demo left a server running"
 
 
-def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
-    """What docs/CLI.md tells a newcomer to do after `orch demo --keep`, done for real."""
-    import json
-    import urllib.request
-
+def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with_then_its_readme_walked_in_order(
+        tmp_path) -> None:
+    """One `orch demo --keep` (a run takes most of a minute), used twice in the order that needs:
+    first what docs/CLI.md tells a newcomer to do after it, done for real (which needs the demo's
+    own five history rows and nothing else), its server stopped by stop-server.sh; then every
+    command of the kept sandbox's README.txt, run as the text says, in its order (issue 20)."""
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env["COLUMNS"] = "80"
-    proc = run_orch(["demo", "--keep"], cwd=tmp_path, timeout=180, env=env)
+    proc = run_orch(["demo", "--keep"], cwd=tmp_path, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     # the demo's words agree with themselves: the misspelt flag had no file to restore and
@@ -80,32 +81,47 @@ def test_demo_keep_leaves_a_sandbox_a_person_can_go_on_with(tmp_path) -> None:
     assert "rolled back: no file to restore; the running server (pid" in out
     assert "rolled back: files restored" in out
     kept = Path(re.search(r"sandbox kept in (\S+) ", out).group(1))
+    server_args = kept / "sglang" / "python" / "sglang" / "srt" / "server_args.py"
+    original = server_args.read_bytes() if server_args.is_file() else None
     try:
-        assert (kept / "README.txt").is_file() and (kept / "inventory.yaml").is_file()
-        port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))
-
-        def orch(*args: str) -> subprocess.CompletedProcess[str]:
-            return run_orch([*args], cwd=kept, timeout=180, env=env)
-
-        started = subprocess.run(["./start-server.sh"], cwd=kept, capture_output=True, text=True,
-                                 timeout=30)
-        assert started.returncode == 0, started.stderr
-        deadline = time.monotonic() + 60
-        while orch("status", "--host", "sandbox").returncode != 0:
-            assert time.monotonic() < deadline, "the stand-in started by hand never became healthy"
-            time.sleep(0.2)
-        deploy = orch("deploy", "--host", "sandbox", "speculative-disable")
-        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
-            assert json.load(r)["speculative_disable_batch_threshold"] == 32
-        assert orch("rollback", "--host", "sandbox").returncode == 0
-        history = orch("history", "--host", "sandbox", "--json")
-        rows = json.loads(history.stdout)["hosts"]["sandbox"]
-        assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own five
-        assert len(rows) == 7
+        go_on_as_the_docs_say(kept, env)
+        stop_kept(kept)
+        assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
+        assert original is not None and server_args.read_bytes() == original
+        walk_the_readme(kept, original, dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     finally:
         leave_kept(kept)
     assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
+
+
+def go_on_as_the_docs_say(kept: Path, env: dict[str, str]) -> None:
+    """What docs/CLI.md tells a newcomer to do after `orch demo --keep`: start the server by hand,
+    deploy, roll back; history has the demo's own five releases and these two."""
+    import json
+    import urllib.request
+
+    assert (kept / "README.txt").is_file() and (kept / "inventory.yaml").is_file()
+    port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))
+
+    def orch(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_orch([*args], cwd=kept, timeout=180, env=env)
+
+    started = subprocess.run(["./start-server.sh"], cwd=kept, capture_output=True, text=True,
+                             timeout=30)
+    assert started.returncode == 0, started.stderr
+    deadline = time.monotonic() + 60
+    while orch("status", "--host", "sandbox").returncode != 0:
+        assert time.monotonic() < deadline, "the stand-in started by hand never became healthy"
+        time.sleep(0.2)
+    deploy = orch("deploy", "--host", "sandbox", "speculative-disable")
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
+        assert json.load(r)["speculative_disable_batch_threshold"] == 32
+    assert orch("rollback", "--host", "sandbox").returncode == 0
+    history = orch("history", "--host", "sandbox", "--json")
+    rows = json.loads(history.stdout)["hosts"]["sandbox"]
+    assert [r["kind"] for r in rows][-2:] == ["deploy", "rollback"]  # after the demo's own five
+    assert len(rows) == 7
 
 
 def servers_of(sandbox: Path) -> set[int]:
@@ -122,14 +138,18 @@ def servers_of(sandbox: Path) -> set[int]:
 
 README_STEP = re.compile(r"^  (?P<command>\./\S+|orch .*?)(?:\s+#\s*(?P<comment>.*))?$")
 
-def leave_kept(kept: Path) -> None:
-    """Stop the kept sandbox's server with its own stop-server.sh (waiting for it to go), then remove it."""
+def stop_kept(kept: Path) -> None:
+    """Stop the kept sandbox's server with its own stop-server.sh, waiting for it to go."""
     subprocess.run(["./stop-server.sh"], cwd=kept, capture_output=True, timeout=30)
     deadline = time.monotonic() + 30
     while servers_of(kept) and time.monotonic() < deadline:
         time.sleep(0.1)
-    shutil.rmtree(kept, ignore_errors=True)
 
+
+def leave_kept(kept: Path) -> None:
+    """Stop the kept sandbox's server with its own stop-server.sh (waiting for it to go), then remove it."""
+    stop_kept(kept)
+    shutil.rmtree(kept, ignore_errors=True)
 
 
 def readme_steps(readme: str) -> list[tuple[list[str], str]]:
@@ -140,19 +160,15 @@ def readme_steps(readme: str) -> list[tuple[list[str], str]]:
             for m in map(README_STEP.match, readme.splitlines()) if m]
 
 
-def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
+def walk_the_readme(kept: Path, original: bytes, env: dict[str, str]) -> None:
     """Every command of the kept sandbox's README.txt, run as the text says, in its order;
-    each exits as its comment says, and the outcomes the issue pins hold (issue 20)."""
+    each exits as its comment says, and the outcomes the issue pins hold (issue 20).
+    ``original``: server_args.py as the demo left it."""
     import json
     import urllib.request
 
-    env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path))
-    proc = run_orch(["demo", "--keep"], cwd=tmp_path, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    kept = Path(re.search(r"sandbox kept in (\S+) ", proc.stdout + proc.stderr).group(1))
     port = int(re.search(r"port (\d+)", (kept / "start-server.sh").read_text()).group(1))
     server_args = kept / "sglang" / "python" / "sglang" / "srt" / "server_args.py"
-    original = server_args.read_bytes()
 
     def info() -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=5) as r:
@@ -175,53 +191,49 @@ def test_the_kept_sandbox_readme_walked_in_order(tmp_path) -> None:
     ]
     promised: list[int] = []  # each orch step's exit code as its comment says first
     rollbacks = 0
-    try:
-        for argv, comment in steps:
-            before = {"pid": listening(), "applied": applied()}
-            run = (run_orch(argv[1:], cwd=kept, timeout=300, env=env) if argv[0] == "orch" else
-                   subprocess.run(argv, cwd=kept, capture_output=True, text=True, timeout=300, env=env))
-            out = run.stdout + run.stderr
-            said = [int(code) for code in re.findall(r"exit (\d)", comment)]  # the first, or another it names
-            if argv[0] == "orch":
-                assert said, f"the README's comment on `{' '.join(argv)}` says no exit code"
-            if said:
-                assert run.returncode in said, f"{' '.join(argv)}: {comment}\n{out}"
-                promised.append(said[0])
-            elif argv[0] != "./stop-server.sh":
-                assert run.returncode == 0, out
-            if argv[-1] == "gated.yaml" and "--var" not in argv:
+    for argv, comment in steps:
+        before = {"pid": listening(), "applied": applied()}
+        run = (run_orch(argv[1:], cwd=kept, timeout=300, env=env) if argv[0] == "orch" else
+               subprocess.run(argv, cwd=kept, capture_output=True, text=True, timeout=300, env=env))
+        out = run.stdout + run.stderr
+        said = [int(code) for code in re.findall(r"exit (\d)", comment)]  # the first, or another it names
+        if argv[0] == "orch":
+            assert said, f"the README's comment on `{' '.join(argv)}` says no exit code"
+        if said:
+            assert run.returncode in said, f"{' '.join(argv)}: {comment}\n{out}"
+            promised.append(said[0])
+        elif argv[0] != "./stop-server.sh":
+            assert run.returncode == 0, out
+        if argv[-1] == "gated.yaml" and "--var" not in argv:
+            assert info()["speculative_disable_batch_threshold"] == 8
+            gated = applied()[-1]
+        if "slowdown=2" in argv:
+            assert "performance gate failed" in out and applied() == before["applied"]
+            assert info()["speculative_disable_batch_threshold"] == 8
+        if argv[-1] == "speculative-disable" and "--check" not in argv:
+            assert (f"declaration provided by release {gated} (playbook speculative-disable-gated)"
+                    in out), out
+            assert info()["speculative_disable_batch_threshold"] == 32
+            assert server_args.read_text().count("speculative_disable_batch_threshold: ") == 1
+        if argv[-1] == "bad-flag.yaml":
+            assert "unrecognized arguments: --speculative-disable-batch-treshold" in out, out
+            assert listening() == before["pid"] and before["pid"] is not None
+            assert applied() == before["applied"]
+        if argv[-1] == "bad-patch.yaml":
+            assert "this patch breaks the server at start" in out
+            assert info()["speculative_disable_batch_threshold"] == 32
+        if argv[1:2] == ["rollback"]:
+            rollbacks += 1
+            if rollbacks == 1:
+                assert applied() == [gated]
                 assert info()["speculative_disable_batch_threshold"] == 8
-                gated = applied()[-1]
-            if "slowdown=2" in argv:
-                assert "performance gate failed" in out and applied() == before["applied"]
-                assert info()["speculative_disable_batch_threshold"] == 8
-            if argv[-1] == "speculative-disable" and "--check" not in argv:
-                assert (f"declaration provided by release {gated} (playbook speculative-disable-gated)"
-                        in out), out
-                assert info()["speculative_disable_batch_threshold"] == 32
-                assert server_args.read_text().count("speculative_disable_batch_threshold: ") == 1
-            if argv[-1] == "bad-flag.yaml":
-                assert "unrecognized arguments: --speculative-disable-batch-treshold" in out, out
-                assert listening() == before["pid"] and before["pid"] is not None
-                assert applied() == before["applied"]
-            if argv[-1] == "bad-patch.yaml":
-                assert "this patch breaks the server at start" in out
-                assert info()["speculative_disable_batch_threshold"] == 32
-            if argv[1:2] == ["rollback"]:
-                rollbacks += 1
-                if rollbacks == 1:
-                    assert applied() == [gated]
-                    assert info()["speculative_disable_batch_threshold"] == 8
-                else:
-                    assert applied() == []
-                    assert info().get("speculative_disable_batch_threshold") is None
-                    assert "--speculative-disable-batch-threshold" not in " ".join(cmdline_of(listening()))
-                    assert server_args.read_bytes() == original
-        # the comments themselves, pinned: what the issue asks each step to do
-        assert promised == [0, 0, 0, 0, 1, 0, 2, 1, 1, 0, 0, 0], promised
-    finally:
-        leave_kept(kept)
-    assert servers_of(kept) == set(), "stop-server.sh left the kept sandbox's server running"
+            else:
+                assert applied() == []
+                assert info().get("speculative_disable_batch_threshold") is None
+                assert "--speculative-disable-batch-threshold" not in " ".join(cmdline_of(listening()))
+                assert server_args.read_bytes() == original
+    # the comments themselves, pinned: what the issue asks each step to do
+    assert promised == [0, 0, 0, 0, 1, 0, 2, 1, 1, 0, 0, 0], promised
 
 
 def cmdline_of(pid: int | None) -> list[str]:

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -718,8 +719,10 @@ def demo_servers(where: Path | None = None) -> set[int]:
 
 
 def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) -> None:
+    """The plain (not --keep) demo: its nights, everything stopped, and no file it deletes named.
+    The suite's one plain `orch demo nightly` run (test_nightly_report.py's tests use a kept one)."""
     before = demo_servers(tmp_path)
-    proc = run_orch(["demo", "nightly", "--json"], cwd=tmp_path, timeout=300,
+    proc = run_orch(["demo", "nightly", "--json"], cwd=tmp_path, timeout=600,
                           env=dict(os.environ, COLUMNS="120", NO_COLOR="1", TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
@@ -733,3 +736,10 @@ def test_orch_demo_nightly_runs_its_nights_and_stops_everything(tmp_path: Path) 
     assert f"current -> {steps['night 2']['build']} (night 2)" in err
     assert "demo finished as expected" in err
     assert demo_servers(tmp_path) - before == set(), "the demo left a server running"
+    # without --keep the sandbox is deleted: no path into it is named, nor the page or chart
+    out = proc.stdout + proc.stderr
+    assert "<sandbox>/builds/" in out
+    named = re.findall(r"(/\S*orch-nightly-demo-\S*)", out)
+    assert named == [], named
+    assert "trend.svg" not in out and "index.html" not in out
+    assert report["sandbox"] is None

@@ -325,14 +325,3 @@ def test_rollback_to_row_an_ambiguous_night_suffix_is_refused_and_the_page_is_le
     assert "nightly page rewritten" not in said and "Traceback" not in said
     assert (page.read_bytes(), page.stat().st_mtime_ns, os.readlink(sandbox / "builds" / "current")) == before
 
-
-def test_demo_nightly_without_keep_names_no_file_it_deletes(tmp_path: Path) -> None:
-    proc = run_orch(["demo", "nightly", "--json"], cwd=tmp_path, timeout=600,
-                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout + proc.stderr
-    assert "demo finished as expected" in out and "<sandbox>/builds/" in out
-    named = re.findall(r"(/\S*orch-nightly-demo-\S*)", out)
-    assert named == [], named
-    assert "trend.svg" not in out and "index.html" not in out
-    assert json.loads(proc.stdout)["sandbox"] is None
