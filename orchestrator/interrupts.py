@@ -10,9 +10,9 @@ other thread (a link's reader, a fleet's worker) waited for ever: seen once in C
 deploy that hung after its Ctrl-C until the test's 240 s ran out.
 
 So a handler answers through ``when_safe``: in such a frame its answer (which raises) is
-not given now but a moment later, from a SIGALRM that finds the import finished (each import is short:
-it is retried every 10 ms). Standard library only: the console script's first handlers
-use it too.
+not given now but a moment later, from a SIGALRM that finds the import finished (each
+import is short: it is tried again every 10 ms). Standard library only: the console
+script's first handlers use it too.
 """
 
 from __future__ import annotations
