@@ -3,8 +3,9 @@ beginning after a failed step, and the verdict that ends a release's event log.
 
 The runner (``runner.py``) writes them to the release's ``events.jsonl``; every follower (the
 deploy's own controller, ``orch status --follow``, a fleet following a lost host) reads them
-back through ``runner_event_of``. They outlive the run that wrote them, so readers take the documented
-default for a field an older runner did not write and ignore one a newer runner adds.
+back through ``runner_event_of``. They outlive the run that wrote them, so readers take the
+documented default for a field an older runner did not write and ignore one a newer runner
+adds.
 
 Standard library only, Python 3.8 syntax: this module is shipped to the host.
 """
