@@ -13,12 +13,19 @@ So a handler answers through ``when_safe``: in such a frame its answer (which ra
 not given now but a moment later, from a SIGALRM that finds the import finished (each
 import is short: it is tried again every 10 ms). Standard library only: the console
 script's first handlers use it too.
+
+The import machinery is not the only place that drops an exception: so does any
+``__del__``, weakref callback or C library that reports one as "Exception ignored"
+(seen once: a Ctrl-C in ``orch lint`` while pydantic-core used a field's ``pattern``;
+the run went on and said "ok", exit 0). ``answer_dropped_interrupts`` catches such an
+interrupt at ``sys.unraisablehook`` and gives it again, the same way, a moment later.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -77,12 +84,44 @@ def when_safe(frame: FrameType | None, answer: Callable[[], None]) -> None:
     if not in_import_machinery(frame):
         answer()
         return
+    later(answer)
+
+
+def later(answer: Callable[[], None]) -> None:
+    """Give ``answer`` from a SIGALRM in ``RETRY_SECONDS``, outside the import machinery
+    (``when_safe``); an answer already waiting is replaced. On the main thread only."""
     waiting = signal.getsignal(signal.SIGALRM)
     if isinstance(waiting, _WaitingAnswer):
         waiting.answer = answer
         return
     signal.signal(signal.SIGALRM, _WaitingAnswer(answer, waiting))
     signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
+
+
+def answer_dropped_interrupts() -> Callable[[], None]:
+    """From now on, an interrupt the interpreter would drop as "Exception ignored" on the
+    main thread (raised by a signal handler inside a ``__del__``, a weakref callback, a C
+    library's callback) is signalled again a moment later (``later``), where its handler
+    answers it as it would have (a command that has ended meanwhile is not cut short);
+    any other such exception is reported as before. Returns what puts the previous
+    ``sys.unraisablehook`` back: the run's end, after which a Ctrl-C changes nothing.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        dropped = unraisable.exc_value
+        if isinstance(dropped, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            # the signal it stands for: SIGINT, or ``errors.Terminated``'s SIGTERM / SIGHUP
+            signum = signal.Signals(getattr(dropped, "signum", signal.SIGINT))
+            later(lambda: signal.raise_signal(signum))
+            return
+        previous(unraisable)
+
+    def put_back() -> None:
+        sys.unraisablehook = previous
+
+    sys.unraisablehook = hook
+    return put_back
 
 
 def forget_waiting() -> None:

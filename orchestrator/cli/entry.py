@@ -15,11 +15,12 @@ import sys
 from types import FrameType
 
 from orchestrator import ctrl_c_seen, interrupted, note_ctrl_c
-from orchestrator.interrupts import forget_waiting, when_safe
+from orchestrator.interrupts import answer_dropped_interrupts, forget_waiting, when_safe
 
 
 def main() -> None:
     args = sys.argv[1:]
+    put_back_hook = answer_dropped_interrupts()
     try:
         from orchestrator.cli.app import main as run_cli
 
@@ -41,6 +42,7 @@ def main() -> None:
         # and must not kill the interpreter while it exits (it restores the default action).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         forget_waiting()
+        put_back_hook()
 
 
 def ctrl_c(_signum: int, frame: FrameType | None) -> None:
