@@ -96,7 +96,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.pipeline.events import Reporter, RunLog
 from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
-from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
+from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -115,7 +115,7 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
     staged_preflight,
 )
-from orchestrator.pipeline.release import Cut, RestoreCut, restore_here
+from orchestrator.pipeline.release import Cut, Handover, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -123,13 +123,10 @@ from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
 from orchestrator.shell.config_files import LoadedPlaybook
 from orchestrator.shell.program import (
-    STEPS_FILE,
     ReleaseProgram,
     RunVerdict,
     StepResults,
     read_steps,
-    release_follow,
-    release_run,
     release_stamp,
 )
 from orchestrator.shell.replies import Malformed
@@ -224,13 +221,9 @@ class Deployment:
         manifest = dict(self._manifest(), watchdog_budget=budget)
         self.program = self._program()
         self.backup_sent = True
-        arm = ops.release_arm(self.state_dir, self.release_dir)
-        armed = self.session.batch([
-            ops.release_create(self.state_dir, self.release_id, manifest, files, restore=spec),
-            self.program.write(self.release_dir),
-            ops.put_json(self._journal_path(), self._journal(JournalStep.BACKED_UP)),
-            arm,
-        ])[arm]
+        armed = self._handover().arm(
+            [ops.release_create(self.state_dir, self.release_id, manifest, files, restore=spec)], self.program,
+            ops.put_json(self._journal_path(), self._journal(JournalStep.BACKED_UP)))
         self.deadline = armed or self.deadline
         self.release_created = True
         self.reached = Step.ARMED
@@ -252,12 +245,9 @@ class Deployment:
         self.reached = Step.COMMITTING if wire else self.reached
         self._start("commit")
         before = self._steps() + [{"step": "commit", "at": round(self.session.host_time(), 3), "seconds": None}]
-        run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
-        steps += [ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started_at, "steps": before}),
-                  run, follow, reported_op(self.release_dir, "deploy")]
         self.follower = RunnerFollow(self.session, self.reporter, self.release_dir, "deploy", self._on_runner_event)
         try:
-            got = self.follower.run(steps, follow)
+            got = self._handover().run(self.follower, steps, self.started_at, before)
         except RemoteStepError as e:
             if wire and e.op == "batch":
                 # what the commit wrote, by the host's record: never assumed from where the batch failed
@@ -273,6 +263,9 @@ class Deployment:
         if isinstance(got, StoppedFollowing):
             return self._stopped_following(got)
         return self._aborted(got.verdict) if got.aborted else self._verdict(got.verdict)
+
+    def _handover(self) -> Handover:
+        return Handover(self.session, self.state_dir, self.release_dir, "deploy")
 
     def _on_runner_event(self, ev: dict[str, Any]) -> None:
         """One event of the runner's log, as it comes: the step lines in the order the host

@@ -132,7 +132,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter, RunLog
-from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
+from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing
 from orchestrator.pipeline.locking import (
     current_release_dir,
     open_state,
@@ -147,7 +147,7 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
 )
 from orchestrator.pipeline.probe import probe_ops, read_probe
-from orchestrator.pipeline.release import Cut, RestoreCut, restore_here
+from orchestrator.pipeline.release import Cut, Handover, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -161,12 +161,9 @@ from orchestrator.shell.config_files import (
 )
 from orchestrator.shell.nightly_files import LoadedNightly
 from orchestrator.shell.program import (
-    STEPS_FILE,
     ReleaseProgram,
     RunVerdict,
     read_steps,
-    release_follow,
-    release_run,
     release_stamp,
 )
 from orchestrator.shell.replies import Malformed
@@ -684,18 +681,17 @@ class Night:
                                started=new_start.to_wire())
         self.program = self.make_program(new_start)
         self.arm_sent = True
-        arm = ops.release_arm(self.state_dir, self.release_dir)
-        armed = self.session.batch([
-            ops.release_update(self.state_dir, self.name,
-                               dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
-            ops.put_json(StatePaths(self.state_dir).restore(self.name), restore),
-            self.program.write(self.release_dir),
-            self.journal(JournalStep.ARMED),
-            arm,
-        ])[arm]
+        armed = self.handover().arm(
+            [ops.release_update(self.state_dir, self.name,
+                                dict(self.switch_record(previous, new_start), watchdog_budget=budget)),
+             ops.put_json(StatePaths(self.state_dir).restore(self.name), restore)],
+            self.program, self.journal(JournalStep.ARMED))
         self.deadline = armed or self.deadline
         self.reached = Step.ARMED
         self.reporter.event(self.label, events.NightArmed(self.deadline))
+
+    def handover(self) -> Handover:
+        return Handover(self.session, self.state_dir, self.release_dir, "nightly")
 
     def make_program(self, new_start: ServerStart) -> ReleaseProgram:
         """Every step after the arm, as requests: stop the old server, point ``current`` at
@@ -767,13 +763,9 @@ class Night:
         self.reporter.event(self.label, events.Switching(running.pid if running else None, self.name,
                                                          tuple(redact_argv(new_start.argv, self.secret_list))))
         self.reached = Step.RESTARTING
-        before = self.clock.steps(self.session.host_time)
-        run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
-        steps = [self.journal(JournalStep.SWITCHING),
-                 ops.put_json(f"{self.release_dir}/{STEPS_FILE}", {"started": self.started, "steps": before}),
-                 run, follow, reported_op(self.release_dir, "nightly")]
-        got = RunnerFollow(self.session, self.reporter, self.release_dir, "nightly", self.on_runner_event).run(
-            steps, follow)
+        follower = RunnerFollow(self.session, self.reporter, self.release_dir, "nightly", self.on_runner_event)
+        got = self.handover().run(follower, [self.journal(JournalStep.SWITCHING)], self.started,
+                                  self.clock.steps(self.session.host_time))
         if isinstance(got, StoppedFollowing):
             return self.stopped_following(got)
         return self.aborted(got.verdict) if got.aborted else self.ended(got.verdict)

@@ -1,5 +1,13 @@
-"""What a deploy and a night share when they fail before their commit: the restore this
-controller asks for, and the ways it can come back without a record.
+"""What a deploy and a night share around their commit: the two batches that arm the
+release and hand it to its runner (``Handover``), and, when they fail before the
+commit, the restore this controller asks for and the ways it can come back without
+a record.
+
+Each supplies its own records (a deploy's backups and manifest, a night's switch
+record and restore plan) and its own program; the shape is the same: the records,
+the program, the journal and the guard armed in one round trip, before anything
+live is touched; then the commit (a deploy's files; a night has none) with the
+runner started and followed in one more.
 
 After the commit a release is its runner's (``host/runner.py``), followed by
 ``follow.RunnerFollow``; before it, a failure (a refused pre-flight, a Ctrl-C, a
@@ -19,9 +27,38 @@ from typing import Any
 
 from orchestrator.core.restore import RestoreRecord
 from orchestrator.errors import LinkLostError, OrchError
+from orchestrator.pipeline.follow import Followed, RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.session import HostSession
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
+from orchestrator.shell.program import STEPS_FILE, ReleaseProgram, release_follow, release_run
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The release's two batches around its commit, for a deploy (``command`` "deploy") and
+    a night ("nightly"): the command names whose report the host marks the verdict with."""
+
+    session: HostSession
+    state_dir: str
+    release_dir: str
+    command: str
+
+    def arm(self, records: list[ops.Op], program: ReleaseProgram, journal: ops.Op) -> float | None:
+        """The release's records, its program and its journal written, and its guard armed, in
+        one round trip: the host's time at which the backstop restores it (None if not said)."""
+        arm = ops.release_arm(self.state_dir, self.release_dir)
+        fires_at: float | None = self.session.batch([*records, program.write(self.release_dir), journal, arm])[arm]
+        return fires_at
+
+    def run(self, follower: RunnerFollow, commit: list[ops.Op], started: float,
+            steps: list[dict[str, Any]]) -> Followed | StoppedFollowing:
+        """``commit`` (the files swapped in and the journal's step), the steps' times so far,
+        and the runner started and followed to its verdict, in one round trip."""
+        run, follow = release_run(self.release_dir, self.state_dir), release_follow(self.release_dir)
+        return follower.run([*commit, ops.put_json(f"{self.release_dir}/{STEPS_FILE}",
+                                                   {"started": started, "steps": steps}),
+                             run, follow, reported_op(self.release_dir, self.command)], follow)
 
 
 class Cut(enum.Enum):
