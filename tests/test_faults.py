@@ -446,6 +446,10 @@ def test_the_previous_server_killed_during_the_restore_is_exit_3_then_orch_rollb
     assert rep["outcome"] == "rollback_failed"
     assert "files restored" in rep["error"] and "ROLLBACK FAILED" in rep["error"]
     assert "server exited during start" in rep["error"]
+    ending = rep["ending"]  # the same, as fields: what failed, what the restore did, where the backups are
+    assert ending["kind"] == "restore_failed" and ending["release"] == release_dirs(box)[-1].name, ending
+    assert ending["release_dir"] == str(release_dirs(box)[-1]) and "files restored" in ending["done"]
+    assert "server exited during start" in ending["reason"] and ending["run"] == "deploy"
     assert sha256(box.server_args) == original
     assert box.journal()["finished"] is False and box.journal()["step"] == "restore_failed"
     gate.write_text("")

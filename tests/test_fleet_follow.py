@@ -157,6 +157,11 @@ def test_a_host_still_unreachable_counts_as_failed_and_batch_2_never_starts(flee
     assert "followed again before batch 2, in vain" in hosts["gpu01"]["error"]
     assert hosts["gpu02"]["outcome"] == "not_started"
     assert report["stopped"].startswith("batch 1 of 2 failed"), report["stopped"]
+    # the same as fields: the second try's ending holds the first one's, and gpu02's why
+    ending = hosts["gpu01"]["ending"]
+    assert ending["kind"] == "followed_again_in_vain" and ending["when"] == "before batch 2", ending
+    assert ending["lost"]["kind"] == "lost_after_commit" and ending["lost"]["release"] == release.name, ending
+    assert hosts["gpu02"]["ending"] == {"kind": "not_started", "why": report["stopped"]}
     assert index_of(seen, "gpu01 finished: unreachable") < index_of(
         seen, f"gpu01 following release {release.name} again before batch 2")
     assert f"gpu01 warning: release {release.name} could not be followed again" in text

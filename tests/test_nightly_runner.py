@@ -163,6 +163,9 @@ def test_controller_killed_after_the_switch_the_night_ends_alone_and_status_foll
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 3, out + err
     assert "`orch status --follow --host gpu`" in json.loads(out)["hosts"]["gpu"]["error"], out
+    assert json.loads(out)["hosts"]["gpu"]["ending"] == {
+        "kind": "stopped_following", "host": "gpu", "release": last, "run": "night", "signame": "SIGTERM",
+        "reconnecting": False}, out
     ready_last.write_text("")
     wait_until(lambda: verdicts(box, last) == ["confirmed"], "the runner to confirm the night alone", 240)
     assert nb.current() == last and record(box, last)["outcome"] == "deployed"
@@ -214,6 +217,8 @@ def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_and_a_sever
     late = report_of(nb, crashed)
     assert late["outcome"] == "rolled_back" and late["exit_code"] == 1 and late["night"] == crashed
     assert "exited" in str(late["error"]) or "stab" in str(late["error"]), late["error"]
+    assert late["ending"]["kind"] == "runner_failed" and late["ending"]["release"] == crashed, late["ending"]
+    assert late["ending"]["reason"] == late["error"]
     assert json.loads((release(box, crashed) / "reported.json").read_text())["by"]["command"] == "nightly"
     assert f"report of night {crashed}" in err
     assert report_of(nb, night)["outcome"] == "rolled_back"

@@ -92,6 +92,9 @@ def test_a_rollback_whose_restart_fails_is_exit_3_rollback_failed_and_restored_o
     report = json.loads(out)["hosts"]["gpu"]
     assert report["outcome"] == "rollback_failed" and report["release"] == release.name, out
     assert "FAILED" in report["error"] and "Traceback" not in out + err
+    ending = report["ending"]  # the same, as fields: which rollback, what it was, what its restore did
+    assert ending["kind"] == "rollback_failed" and ending["release"] == release.name and ending["host"] == "gpu"
+    assert ending["what"].startswith("rolled back ") and ending["done"] in report["error"], ending
     assert verdicts(release) == ["rollback_failed"]
     record = read(release / "restored.json")
     assert record["by"] == "rollback" and record["ok"] is False  # the guard did not restore again
@@ -125,6 +128,8 @@ def test_a_signal_mid_restore_stops_the_following_exit_3_and_the_runner_finishes
     said = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
     assert report["error"] == (f"{said}: orch stopped following rollback {release.name}, which its runner on the "
                                "host finishes; `orch status --follow --host gpu` gives the verdict"), report
+    assert report["ending"] == {"kind": "stopped_following", "host": "gpu", "release": release.name, "run": "rollback",
+                                "signame": None if sig == signal.SIGINT else "SIGTERM", "reconnecting": False}
     assert verdicts(release) == []  # nothing aborted: the runner still waits on the server
     gate.write_text("")
     wait_until(lambda: verdicts(release), "the runner's verdict", 120)

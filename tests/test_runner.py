@@ -226,6 +226,8 @@ def test_ctrl_c_while_reaching_the_host_again_stops_following_exit_3_and_the_run
     assert report["outcome"] == "unreachable", out
     assert f"while reaching the host again: orch stopped following release {release.name}" in report["error"]
     assert "`orch status --follow --host gpu`" in report["error"]
+    assert report["ending"] == {"kind": "stopped_following", "host": "gpu", "release": release.name,
+                                "run": "deploy", "signame": None, "reconnecting": True}
     assert "Traceback" not in err
     assert outcome(release) == "in_progress"  # nothing aborted it
     hold.write_text("")
@@ -247,6 +249,11 @@ def test_reconnects_refused_exit_3_then_status_follow_gives_the_verdict(link: Li
     assert report["outcome"] == "unreachable", out
     assert "the host finishes it by itself" in report["error"]
     assert "`orch status --follow --host gpu`" in report["error"]
+    # the same ending as fields (``core.endings``): which release, and when its backstop acts
+    ending = report["ending"]
+    assert ending["kind"] == "lost_after_commit" and ending["release"] == release.name, ending
+    assert ending["host"] == "gpu" and ending["run"] == "deploy" and isinstance(ending["backstop_at"], float)
+    assert ending["reason"] in report["error"]
     assert outcome(release) == "in_progress"  # nothing was aborted
     box.write_inventory()  # the route back (straight to sshd)
     follower = box.start_orch("status", "--follow", "--host", "gpu", "--json")

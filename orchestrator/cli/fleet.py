@@ -23,6 +23,7 @@ from typing import TypeVar
 from orchestrator.cli.live import FleetReporter, HostBoard, start_board
 from orchestrator.cli.output import Output, live_stopped
 from orchestrator.cli.views import ConsoleReporter
+from orchestrator.cli.words import line
 from orchestrator.core.outcomes import INTERRUPTED as INTERRUPTED_VERDICT
 from orchestrator.core.outcomes import Outcome, read_verdict
 from orchestrator.core.selection import hosts_to_retry, retry_file_text
@@ -95,7 +96,7 @@ def run_reports(
     after = None
     if undo is not None:
         def after(batch: list[HostTarget], done: dict[str, HostReport]) -> dict[str, HostReport]:
-            return undo_changed(batch, done, timed(undo), plan.forks, hooks)
+            return undo_changed(batch, done, timed(undo), plan.forks, hooks, line)
 
     settle = None
     if follow is not None:
@@ -112,7 +113,7 @@ def run_reports(
     report = RunReport(stopped=run.stopped)
     for target in targets:
         name = target.name
-        report.hosts[name] = run.results.get(name) or not_started(name, run.stopped or INTERRUPTED)
+        report.hosts[name] = run.results.get(name) or not_started(name, run.stopped or INTERRUPTED, line)
     if many:
         report.retry_file = write_retry_file(out, report)
     return report
@@ -170,7 +171,7 @@ def read_hosts(
             live_stopped(live)
     if run.stopped == INTERRUPTED:
         raise KeyboardInterrupt
-    return {t.name: run.results.get(t.name) or not_started(t.name, run.stopped or INTERRUPTED)
+    return {t.name: run.results.get(t.name) or not_started(t.name, run.stopped or INTERRUPTED, line)
             for t in targets}
 
 

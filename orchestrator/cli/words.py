@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import singledispatch
 
+from orchestrator.core import endings as end
 from orchestrator.core import events as ev
 from orchestrator.core.predates import predates_note
 from orchestrator.core.preflight import NOT_CHECKED_NOTE
@@ -350,3 +351,166 @@ def _(e: ev.LockTakenOver) -> str:
 @line.register
 def _(e: ev.StaleLockBroken) -> str:
     return f"breaking the stale lock of {e.holder} (no heartbeat for {e.age:.0f} s)"
+
+
+# ---------------------------------------------------------------- endings (``core.endings``): a report's ``error``
+
+
+def _at(when: float | None) -> str:
+    """``at``, for a time an ending may not know (a rollback has no backstop to name)."""
+    return at(when) if when is not None else "?"
+
+
+def _whose(run: str, release: str) -> str:
+    """``release R``, ``night N``, ``rollback R``: whose release a sentence names."""
+    return f"{'release' if run == 'deploy' else run} {release}"
+
+
+@line.register
+def _(e: end.StoppedFollowing) -> str:
+    whose = _whose(e.run, e.release)
+    if e.run == "rollback":
+        said = e.signame or ("interrupted (Ctrl-C) while reaching the host again" if e.reconnecting
+                             else "interrupted (Ctrl-C)")
+        why = f"{said}: orch stopped following {whose}, which its runner on the host finishes"
+    elif e.signame:
+        why = f"{e.signame}: orch stopped following {whose}, which its runner on the host finishes"
+    elif e.reconnecting:
+        why = (f"interrupted (Ctrl-C) while reaching the host again: orch stopped following {whose}, "
+               "which its runner on the host finishes")
+    else:
+        doing = "switching it back" if e.run == "night" else "aborting it"
+        why = f"interrupted again: orch stopped following {whose}, which its runner on the host still finishes ({doing})"
+    return f"{why}; `orch status --follow --host {e.host}` gives the verdict"
+
+
+@line.register
+def _(e: end.FollowInterrupted) -> str:
+    return f"stopped following release {e.release}; its runner still finishes it"
+
+
+@line.register
+def _(e: end.LostAfterCommit) -> str:
+    verdict = f"`orch status --follow --host {e.host}` gives the verdict"
+    if e.run == "rollback":
+        return f"{e.reason} after the rollback {e.release} was handed on; the host finishes it by itself; {verdict}"
+    if e.run == "night":
+        return (f"{e.reason} during night {e.release}; the host finishes it by itself (its runner confirms it or "
+                f"switches it back; the backstop switches it back at {_at(e.backstop_at)} at the latest); {verdict}")
+    return (f"{e.reason} after the commit of release {e.release}; the host finishes it by itself (its "
+            f"runner confirms or restores it; the backstop restores it at {_at(e.backstop_at)} at "
+            f"the latest); {verdict}")
+
+
+@line.register
+def _(e: end.LostDuringRestore) -> str:
+    if e.run == "night":
+        return (f"{e.reason}; {e.lost}: the switch back of night {e.release} was under way on the host when the "
+                f"link dropped: the host finishes it by itself, and the backstop backs it up at {at(e.until)}; run "
+                f"`orch status --host {e.host}` to see")
+    return (f"{e.reason}; the restore of release {e.release} was under way on the host when the link "
+            f"dropped: the host finishes it by itself, and the watchdog backs it up at "
+            f"{at(e.until)}; run `orch status --host {e.host}` to see")
+
+
+@line.register
+def _(e: end.LostBeforeCommit) -> str:
+    return (f"{e.reason}; nothing on the host was changed. The watchdog closes release {e.release} at "
+            f"{at(e.closes_at)}, or `orch rollback --host {e.host}` does it now")
+
+
+@line.register
+def _(e: end.LostBeforeChange) -> str:
+    return f"{e.reason}; " + ("nothing live was touched" if e.run == "night" else "nothing on the host was changed")
+
+
+@line.register
+def _(e: end.InterruptedBeforeChange) -> str:
+    return "interrupted (Ctrl-C) before anything changed"
+
+
+@line.register
+def _(e: end.FollowedAgainInVain) -> str:
+    earlier = f"{line(e.lost)}; " if e.lost is not None else ""
+    return f"{earlier}followed again {e.when}, in vain: {e.reason}"
+
+
+@line.register
+def _(e: end.InterruptedDuringRestore) -> str:
+    if e.run == "night":
+        return (f"{e.host}: interrupted again during the switch back of night {e.release}: orch stopped "
+                f"waiting and the restore on the host stopped where it was. The backstop finishes it at "
+                f"{at(e.until)}; or run `orch rollback --host {e.host}` now")
+    return (f"{e.host}: interrupted again during the rollback of {e.release}: orch stopped "
+            f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
+            f"{at(e.until)}; or run `orch rollback --host {e.host}` now")
+
+
+@line.register
+def _(e: end.RestoreCouldNotRun) -> str:
+    if e.run == "night":
+        return (f"{e.host}: night {e.release} failed ({e.reason}) and its switch back could not run: {e.problem}. "
+                f"The backstop switches back at {at(e.until)}; run `orch status --host {e.host}`")
+    return (f"{e.host}: deploy failed ({e.reason}) and its restore could not run: {e.problem}. Backups are in "
+            f"{e.release_dir}; the watchdog restores at {at(e.until)}; run `orch status --host {e.host}`")
+
+
+@line.register
+def _(e: end.RestoreFailed) -> str:
+    if e.run == "night":
+        return (f"{e.reason}; and the SWITCH BACK FAILED: {e.done}. The host is not known to be healthy; its "
+                f"restore plan is {e.release_dir}/restore.json; fix the cause and run "
+                f"`orch rollback --host {e.host}`")
+    return (f"{e.reason}; and the ROLLBACK FAILED: {e.done}. The host is not known to be healthy; "
+            f"backups are in {e.release_dir}; fix the cause and run `orch rollback --host {e.host}`")
+
+
+@line.register
+def _(e: end.RunnerCouldNotRestore) -> str:
+    if e.run == "night":
+        return (f"{e.host}: night {e.release} failed ({e.reason}) and the host's runner could not switch it "
+                f"back: {e.problem}; its restore plan is {e.release_dir}/restore.json; run "
+                f"`orch rollback --host {e.host}`")
+    return (f"{e.host}: deploy failed ({e.reason}) and the host's runner could not restore it: "
+            f"{e.problem}. Backups are in {e.release_dir}; run `orch rollback --host {e.host}`")
+
+
+@line.register
+def _(e: end.RestoringWithoutRecord) -> str:
+    if e.run == "night":
+        return (f"{e.host}: the backstop's deadline passed before the night could confirm; night {e.release} "
+                f"is being switched back but left no record; run `orch status --host {e.host}`")
+    return (f"{e.host}: the watchdog's deadline passed before the deploy could confirm; the watchdog is "
+            f"restoring release {e.release} but left no record; run `orch status --host {e.host}`")
+
+
+@line.register
+def _(e: end.RollbackFailed) -> str:
+    return (f"{e.host}: {e.what} FAILED: {e.done}. The host is not known to be healthy; fix the cause and run "
+            f"`orch rollback --host {e.host}` again")
+
+
+@line.register
+def _(e: end.RollbackLeftNoRecord) -> str:
+    return (f"{e.host}: the rollback {e.release} ended without a restore record ({e.reason}); "
+            f"run `orch status --host {e.host}`")
+
+
+@line.register
+def _(e: end.RunnerFailed) -> str:
+    return e.reason
+
+
+@line.register
+def _(e: end.UndoneWithBatch) -> str:
+    return f"rolled back with its failed batch (--rollback-all-on-failure): {e.done}"
+
+
+@line.register
+def _(e: end.NotUndoneWithBatch) -> str:
+    return f"its batch failed and --rollback-all-on-failure could not roll it back: {e.reason}"
+
+
+@line.register
+def _(e: end.NotStarted) -> str:
+    return f"not started: {e.why}"

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core import events
+from orchestrator.core import endings, events
 from orchestrator.core.budget import BudgetItem, deploy_budget, gate_items, restore_budget, total
 from orchestrator.core.outcomes import (
     CHANGED,
@@ -117,7 +117,7 @@ from orchestrator.pipeline.plan import (
 )
 from orchestrator.pipeline.release import Cut, Handover, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
-from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
+from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError
@@ -342,18 +342,11 @@ class Deployment:
     def _stopped_following(self, stop: StoppedFollowing) -> HostReport:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the commit: one line naming the release and
         where its verdict is; exit 3. A signal aborts nothing: the runner goes on as it was."""
-        if stop.signame:
-            why = f"{stop.signame}: orch stopped following release {self.release_id}, which its runner on the host finishes"
-        elif stop.reconnecting:
-            why = (f"interrupted (Ctrl-C) while reaching the host again: orch stopped following release "
-                   f"{self.release_id}, which its runner on the host finishes")
-        else:
-            why = (f"interrupted again: orch stopped following release {self.release_id}, which its runner on the "
-                   "host still finishes (aborting it)")
+        ending = endings.StoppedFollowing(self.label, self.release_id, "deploy", stop.signame, stop.reconnecting)
         return HostReport.ended(
             self.label, STOPPED_FOLLOWING, release=self.release_id,
             files=[f.path for f in self.plan.changed_files], extra={"timings": self.timings},
-            error=f"{why}; `orch status --follow --host {self.label}` gives the verdict")
+            ending=ending, error=self._words(ending))
 
     def _verdict(self, v: RunVerdict) -> HostReport:
         """The runner's verdict as this host's report: confirmed, or the failure it restored."""
@@ -569,10 +562,8 @@ class Deployment:
                 self.clock.adopt([{"step": "rollback", "at": began, "seconds": round(ended - began, 3)}])
             if record is None:
                 error = self.runner_verdict.event.error or {}
-                return self._unsafe(
-                    f"{self.label}: deploy failed ({reason}) and the host's runner could not restore it: "
-                    f"{error.get('message', '?')}. Backups are in {self.release_dir}; run "
-                    f"`orch rollback --host {self.label}`", reason)
+                return self._unsafe(endings.RunnerCouldNotRestore(
+                    self.label, self.release_id, reason, str(error.get("message", "?")), self.release_dir))
         else:
             pb = self.plan.loaded.model
             self._start("rollback")
@@ -603,14 +594,9 @@ class Deployment:
             self._remove_staged()
             return self._report(cause, reason, None)
         if cut.why is Cut.INTERRUPTED:
-            return self._unsafe(
-                f"{self.label}: interrupted again during the rollback of {self.release_id}: orch stopped "
-                f"waiting and the restore on the host stopped where it was. The watchdog finishes it at "
-                f"{at(cut.until)}; or run `orch rollback --host {self.label}` now", reason)
-        return self._unsafe(
-            f"{self.label}: deploy failed ({reason}) and its restore could not run: {cut.error}. Backups are in "
-            f"{self.release_dir}; the watchdog restores at {at(cut.until)}; run `orch status --host "
-            f"{self.label}`", reason)
+            return self._unsafe(endings.InterruptedDuringRestore(self.label, self.release_id, cut.until))
+        return self._unsafe(endings.RestoreCouldNotRun(self.label, self.release_id, reason, str(cut.error),
+                                                       self.release_dir, cut.until))
 
     def _remove_staged(self) -> None:
         """Before the commit, a failed deploy leaves no staged copy beside its targets (best effort:
@@ -623,15 +609,14 @@ class Deployment:
         """The guard (or a person's ``orch rollback``) restored the release before it could confirm."""
         why = "the watchdog's deadline passed before the deploy could confirm"
         if record is None:
-            return self._unsafe(
-                f"{self.label}: {why}; the watchdog is restoring release {self.release_id} but left no record; "
-                f"run `orch status --host {self.label}`", why)
+            return self._unsafe(endings.RestoringWithoutRecord(self.label, self.release_id))
         return self._report(RemoteError(why), why, record)
 
     def _report(self, cause: BaseException, reason: str, record: RestoreRecord | None,
                 restoring_until: float | None = None) -> HostReport:
         """The host's report: outcome and exit code from the policy, message from what was done."""
         v: Verdict = verdict(cause, self.reached, record)
+        ending: endings.Ending | None = None
         files = [f.path for f in self.plan.changed_files]
         label = self.label
         if record is not None:
@@ -643,15 +628,15 @@ class Deployment:
             elif record.ok:
                 self.reporter.event(label, events.ReleaseClosed(self.release_id))
             else:
-                reason = (f"{reason}; and the ROLLBACK FAILED: {done}. The host is not known to be healthy; "
-                          f"backups are in {self.release_dir}; fix the cause and run `orch rollback --host {label}`")
+                ending = endings.RestoreFailed(label, self.release_id, reason, done, self.release_dir)
             for f in record.drift:
                 self.reporter.event(label, events.DriftKept(f.path, f.drift))
             for problem in record.record_errors:
                 self.reporter.event(label, events.RestoreNotRecorded(problem))
             return HostReport(label, v.outcome, v.exit_code, release=self.release_id, files=files,  # type: ignore[arg-type]
-                              error=reason, extra={"restore": done, "drift": [f.path for f in record.drift],
-                                                   "timings": self.timings, **self._gate_report()})
+                              error=self._words(ending) if ending else reason, ending=ending,
+                              extra={"restore": done, "drift": [f.path for f in record.drift],
+                                     "timings": self.timings, **self._gate_report()})
         extra: dict[str, Any] = {"timings": self.timings}
         if isinstance(cause, LinkLostError):
             if restoring_until is None and self.reached >= Step.COMMITTING:
@@ -659,26 +644,26 @@ class Deployment:
                 extra[LOST_AFTER_COMMIT] = {"release_dir": self.release_dir,
                                               "events_seen": self.follower.lines_seen if self.follower else 0}
             if restoring_until is not None:
-                reason += (f"; the restore of release {self.release_id} was under way on the host when the link "
-                           f"dropped: the host finishes it by itself, and the watchdog backs it up at "
-                           f"{at(restoring_until)}; run `orch status --host {label}` to see")
+                ending = endings.LostDuringRestore(label, self.release_id, reason, self._redact(str(cause)),
+                                                   restoring_until)
             elif self.reached >= Step.COMMITTING:
-                reason += (f" after the commit of release {self.release_id}; the host finishes it by itself (its "
-                           f"runner confirms or restores it; the backstop restores it at {at(self.deadline)} at "
-                           f"the latest); `orch status --follow --host {label}` gives the verdict")
+                ending = endings.LostAfterCommit(label, self.release_id, reason, self.deadline)
             elif self.release_created:
-                reason += (f"; nothing on the host was changed. The watchdog closes release {self.release_id} at "
-                           f"{at(self.deadline)}, or `orch rollback --host {label}` does it now")
+                ending = endings.LostBeforeCommit(label, self.release_id, reason, self.deadline)
             else:
-                reason += "; nothing on the host was changed"
+                ending = endings.LostBeforeChange(reason)
         return HostReport(label, v.outcome, v.exit_code, release=self.release_id or None,  # type: ignore[arg-type]
-                          files=files if self.reached >= Step.COMMITTING else [], error=reason,
-                          extra=extra)
+                          files=files if self.reached >= Step.COMMITTING else [],
+                          error=self._words(ending) if ending else reason, ending=ending, extra=extra)
 
-    def _unsafe(self, message: str, reason: str) -> HostReport:
+    def _unsafe(self, ending: endings.Ending) -> HostReport:
         return HostReport.ended(self.label, UNSAFE, release=self.release_id,
-                          files=[f.path for f in self.plan.changed_files], error=message,
-                          extra={"timings": self.timings})
+                          files=[f.path for f in self.plan.changed_files], error=self._words(ending),
+                          ending=ending, extra={"timings": self.timings})
+
+    def _words(self, ending: endings.Ending) -> str:
+        """The ending's sentence, in the words the CLI gave (``ConnectOptions.words``)."""
+        return self.session.options.words(ending)
 
     def _close_record(self, record: RestoreRecord, outcome: str, reason: str | None = None) -> None:
         """Timings, the outcome and the run log into the release (best effort: the link may be gone)."""
@@ -932,13 +917,13 @@ def deploy_host(
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
         v = verdict(cause, reached)
+        ending: endings.Ending | None = None
         if isinstance(cause, KeyboardInterrupt):
-            error = "interrupted (Ctrl-C) before anything changed"
+            ending = endings.InterruptedBeforeChange()
         elif isinstance(cause, LinkLostError):
-            error = f"{cause}; nothing on the host was changed"
-        else:
-            error = str(cause)
-        return HostReport(label, v.outcome, v.exit_code, error=error,  # type: ignore[arg-type]
+            ending = endings.LostBeforeChange(str(cause))
+        return HostReport(label, v.outcome, v.exit_code,  # type: ignore[arg-type]
+                          error=options.words(ending) if ending else str(cause), ending=ending,
                           extra={"timings": clock.timings, "steps": clock.steps(session.host_time),
                                  "events": [e.to_wire() for e in reporter.events]})
 

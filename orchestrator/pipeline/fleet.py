@@ -39,11 +39,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
+from orchestrator.core.endings import Ending, NotUndoneWithBatch, UndoneWithBatch
+from orchestrator.core.events import plain
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import InterruptedTwice
 from orchestrator.interrupts import thread_in_import_machinery
+from orchestrator.pipeline.events import Words
 from orchestrator.pipeline.report import HostReport
 
 R = TypeVar("R")
@@ -310,6 +313,7 @@ def undo_changed(
     undo: HostWork[HostReport],
     forks: int,
     hooks: FleetHooks[HostReport],
+    words: Words = plain,
 ) -> dict[str, HostReport]:
     """``--rollback-all-on-failure``: roll back the hosts of a failed batch whose deploy succeeded.
 
@@ -323,7 +327,7 @@ def undo_changed(
     if not changed:
         return {}
     undone = HostPool(changed, undo, forks, hooks).run()
-    return {name: undone_report(done[name], report) for name, report in undone.items()}
+    return {name: undone_report(done[name], report, words) for name, report in undone.items()}
 
 
 def follow_lost(
@@ -363,17 +367,18 @@ LOST_AFTER_COMMIT = "lost_after_commit"
 """The report field of a deploy that lost its link after the commit: ``{"release_dir", "events_seen"}``."""
 
 
-def undone_report(deployed: HostReport, rollback: HostReport) -> HostReport:
-    """The report of a host whose successful deploy was rolled back with its failed batch."""
+def undone_report(deployed: HostReport, rollback: HostReport, words: Words = plain) -> HostReport:
+    """The report of a host whose successful deploy was rolled back with its failed batch
+    (``words``: the CLI's, for its ``error``)."""
     extra = {**deployed.extra, "undone_by": rollback.release}
     v = undone_verdict(Verdict(rollback.outcome, rollback.exit_code))
+    ending: Ending
     if v.outcome == Outcome.ROLLED_BACK:
-        done = rollback.extra.get("restore") or "restored"
+        ending = UndoneWithBatch(deployed.release, rollback.release, str(rollback.extra.get("restore") or "restored"))
         return HostReport.ended(deployed.host, v, release=deployed.release, files=deployed.files,
-                                error=f"rolled back with its failed batch (--rollback-all-on-failure): {done}",
-                                notes=deployed.notes, extra=extra)
-    why = rollback.error or rollback.outcome
+                                ending=ending, error=words(ending), notes=deployed.notes, extra=extra)
     # still on the release it deployed (healthy then), or not known to be healthy (3)
+    ending = NotUndoneWithBatch(deployed.release, str(rollback.error or rollback.outcome))
     return HostReport.ended(deployed.host, v, release=deployed.release,
                             files=deployed.files, notes=deployed.notes, extra=extra,
-                            error=f"its batch failed and --rollback-all-on-failure could not roll it back: {why}")
+                            ending=ending, error=words(ending))

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import events
+from orchestrator.core import endings, events
+from orchestrator.core.events import plain
 from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, Verdict, runner_verdict
 from orchestrator.core.progress import HostState, view_of_state
 from orchestrator.core.target import HostTarget
@@ -38,7 +39,7 @@ from orchestrator.errors import (
 from orchestrator.host.protocol_events import StepEvent, TickEvent, event_from_wire
 from orchestrator.host.protocol_verdict import AnswersEvent
 from orchestrator.host.records import HostRecords
-from orchestrator.pipeline.events import Reporter
+from orchestrator.pipeline.events import Reporter, Words
 from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
@@ -149,8 +150,9 @@ def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abo
         try:
             v: RunVerdict = session.batch(steps, on_event=runner_steps(reporter, label))[follow]
         except KeyboardInterrupt:
-            return HostReport.ended(label, STOPPED_FOLLOWING, release=release,
-                                    error=f"stopped following release {release}; its runner still finishes it"), None
+            stopped = endings.FollowInterrupted(release)
+            return HostReport.ended(label, STOPPED_FOLLOWING, release=release, ending=stopped,
+                                    error=options.words(stopped)), None
         except RemoteStepError as e:
             if e.kind == "unfinished":
                 return HostReport.ended(label, runner_verdict(False, None), release=release, error=e.message), None
@@ -160,7 +162,7 @@ def _follow(target: HostTarget, options: ConnectOptions, reporter: Reporter, abo
             from orchestrator.pipeline.nightly_late import late_night
 
             late = late_night(session, last, v)
-        return report_of(label, release, v, aborted=abort), late
+        return report_of(label, release, v, aborted=abort, words=options.words), late
 
 
 def restore_now(target: HostTarget, options: ConnectOptions, reporter: Reporter) -> HostReport:
@@ -199,22 +201,25 @@ def follow_again(target: HostTarget, options: ConnectOptions, reporter: Reporter
         if e.kind == "unfinished":  # runner and guard both gone: `orch rollback` finishes it
             return HostReport.ended(label, runner_verdict(False, None), release=release, files=lost.files,
                                     error=e.message, extra=dict(lost.extra))
-        return still_unreachable(reporter, lost, when, e)
+        return still_unreachable(reporter, lost, when, e, options.words)
     except OrchError as e:
-        return still_unreachable(reporter, lost, when, e)
-    found = report_of(label, release, v)
+        return still_unreachable(reporter, lost, when, e, options.words)
+    found = report_of(label, release, v, words=options.words)
     extra = {k: w for k, w in lost.extra.items() if k != LOST_AFTER_COMMIT}
     return HostReport.ended(label, Verdict(found.outcome, found.exit_code), release=release, files=lost.files,
-                            error=found.error, notes=lost.notes,
+                            error=found.error, ending=found.ending, notes=lost.notes,
                             extra={**extra, **found.extra, "followed_again": when})
 
 
-def still_unreachable(reporter: Reporter, lost: HostReport, when: str, cause: Exception) -> HostReport:
+def still_unreachable(reporter: Reporter, lost: HostReport, when: str, cause: Exception,
+                      words: Words = plain) -> HostReport:
     """The lost host's report as it was (``unreachable``, exit 3), saying that the second try failed too."""
     reporter.event(lost.host, events.StillUnreachable(str(lost.release), str(cause)))
-    error = f"{lost.error}; followed again {when}, in vain: {cause}"
+    ending = endings.FollowedAgainInVain(str(lost.release), when, str(cause), lost.ending)
+    # a lost report made without an ending (by hand) keeps its own words in front
+    error = words(ending) if lost.ending is not None else f"{lost.error}; {words(ending)}"
     return HostReport(lost.host, lost.outcome, lost.exit_code, release=lost.release, files=lost.files,
-                      error=error, notes=lost.notes, extra=dict(lost.extra))
+                      error=error, notes=lost.notes, extra=dict(lost.extra), ending=ending)
 
 
 @dataclass(frozen=True)
@@ -316,13 +321,15 @@ def runner_steps(reporter: Reporter, label: str) -> Callable[[dict[str, Any]], N
     return on_event
 
 
-def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False) -> HostReport:
+def report_of(label: str, release: str, v: RunVerdict, *, aborted: bool = False,
+              words: Words = plain) -> HostReport:
     """The outcome and exit code the run that started ``release`` would have had (``aborted``:
     ``orch rollback --abort``'s, whose success is the restore)."""
     restored_ok = bool(v.restore.get("ok")) if v.restore else None
     verdict = runner_verdict(v.confirmed, restored_ok, aborted=aborted)
     said = v.failed.message if v.failed else ""
-    error = None if v.confirmed else str(said or (v.restore or {}).get("error") or v.verdict)
+    ending = None if v.confirmed else endings.RunnerFailed(
+        release, str(v.verdict), str(said or (v.restore or {}).get("error") or v.verdict))
     by = (v.restore or {}).get("by") if v.restore else None
-    return HostReport.ended(label, verdict, release=release, error=error,
+    return HostReport.ended(label, verdict, release=release, error=words(ending) if ending else None, ending=ending,
                             extra={"verdict": v.verdict, "restored_by": by})

@@ -52,9 +52,10 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
-from orchestrator.core import events
+from orchestrator.core import endings, events
 from orchestrator.core.budget import BudgetItem, deploy_budget, probe_seconds, restore_budget, total
 from orchestrator.core.cmdline import flag_change_fields, flag_changes, render_words
+from orchestrator.core.endings import Ending
 from orchestrator.core.models import Playbook
 from orchestrator.core.nightly import (
     Change,
@@ -149,7 +150,7 @@ from orchestrator.pipeline.plan import (
 from orchestrator.pipeline.probe import probe_ops, read_probe
 from orchestrator.pipeline.release import Cut, Handover, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
-from orchestrator.pipeline.session import ConnectOptions, HostSession, at, lock_holder
+from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
 from orchestrator.shell.agent_client import RemoteStepError, wire_bytes
@@ -187,7 +188,7 @@ class NightResult:
     exit_code: int
     started: float
     finished: float = 0.0
-    error: str | None = None
+    error: str | None = None  # the words of ``ending`` where there is one (``ConnectOptions.words``)
     manifest: NightManifest | None = None
     last_good: NightManifest | None = None
     build_log: str = ""
@@ -197,6 +198,7 @@ class NightResult:
     steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
     events: list[dict[str, Any]] = field(default_factory=list)  # what was said, as fields (``core.events``)
     late: LateNight | None = None  # an earlier night owed its report, which this run writes
+    ending: Ending | None = None  # how it ended, as fields (``core.endings``)
 
     @property
     def probe(self) -> ProbeResult | None:
@@ -216,7 +218,7 @@ class NightResult:
         extra["events"] = list(self.events)
         return HostReport(self.host, self.outcome, self.exit_code, release=self.name,  # type: ignore[arg-type]
                           files=[f.path for f in self.manifest.files] if self.manifest else [],
-                          error=self.error, notes=list(self.notes), extra=extra)
+                          error=self.error, notes=list(self.notes), extra=extra, ending=self.ending)
 
 
     def flag_changes(self) -> list[dict[str, Any]]:
@@ -368,10 +370,13 @@ class Night:
     def _events(self) -> Any:
         return lambda ev: self.reporter.progress(self.label, ev)
 
-    def result(self, outcome: str, code: int, error: str | None = None) -> NightResult:
+    def result(self, outcome: str, code: int, error: str | None = None, ending: Ending | None = None) -> NightResult:
+        """The night's result; ``ending``: how it ended, its words the error (``ConnectOptions.words``)."""
+        if ending is not None:
+            error = self.session.options.words(ending)
         return NightResult(self.label, self.name, outcome, code, self.started, self.session.host_time(),
                            error=self._redact(error) if error else None, manifest=self.manifest,
-                           last_good=self.last_good, seq=self.seq)
+                           last_good=self.last_good, seq=self.seq, ending=ending)
 
     # -------------------------------------------------------------- rendering
 
@@ -832,18 +837,15 @@ class Night:
         if v.verdict == RunVerdict.NOT_CONFIRMED:
             why = "the backstop's deadline passed before the night could confirm"
             if record is None:
-                return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
-                    f"{self.label}: {why}; night {self.name} is being switched back but left no record; "
-                    f"run `orch status --host {self.label}`"))
+                return self.result(UNSAFE.outcome, UNSAFE.exit_code,
+                                   ending=endings.RestoringWithoutRecord(self.label, self.name, "night"))
             return self.restored(RemoteError(why), why, record)
         # no step failed when the guard switched back (the runner died, or outlived the backstop): its reason
         reason = self.show_failure(v.failure())
         if record is None:
             error = v.event.error or {}
-            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
-                f"{self.label}: night {self.name} failed ({reason}) and the host's runner could not switch it "
-                f"back: {error.get('message', '?')}; its restore plan is {self.release_dir}/restore.json; run "
-                f"`orch rollback --host {self.label}`"))
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code, ending=endings.RunnerCouldNotRestore(
+                self.label, self.name, reason, str(error.get("message", "?")), self.release_dir, "night"))
         return self.restored(cause or RemoteError(reason), reason, record)
 
     def aborted(self, v: RunVerdict) -> NightResult:
@@ -857,16 +859,8 @@ class Night:
     def stopped_following(self, stop: StoppedFollowing) -> NightResult:
         """A second Ctrl-C, or SIGTERM/SIGHUP after the switch batch: one line naming the night
         and where its verdict is; exit 3. The runner goes on as it was."""
-        if stop.signame:
-            why = f"{stop.signame}: orch stopped following night {self.name}, which its runner on the host finishes"
-        elif stop.reconnecting:
-            why = (f"interrupted (Ctrl-C) while reaching the host again: orch stopped following night {self.name}, "
-                   "which its runner on the host finishes")
-        else:
-            why = (f"interrupted again: orch stopped following night {self.name}, which its runner on the host "
-                   "still finishes (switching it back)")
-        return self.result(STOPPED_FOLLOWING.outcome, STOPPED_FOLLOWING.exit_code,
-                           f"{why}; `orch status --follow --host {self.label}` gives the verdict")
+        return self.result(STOPPED_FOLLOWING.outcome, STOPPED_FOLLOWING.exit_code, ending=endings.StoppedFollowing(
+            self.label, self.name, "night", stop.signame, stop.reconnecting))
 
     def confirmed(self, v: RunVerdict) -> NightResult:
         """The night as its runner confirmed it: current; the builds it pruned; the manifest
@@ -917,10 +911,8 @@ class Night:
                 self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         if isinstance(cause, LinkLostError):
             v = verdict(cause, self.reached)
-            reason += (f" during night {self.name}; the host finishes it by itself (its runner confirms it or "
-                       f"switches it back; the backstop switches it back at {at(self.deadline)} at the latest); "
-                       f"`orch status --follow --host {self.label}` gives the verdict")
-            return self.result(v.outcome, v.exit_code, reason)
+            return self.result(v.outcome, v.exit_code,
+                               ending=endings.LostAfterCommit(self.label, self.name, reason, self.deadline, "night"))
         switched = self.reached >= Step.RESTARTING
         self.reporter.event(self.label, events.NightFailed(reason, switching_back=switched))
         spec = self.spec
@@ -932,18 +924,13 @@ class Night:
         if got.why is Cut.LINK_LOST:
             assert got.error is not None
             v = verdict(got.error, self.reached)
-            return self.result(v.outcome, v.exit_code, (
-                f"{reason}; {got.error}: the switch back of night {self.name} was under way on the host when the "
-                f"link dropped: the host finishes it by itself, and the backstop backs it up at {at(until)}; run "
-                f"`orch status --host {self.label}` to see"))
+            return self.result(v.outcome, v.exit_code, ending=endings.LostDuringRestore(
+                self.label, self.name, reason, self._redact(str(got.error)), until, "night"))
         if got.why is Cut.INTERRUPTED:
-            return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
-                f"{self.label}: interrupted again during the switch back of night {self.name}: orch stopped "
-                f"waiting and the restore on the host stopped where it was. The backstop finishes it at "
-                f"{at(until)}; or run `orch rollback --host {self.label}` now"))
-        return self.result(UNSAFE.outcome, UNSAFE.exit_code, (
-            f"{self.label}: night {self.name} failed ({reason}) and its switch back could not run: {got.error}. "
-            f"The backstop switches back at {at(until)}; run `orch status --host {self.label}`"))
+            return self.result(UNSAFE.outcome, UNSAFE.exit_code,
+                               ending=endings.InterruptedDuringRestore(self.label, self.name, until, "night"))
+        return self.result(UNSAFE.outcome, UNSAFE.exit_code, ending=endings.RestoreCouldNotRun(
+            self.label, self.name, reason, self._redact(str(got.error)), self.release_dir, until, "night"))
 
     def restored(self, cause: BaseException, reason: str, record: RestoreRecord) -> NightResult:
         """The night's result from what the host recorded of its switch back."""
@@ -954,14 +941,13 @@ class Night:
         for problem in record.record_errors:
             self.reporter.event(self.label, events.RestoreNotRecorded(problem, switch_back=True))
         never_switched = v.outcome == Outcome.FAILED
+        ending: Ending | None = None
         if record.ok and v.outcome == Outcome.ROLLED_BACK:
             self.reporter.event(self.label, events.SwitchedBack(record.by, done))
         elif record.ok:
             self.reporter.event(self.label, events.NightClosed(self.name))
         else:
-            reason = (f"{reason}; and the SWITCH BACK FAILED: {done}. The host is not known to be healthy; its "
-                      f"restore plan is {self.release_dir}/restore.json; fix the cause and run "
-                      f"`orch rollback --host {self.label}`")
+            ending = endings.RestoreFailed(self.label, self.name, reason, done, self.release_dir, "night")
         finished = self.session.host_time()
         steps = [ops.release_update(self.state_dir, self.name, {
                      "finished": finished, "duration": round(finished - self.started, 3),
@@ -969,7 +955,7 @@ class Night:
                  self.log_op(f"switch back: {done}")]
         if never_switched:
             steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))
-        result = self.result(v.outcome, v.exit_code, reason)
+        result = self.result(v.outcome, v.exit_code, reason, ending)
         result.restore = done
         result.build_log = self.read_log()
         with contextlib.suppress(OrchError):
@@ -1084,14 +1070,14 @@ def nightly_host(
     except (OrchError, KeyboardInterrupt) as cause:
         clock.stop("connect")
         v = verdict(cause, current.reached if current else Step.CONNECTING)
+        ending: Ending | None = None
         if isinstance(cause, KeyboardInterrupt):
-            error = "interrupted (Ctrl-C) before anything changed"
+            ending = endings.InterruptedBeforeChange("night")
         elif isinstance(cause, LinkLostError):
-            error = f"{cause}; nothing live was touched"
-        else:
-            error = str(cause)
+            ending = endings.LostBeforeChange(str(cause), "night")
         finished = current.session.host_time() if current is not None else time.time()
-        result = NightResult(target.name, name, v.outcome, v.exit_code, started, finished, error=error,
+        result = NightResult(target.name, name, v.outcome, v.exit_code, started, finished,
+                             error=options.words(ending) if ending else str(cause), ending=ending,
                              steps=clock.steps(session.host_time))
         if current is not None:
             result.manifest, result.last_good, result.seq = current.manifest, current.last_good, current.seq

@@ -69,7 +69,7 @@ def follow_unreported(session: HostSession, state: HostRecords, night: Manifest,
 def late_night(session: HostSession, night: Manifest, v: RunVerdict) -> LateNight:
     """The night's result as its own controller would have reported it, from the host's records."""
     label = session.target.name
-    verdict = report_of(label, night.id, v)  # its outcome, exit code and error, as ``status --follow`` says them
+    verdict = report_of(label, night.id, v, words=session.options.words)  # its outcome, exit code and error, as ``status --follow`` says them
     builds_dir = night.builds_dir or ""
     before = (night.link or {}).get("before")
     asked = [ops.get_json(f"{builds_dir}/{night.id}/manifest.json")]
@@ -88,7 +88,7 @@ def late_night(session: HostSession, night: Manifest, v: RunVerdict) -> LateNigh
             build_log = session.options.masker.text(wire_bytes(info.get("data")).decode("utf-8", "replace"))
     finished = manifest.finished if manifest is not None and manifest.finished else session.host_time()
     result = NightResult(label, night.id, verdict.outcome, verdict.exit_code, night.created, finished or 0.0,
-                         error=verdict.error, manifest=manifest, last_good=last_good, build_log=build_log, seq=night.seq)
+                         error=verdict.error, ending=verdict.ending, manifest=manifest, last_good=last_good, build_log=build_log, seq=night.seq)
     if v.restore:
         result.restore = describe_restore(RestoreRecord.from_wire(v.restore))
     result.notes.append(f"reported late: night {night.id} ended without its controller")

@@ -72,6 +72,7 @@ def night_json(result: NightResult, spec_name: str, spec_path: str) -> dict[str,
         "outcome": result.outcome,
         "exit_code": result.exit_code,
         "error": result.error,
+        "ending": result.ending.to_json() if result.ending is not None else None,
         "started": result.started,  # the host's clock
         "finished": result.finished,
         "source": result.manifest.source.label if result.manifest else None,

@@ -6,6 +6,12 @@ of ``--json``, and the README. ``core.outcomes`` names them (``Outcome``),
 says what each one means (``MEANING``) and decides them with the exit codes.
 "refused" is not an outcome: it is what exit code 2 means, and a refused
 host's outcome is ``failed`` (nothing was touched) or ``unreachable``.
+
+How a run that did not end as asked ended is ``ending`` (``core.endings``):
+fields for scripts. ``error`` stays the sentence a person reads, made from
+the ending by the words the CLI gave (``ConnectOptions.words``), so every
+printer of ``error`` is unchanged; without a CLI (``events.plain``) it says
+the ending's fields.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.core.endings import Ending, NotStarted
+from orchestrator.core.events import plain
 from orchestrator.core.outcomes import NOT_STARTED, Outcome, Verdict, worst
+from orchestrator.pipeline.events import Words
 
 
 @dataclass
@@ -26,6 +35,7 @@ class HostReport:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    ending: Ending | None = None  # how it ended, as fields (``error`` is its words); None: as asked, or a cause's own message
 
     @classmethod
     def ended(cls, host: str, verdict: Verdict, **fields: Any) -> HostReport:
@@ -35,6 +45,7 @@ class HostReport:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("host")
+        data["ending"] = self.ending.to_json() if self.ending is not None else None
         extra = data.pop("extra")
         data.update(extra)
         return data
@@ -68,9 +79,10 @@ class RunReport:
         }
 
 
-def not_started(host: str, why: str) -> HostReport:
+def not_started(host: str, why: str, words: Words = plain) -> HostReport:
     """The report of a host a fleet run never reached (never connected, nothing changed)."""
-    return HostReport.ended(host, NOT_STARTED, error=f"not started: {why}")
+    ending = NotStarted(why)
+    return HostReport.ended(host, NOT_STARTED, ending=ending, error=words(ending))
 
 
 def error_report(message: str, exit_code: int) -> dict[str, Any]:

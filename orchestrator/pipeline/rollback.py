@@ -21,9 +21,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.core import events
+from orchestrator.core import endings, events
 from orchestrator.core.budget import COMMIT_ALLOWANCE, KILL_GRACE, NO_HEALTH_WAIT
 from orchestrator.core.cmdline import flag_change_fields, flag_changes
+from orchestrator.core.events import plain
 from orchestrator.core.outcomes import STOPPED_FOLLOWING, UNCHANGED, Step, rollback_verdict, verdict
 from orchestrator.core.releases import (
     FileState,
@@ -48,7 +49,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.host.restore_plan import RestoreSpec, ServerTarget
-from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.events import Reporter, RunLog, Words
 from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.locking import open_state, release_lock
 from orchestrator.pipeline.report import HostReport
@@ -88,6 +89,7 @@ def rollback_host(
         clock.stop("connect")
         v = verdict(cause, reached)
         return HostReport(label, v.outcome, v.exit_code, error=str(cause) or "interrupted (Ctrl-C)",  # type: ignore[arg-type]
+                          ending=cause.ending if isinstance(cause, EndedUnsafe) else None,
                           extra={"steps": clock.steps(session.host_time),
                                  "events": [e.to_wire() for e in reporter.events]})
 
@@ -116,15 +118,24 @@ def _rollback_in_session(
         release_lock(session, state_dir)
 
 
+class EndedUnsafe(HostUnsafeError):
+    """A rollback that ended not known to be healthy, raised to ``rollback_host`` with its
+    ending (``core.endings``); its message is the ending's words."""
+
+    def __init__(self, ending: endings.Ending, words: Words) -> None:
+        super().__init__(words(ending))
+        self.ending = ending
+
+
 def _events(reporter: Reporter, label: str) -> Any:
     return lambda ev: reporter.progress(label, ev)
 
 
 def report_restore(
     label: str, release_id: str, record: RestoreRecord, reporter: Reporter, planned: list[str], what: str,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None, words: Words = plain,
 ) -> HostReport:
-    """The rollback's report, from what the host recorded."""
+    """The rollback's report, from what the host recorded (``words``: the CLI's, for a failure)."""
     done = describe_restore(record, planned)
     for f in record.drift:
         reporter.event(label, events.DriftKept(f.path, f.drift, during_deploy=False))
@@ -136,9 +147,9 @@ def report_restore(
     v = rollback_verdict(record)
     if not record.ok:
         info.pop("summary", None)  # nothing was undone: the error says what happened
-        return HostReport.ended(label, v, release=release_id, files=planned, extra=info, error=(
-            f"{label}: {what} FAILED: {done}. The host is not known to be healthy; fix the cause and run "
-            f"`orch rollback --host {label}` again"))
+        ending = endings.RollbackFailed(label, release_id, what, done)
+        return HostReport.ended(label, v, release=release_id, files=planned, extra=info, ending=ending,
+                                error=words(ending))
     reporter.event(label, events.RestoreDone(what, done))
     return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
 
@@ -153,7 +164,7 @@ def runner_progress(reporter: Reporter, label: str) -> Callable[[dict[str, Any]]
 
 
 def runner_record(label: str, release_id: str, v: RunVerdict, program: ReleaseProgram,
-                  restore: ops.Op) -> RestoreRecord:
+                  restore: ops.Op, words: Words = plain) -> RestoreRecord:
     """The restore record of a rollback's runner: its restore step's answer (done), or the record
     its failed step carries (``rollback_failed``); the guard's when the runner died mid-way."""
     if v.confirmed:
@@ -163,8 +174,7 @@ def runner_record(label: str, release_id: str, v: RunVerdict, program: ReleasePr
     wire: Any = v.restore if v.restore is not None else (v.failed.detail("record") if v.failed else None)
     if not isinstance(wire, dict):
         why = (v.failed.message if v.failed else "") or v.verdict
-        raise HostUnsafeError(f"{label}: the rollback {release_id} ended without a restore record ({why}); "
-                              f"run `orch status --host {label}`")
+        raise EndedUnsafe(endings.RollbackLeftNoRecord(label, release_id, why), words)
     return RestoreRecord.from_wire(wire)
 
 
@@ -224,7 +234,7 @@ def finish_unfinished(
     what = "finished" if kind == "rollback" else f"restored the state before {rid}"
     if record.already:
         what = f"{rid} had already been restored by the {record.by}"
-    return report_restore(label, rid, record, reporter, planned, what)
+    return report_restore(label, rid, record, reporter, planned, what, words=session.options.words)
 
 
 def remove_half_built(session: HostSession, journal: Journal, reporter: Reporter) -> None:
@@ -262,6 +272,7 @@ def undo_releases(
     session: HostSession, state_dir: str, state: HostRecords, to: str | None, reporter: Reporter
 ) -> HostReport:
     label = session.target.name
+    words = session.options.words
     applied = state.applied
     releases = state.by_id
     paths_of = StatePaths(state_dir)
@@ -353,19 +364,17 @@ def undo_releases(
     except LinkLostError as gone:
         # without an answer in the window the rollback may be under way there: not known to be
         # healthy (exit 3)
+        ending: endings.Ending = endings.LostAfterCommit(label, rid, str(gone), None, "rollback")
         return HostReport.ended(label, verdict(gone, Step.COMMITTING), release=rid, files=paths,
-                                error=f"{gone} after the rollback {rid} was handed on; the host finishes "
-                                      f"it by itself; `orch status --follow --host {label}` gives the verdict")
+                                ending=ending, error=words(ending))
     if isinstance(got, StoppedFollowing):
         # once handed on, nothing is aborted (docs/CLI.md, "Signals"): the rollback is the host's
         # to finish, and this run cannot say how it ends: not known to be healthy (exit 3)
-        said = got.signame or ("interrupted (Ctrl-C) while reaching the host again" if got.reconnecting
-                                else "interrupted (Ctrl-C)")
+        ending = endings.StoppedFollowing(label, rid, "rollback", got.signame, got.reconnecting)
         return HostReport.ended(label, STOPPED_FOLLOWING, release=rid, files=paths,
-                                error=f"{said}: orch stopped following rollback {rid}, which its runner on the "
-                                      f"host finishes; `orch status --follow --host {label}` gives the verdict")
+                                ending=ending, error=words(ending))
     verdict_of = got.verdict
-    record = runner_record(label, rid, verdict_of, program, restore)
+    record = runner_record(label, rid, verdict_of, program, restore, words)
     finished = session.host_time()
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))
@@ -378,7 +387,7 @@ def undo_releases(
     argvs = (list(newest.server_after.argv or []) if newest.server_after else [],
              list(then.argv or []) if (then := now_started or target.server_before) else [])
     return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
-                          extra={"summary": rollback_summary(target.undo, now, releases),
+                          words=words, extra={"summary": rollback_summary(target.undo, now, releases),
                                  "undid": list(target.undo),
                                  "current": target.new_applied[-1] if target.new_applied else None,
                                  "flag_changes": flag_change_fields(*argvs) if target.restart else [],
