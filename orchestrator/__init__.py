@@ -2,7 +2,7 @@
 
 import sys as _sys
 
-__version__ = "0.8.1"
+__version__ = "0.8.2"
 
 
 def interrupted(args: "list[str]") -> None:
