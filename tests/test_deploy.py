@@ -105,6 +105,10 @@ def test_a_misspelt_flag_is_refused_by_the_preflight_and_the_server_never_stoppe
     assert "pre-flight refused the new command line" in rep["error"]
     assert "unrecognized arguments: --speculative-disable-batch-treshold 8" in rep["error"]
     assert "the running server was not touched" in rep["error"]
+    ending = rep["ending"]  # the same, as fields: the host's pre-flight step refused it; the runner restored
+    assert ending["kind"] == "restored" and ending["release"] == rep["release"] and ending["run"] == "deploy"
+    assert (ending["step"], ending["failure"], ending["by"]) == ("preflight", "refused", "runner"), ending
+    assert ending["reason"] == rep["error"]
     assert sandbox.server_pid() == good_pid
     assert sha256(sandbox.server_args) == file_sha
     assert health_status(sandbox.port) == 200
@@ -122,6 +126,7 @@ def test_server_that_never_becomes_healthy_is_rolled_back_after_timeout(sandbox:
     rep = report(proc)["hosts"]["gpu"]
     assert rep["outcome"] == "rolled_back"
     assert "not healthy after 1" in rep["error"]
+    assert (rep["ending"]["kind"], rep["ending"]["step"], rep["ending"]["by"]) == ("restored", "health", "runner")
     assert health_status(sandbox.port) == 200
     assert cmdline(sandbox.server_pid()) == hand_argv
 

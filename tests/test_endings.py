@@ -103,6 +103,9 @@ SAID: list[tuple[endings.Ending, str]] = [
     (endings.RestoreCouldNotRun("gpu", "N1", "health timed out", "no such file", DIR, U, "night"),
      "gpu: night N1 failed (health timed out) and its switch back could not run: no such file. The backstop "
      f"switches back at {at(U)}; run `orch status --host gpu`"),
+    (endings.Restored("gpu", "R1", "gpu: not healthy after 20 s", "restored a.py; restarted the server", "runner",
+                      "health", "health"),
+     "gpu: not healthy after 20 s"),
     (endings.RestoreFailed("gpu", "R1", "health timed out", "restored a.py; the server did not start", DIR),
      "health timed out; and the ROLLBACK FAILED: restored a.py; the server did not start. The host is not known "
      f"to be healthy; backups are in {DIR}; fix the cause and run `orch rollback --host gpu`"),

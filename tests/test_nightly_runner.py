@@ -205,6 +205,9 @@ def test_a_crashing_build_is_switched_back_by_the_runner_then_ctrl_c_and_a_sever
     assert proc.returncode == 1, out + err
     host = json.loads(out)["hosts"]["gpu"]
     assert host["outcome"] == "rolled_back" and "interrupted (Ctrl-C)" in host["error"], out
+    ending = host["ending"]  # as fields: the runner's abort, switched back by the runner
+    assert (ending["kind"], ending["run"], ending["failure"], ending["by"]) == ("restored", "night", "cancelled",
+                                                                              "runner"), ending
     assert json.loads((release(box, night) / "restored.json").read_text())["by"] == "runner"
     assert not ready_next.exists()  # nothing let the health go: the abort stopped it
     assert nb.current() == first

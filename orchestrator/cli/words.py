@@ -456,6 +456,11 @@ def _(e: end.RestoreCouldNotRun) -> str:
 
 
 @line.register
+def _(e: end.Restored) -> str:
+    return e.reason
+
+
+@line.register
 def _(e: end.RestoreFailed) -> str:
     if e.run == "night":
         return (f"{e.reason}; and the SWITCH BACK FAILED: {e.done}. The host is not known to be healthy; its "

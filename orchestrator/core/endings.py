@@ -167,6 +167,26 @@ class RestoreCouldNotRun(Ending):
 
 
 @dataclass(frozen=True)
+class Restored(Ending):
+    """The run failed and the one restore machine put the host back as it was (or closed a
+    release that had changed nothing): why, where, by whom, and what the host's record says
+    it did. Its words are the cause's own (``reason``); the fields are what a script asks:
+    ``step``, the program step that failed on the host (``health``, ``preflight``, ``gate`` …;
+    None where it failed on the controller, before the runner had it), ``failure``, that
+    step's kind of failure (``health``, ``refused``, ``cancelled`` for an abort …), and
+    ``by``, who restored (``controller``, ``runner``, ``guard``, ``watchdog``)."""
+
+    host: str
+    release: str
+    reason: str
+    done: str
+    by: str
+    step: str | None = None
+    failure: str | None = None
+    run: Run = "deploy"
+
+
+@dataclass(frozen=True)
 class RestoreFailed(Ending):
     """The run failed and so did its restore: ``done`` is what the host's record says it did."""
 

@@ -627,6 +627,10 @@ class Deployment:
                 self.reporter.event(label, events.RolledBack(record.by, done))
             elif record.ok:
                 self.reporter.event(label, events.ReleaseClosed(self.release_id))
+            if record.ok:
+                failed = self.runner_verdict.failed if self.runner_verdict is not None else None
+                ending = endings.Restored(label, self.release_id, reason, done, record.by,
+                                          failed.step if failed else None, failed.kind if failed else None)
             else:
                 ending = endings.RestoreFailed(label, self.release_id, reason, done, self.release_dir)
             for f in record.drift:

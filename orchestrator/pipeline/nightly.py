@@ -846,7 +846,7 @@ class Night:
             error = v.event.error or {}
             return self.result(UNSAFE.outcome, UNSAFE.exit_code, ending=endings.RunnerCouldNotRestore(
                 self.label, self.name, reason, str(error.get("message", "?")), self.release_dir, "night"))
-        return self.restored(cause or RemoteError(reason), reason, record)
+        return self.restored(cause or RemoteError(reason), reason, record, v.failed)
 
     def aborted(self, v: RunVerdict) -> NightResult:
         """Ctrl-C after the switch batch was sent: the runner aborted and switched back (its
@@ -932,8 +932,10 @@ class Night:
         return self.result(UNSAFE.outcome, UNSAFE.exit_code, ending=endings.RestoreCouldNotRun(
             self.label, self.name, reason, self._redact(str(got.error)), self.release_dir, until, "night"))
 
-    def restored(self, cause: BaseException, reason: str, record: RestoreRecord) -> NightResult:
-        """The night's result from what the host recorded of its switch back."""
+    def restored(self, cause: BaseException, reason: str, record: RestoreRecord,
+                 failed: StepFailure | None = None) -> NightResult:
+        """The night's result from what the host recorded of its switch back (``failed``: the
+        runner's step that failed, where the runner switched it back)."""
         v = verdict(cause, self.reached, record)
         done = describe_restore(record)
         if record.log_tail:
@@ -946,6 +948,9 @@ class Night:
             self.reporter.event(self.label, events.SwitchedBack(record.by, done))
         elif record.ok:
             self.reporter.event(self.label, events.NightClosed(self.name))
+        if record.ok:
+            ending = endings.Restored(self.label, self.name, reason, done, record.by,
+                                      failed.step if failed else None, failed.kind if failed else None, "night")
         else:
             ending = endings.RestoreFailed(self.label, self.name, reason, done, self.release_dir, "night")
         finished = self.session.host_time()
