@@ -22,6 +22,8 @@ WIRE = [
     "orchestrator/host/protocol_replies.py",
     "orchestrator/host/protocol_verdict.py",
     "orchestrator/host/records.py",
+    "orchestrator/host/restore_plan.py",
+    "orchestrator/host/values.py",
     "orchestrator/core/events.py",
     "orchestrator/shell/ops.py",
     "orchestrator/shell/program.py",

@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import types
 
+from .values import MISSING as MISSING
+from .values import Field as Field
+from .values import fields_of as fields_of
+from .values import value
+
 TYPE_CHECKING = False  # what ``typing.TYPE_CHECKING`` says, without importing typing on the host
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -29,87 +34,19 @@ if TYPE_CHECKING:
     Wire = dict[str, Any]
     R = TypeVar("R", bound="Request")
 else:
-    def message(frozen=True):
-        """``dataclass(frozen=True)`` as the type checker sees it; at run time a plain class
-        decorator. The helper parses every request with these types: building 44
-        dataclasses (and importing ``dataclasses`` and ``typing``) cost each helper start
-        about 45 ms of host CPU, this module as it is about 7 (both on a busy 2-core box)."""
-        return _message
+    message = value  # ``dataclass(frozen=True)`` as the type checker sees it (``values``)
 
 LOG_TAIL_LINES = 40  # lines of a server's log the helper sends back by default (``log_tail``)
-MISSING = object()  # a field's default when it has none: the argument is required
 
 
 class ProtocolError(ValueError):
     """A request or reply that does not fit its type; the message is one line naming the op and field."""
 
 
-class Field:
-    """One argument of a request: its name and its default (``MISSING``: required)."""
-
-    __slots__ = ("name", "default")
-
-    def __init__(self, name: str, default: Any) -> None:
-        self.name = name
-        self.default = default
-
-    @property
-    def required(self) -> bool:
-        return self.default is MISSING
-
-
-def fields_of(kind: Any) -> tuple[Field, ...]:
-    """The arguments of a request type (or of a request), in the helper function's order."""
-    return getattr(kind, "__fields__", ())  # type: ignore[no-any-return]
-
-
-def _message(cls: Any) -> Any:
-    """A frozen value class from the annotations of ``cls`` (``ClassVar`` ones excepted):
-    ``__init__`` by position or keyword, ``==``, ``repr``; assignment refused."""
-    annotations = cls.__dict__.get("__annotations__", {})
-    cls.__fields__ = tuple(Field(name, cls.__dict__.get(name, MISSING)) for name, hint in annotations.items()
-                           if not str(hint).startswith("ClassVar"))
-    return cls
-
-
 class Message:
-    """What ``_message`` gives every request at run time."""
+    """The base of every request and step: ``@message`` gives each its fields and methods."""
 
     __fields__: ClassVar[tuple[Field, ...]] = ()
-
-    if not TYPE_CHECKING:
-        def __init__(self, *args, **kwargs):
-            fields = self.__fields__
-            name = type(self).__name__
-            if len(args) > len(fields):
-                raise TypeError("%s() takes %d arguments, %d given" % (name, len(fields), len(args)))
-            values = {f.name: a for f, a in zip(fields, args)}
-            known = {f.name for f in fields}
-            for key, value in kwargs.items():
-                if key not in known or key in values:
-                    raise TypeError("%s() got an unexpected or repeated argument %r" % (name, key))
-                values[key] = value
-            for f in fields:
-                if f.name not in values:
-                    if f.required:
-                        raise TypeError("%s() missing required argument %r" % (name, f.name))
-                    values[f.name] = f.default
-            for key, value in values.items():
-                object.__setattr__(self, key, value)
-
-        def __setattr__(self, key, value):
-            raise AttributeError("%s is frozen: cannot assign %r" % (type(self).__name__, key))
-
-        def __eq__(self, other):
-            return type(other) is type(self) and all(
-                getattr(self, f.name) == getattr(other, f.name) for f in self.__fields__)
-
-        def __hash__(self):
-            return hash((type(self),) + tuple(getattr(self, f.name) for f in self.__fields__))
-
-        def __repr__(self):
-            return "%s(%s)" % (type(self).__name__,
-                               ", ".join("%s=%r" % (f.name, getattr(self, f.name)) for f in self.__fields__))
 
 
 class Request(Message):

@@ -16,7 +16,10 @@ Standard library only, Python 3.8 syntax.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+
+TYPE_CHECKING = False  # ``typing.TYPE_CHECKING``, without importing typing on the host
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class RecordedOutcome(str, Enum):

@@ -23,11 +23,14 @@ Standard library only, Python 3.8 syntax (annotations are never evaluated).
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from .record_words import RecordedOutcome, recorded_outcome
+from .values import _dict, _opt_float, _opt_int, field, value
+
+TYPE_CHECKING = False  # ``typing.TYPE_CHECKING``, without importing typing on the host
+if TYPE_CHECKING:
+    from typing import Any
 
 FORMAT = 1
 """The format every record here is written in (and the only one read)."""
@@ -50,25 +53,10 @@ def check_format(record: str, data: dict[str, Any]) -> None:
         raise UnknownRecordFormat(record, version)
 
 
-def _dict(data: Any) -> dict[str, Any]:
-    return data if isinstance(data, dict) else {}
-
-
-def _opt_float(value: Any) -> float | None:
-    try:
-        return float(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 # ---------------------------------------------------------------- the state dir's paths
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StatePaths:
     """Every path of the state dir (POSIX: the host's), built in one place."""
 
@@ -153,7 +141,7 @@ def _step(value: Any) -> JournalStep | str | None:
         return str(value)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Journal:
     """``journal.json``: the last run's release, kind and step.
 
@@ -208,7 +196,7 @@ FRESH_HEARTBEAT_SECONDS = 20.0
 within the last 12 s: a heartbeat older than this means nobody steers it."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Lock:
     """``lock.json`` as another run sees it (``lock_view``): who holds it, whether its helper
     lives, the heartbeat's age.
@@ -264,7 +252,7 @@ class Lock:
         return self.taken or self.started or 0.0
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class AppliedState:
     """``state.json``: the stack of releases in effect, oldest first (absent file: empty)."""
 
@@ -284,7 +272,7 @@ class AppliedState:
         return self.applied[-1] if self.applied else None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class WatchdogRecord:
     """The journal's release's watchdog (``watchdog_view``): alive (pid + start time), and
     when it acts (host clock). Defaults: ``alive``/``armed``/``restored`` False, no pid."""
@@ -313,7 +301,7 @@ class WatchdogRecord:
 # ---------------------------------------------------------------- server processes
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ServerProcess:
     """A server process as the helper read it (``process_record``), or as a release
     recorded it (``server_before``/``server_after``: argv, cwd, env; masked there).
@@ -355,7 +343,7 @@ class ServerProcess:
 # ---------------------------------------------------------------- releases
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ReleaseFile:
     """One file of a release's manifest: its copies are ``files/<n>.before|after``.
 
@@ -386,7 +374,7 @@ def _checks(health: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [dict(c) for c in (health or {}).get("checks") or [] if isinstance(c, dict)]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ServerSpec:
     """A release's ``server_spec``: how its server is managed and found (manager default
     "process"; the rest None when absent)."""
@@ -409,7 +397,7 @@ class ServerSpec:
                 "stop_timeout": self.stop_timeout}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RecordedProbe:
     """One probe's figures in a release's ``probe`` record: its key (what it sent), label, result."""
 
@@ -423,7 +411,7 @@ _MANIFEST_TYPED = ("id", "kind", "seq", "created", "finished", "duration", "outc
                    "drift_kept", "probe", "builds_dir", "format", "restarted", "link", "undid", "undone_by", "source", "timings", "gate")
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Manifest:
     """A release's record (``manifest.json``): written by the run, finished by the helper.
 
@@ -539,7 +527,7 @@ class Manifest:
         return [str(d.get("path")) for d in self.drift_kept]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HostRecords:
     """The answer of ``state_read``: the whole state dir, read in one round trip.
 

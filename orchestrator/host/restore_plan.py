@@ -11,15 +11,17 @@ Standard library only, Python 3.8 syntax.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from .records import FORMAT, check_format
+from .values import _dict, _opt_float, _opt_int, field, value
 
-from .records import FORMAT, _dict, _opt_float, _opt_int, check_format
+TYPE_CHECKING = False  # ``typing.TYPE_CHECKING``, without importing typing on the host
+if TYPE_CHECKING:
+    from typing import Any
 
 # ---------------------------------------------------------------- the restore plan (restore.json)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FileState:
     """One file as a restore should leave it: ``source`` None means absent.
 
@@ -47,7 +49,7 @@ class FileState:
                 "uid": self.uid, "gid": self.gid, "expect": self.expect, "n": self.n}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LinkState:
     """A symlink as a restore should leave it (a night's ``current``):
     pointing at ``target``, or absent when ``target`` is None."""
@@ -64,7 +66,7 @@ class LinkState:
         return {"path": self.path, "target": self.target, "expect": self.expect}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ServerStart:
     """A command line to start, exactly: argv, working directory, environment."""
 
@@ -82,7 +84,7 @@ class ServerStart:
         return {"argv": list(self.argv), "cwd": self.cwd, "env": dict(self.env), "replace_env": self.replace_env}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ServerTarget:
     """The server as a restore should leave it.
 
@@ -139,7 +141,7 @@ class ServerTarget:
         return wire
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestorePlan:
     """Files, links and server as the restore leaves them, and the health check after.
 
@@ -177,7 +179,7 @@ class RestorePlan:
                 "always": self.always, "on_success": list(self.on_success)}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoreSpec:
     """``restore.json``: the plan, the watchdog's budget (seconds from the arming, counted
     on the host's monotonic clock), what the release starts, and the secret values to mask.
@@ -212,7 +214,7 @@ class RestoreSpec:
 # ---------------------------------------------------------------- what a restore did (restored.json)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FileOutcome:
     """One file of a restore: ``action`` unchanged | restored | removed | left ("?" if absent)."""
 
@@ -236,7 +238,7 @@ class FileOutcome:
         return f"{self.path} (by the {self.earlier}'s earlier restore)" if self.earlier else self.path
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoreRecord:
     """What one restore did, as the host recorded it (``restored.json``).
 

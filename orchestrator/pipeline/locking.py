@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import replace
 from datetime import datetime, timezone
 
 from orchestrator.core import events
@@ -27,6 +26,7 @@ from orchestrator.core.progress import (
 )
 from orchestrator.errors import LockHeldError, UnfinishedDeployError
 from orchestrator.host.records import HostRecords
+from orchestrator.host.values import replace  # the host records are value classes, not dataclasses
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.session import HostSession, controller_id, lock_holder
 from orchestrator.shell import ops

@@ -16,7 +16,6 @@ from __future__ import annotations
 import posixpath
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -49,6 +48,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.host.restore_plan import RestoreSpec, ServerTarget
+from orchestrator.host.values import replace  # the host records are value classes, not dataclasses
 from orchestrator.pipeline.events import Reporter, RunLog, Words
 from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.locking import open_state, release_lock
