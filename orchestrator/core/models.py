@@ -99,14 +99,14 @@ class HostSettings(_Model):
     """What ``defaults`` and each host may set; ``None`` = not set here."""
 
     user: str | None = None
-    port: int | None = Field(None, ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str | None = None
     become: bool | None = None
-    state_dir: str | None = Field(None, min_length=1)
+    state_dir: str | None = Field(default=None, min_length=1)
     vars: dict[str, Any] = Field(default_factory=dict)
-    python: str | None = Field(None, min_length=1)
-    keep_releases: int | None = Field(None, ge=1)
+    python: str | None = Field(default=None, min_length=1)
+    keep_releases: int | None = Field(default=None, ge=1)
     connection: Connection | None = None
 
 
@@ -117,7 +117,7 @@ class Defaults(HostSettings):
 class HostEntry(HostSettings):
     """One inventory host. Without ``address``, the host's name is its address."""
 
-    address: str | None = Field(None, min_length=1)
+    address: str | None = Field(default=None, min_length=1)
 
 
 class Inventory(_Model):
@@ -244,7 +244,7 @@ class CallAnchor(_Model):
     receiver) and the string its first argument must be."""
 
     func: str = Field(min_length=1)
-    arg: str | None = Field(None, min_length=1)
+    arg: str | None = Field(default=None, min_length=1)
 
 
 def _flag_word(value: str) -> str:
@@ -305,30 +305,30 @@ class FlagEdit(_Model):
 class Edit(_Model):
     """One edit of a file: exactly one kind key, plus what that kind needs."""
 
-    insert: str | None = Field(None, min_length=1)
+    insert: str | None = Field(default=None, min_length=1)
     content: str | None = None
-    replace: str | None = Field(None, min_length=1)
-    replace_regex: str | None = Field(None, min_length=1)
-    delete: str | None = Field(None, min_length=1)
-    delete_regex: str | None = Field(None, min_length=1)
-    patch: str | None = Field(None, min_length=1)
+    replace: str | None = Field(default=None, min_length=1)
+    replace_regex: str | None = Field(default=None, min_length=1)
+    delete: str | None = Field(default=None, min_length=1)
+    delete_regex: str | None = Field(default=None, min_length=1)
+    patch: str | None = Field(default=None, min_length=1)
     add_flag: FlagEdit | None = None
-    after: str | None = Field(None, min_length=1)
-    before: str | None = Field(None, min_length=1)
-    after_regex: str | None = Field(None, min_length=1)
-    before_regex: str | None = Field(None, min_length=1)
-    after_field: str | None = Field(None, min_length=1)
-    before_field: str | None = Field(None, min_length=1)
+    after: str | None = Field(default=None, min_length=1)
+    before: str | None = Field(default=None, min_length=1)
+    after_regex: str | None = Field(default=None, min_length=1)
+    before_regex: str | None = Field(default=None, min_length=1)
+    after_field: str | None = Field(default=None, min_length=1)
+    before_field: str | None = Field(default=None, min_length=1)
     after_call: Annotated[CallAnchor | None, BeforeValidator(_call_anchor)] = None
     before_call: Annotated[CallAnchor | None, BeforeValidator(_call_anchor)] = None
-    into: str | None = Field(None, min_length=1)
-    after_item: str | None = Field(None, min_length=1)
-    before_item: str | None = Field(None, min_length=1)
-    with_: str | None = Field(None, alias="with")
+    into: str | None = Field(default=None, min_length=1)
+    after_item: str | None = Field(default=None, min_length=1)
+    before_item: str | None = Field(default=None, min_length=1)
+    with_: str | None = Field(default=None, alias="with")
     count: int = Field(1, ge=1)
     markers: bool | None = None
-    id: str | None = Field(None, min_length=1, pattern=r"^\S+$")
-    when: str | None = Field(None, min_length=1)
+    id: str | None = Field(default=None, min_length=1, pattern=r"^\S+$")
+    when: str | None = Field(default=None, min_length=1)
 
     _check_regexes = field_validator(
         "replace_regex", "delete_regex", "after_regex", "before_regex"
@@ -417,8 +417,8 @@ class FileEntry(_Model):
         default_factory=list, alias="validate"
     )
     markers: bool = True
-    comment: str | None = Field(None, min_length=1)
-    when: str | None = Field(None, min_length=1)
+    comment: str | None = Field(default=None, min_length=1)
+    when: str | None = Field(default=None, min_length=1)
 
 
 def _check_flag_value(value: Any) -> Any:
@@ -452,26 +452,26 @@ class Server(_Model):
     """
 
     manager: Literal["process", "commands"] = "process"
-    command: str | None = Field(None, min_length=1)
+    command: str | None = Field(default=None, min_length=1)
     flags: dict[str, CheckedFlagValue] = Field(default_factory=dict)
-    python: str | None = Field(None, min_length=1)
-    workdir: str | None = Field(None, min_length=1)
+    python: str | None = Field(default=None, min_length=1)
+    workdir: str | None = Field(default=None, min_length=1)
     env: dict[str, StrValue] = Field(default_factory=dict)
-    pidfile: str | None = Field(None, min_length=1)
-    log: str | None = Field(None, min_length=1)
+    pidfile: str | None = Field(default=None, min_length=1)
+    log: str | None = Field(default=None, min_length=1)
     stop_timeout: Duration = 30.0
     free_timeout: Duration = 120.0  # after the stop: wait this long for the port and GPUs to be released
-    start: str | None = Field(None, min_length=1)
-    stop: str | None = Field(None, min_length=1)
-    pid: str | None = Field(None, min_length=1)
-    status: str | None = Field(None, min_length=1)
+    start: str | None = Field(default=None, min_length=1)
+    stop: str | None = Field(default=None, min_length=1)
+    pid: str | None = Field(default=None, min_length=1)
+    status: str | None = Field(default=None, min_length=1)
     preflight: str | bool | None = None  # a command; false: none; unset/true: the built-in one
     preflight_timeout: Duration = 120.0  # the parser imports the server's modules: seconds, on a big box
     # Hooks around the restart, rendered like ``start`` (``{{ command }}``: the command
     # line): take the host out of a router before the stop, put it back once healthy
     # (a restore puts it back too). A failing before_stop stops nothing.
-    before_stop: str | None = Field(None, min_length=1)
-    after_healthy: str | None = Field(None, min_length=1)
+    before_stop: str | None = Field(default=None, min_length=1)
+    after_healthy: str | None = Field(default=None, min_length=1)
     hook_timeout: Duration = 300.0
 
     @field_validator("preflight", mode="after")
@@ -519,7 +519,7 @@ class Check(_Model):
 
     get: HttpPath | None = None
     post: HttpPath | None = None
-    json_: Any = Field(None, alias="json")
+    json_: Any = Field(default=None, alias="json")
     status: int = Field(200, ge=100, le=599)
     expect: dict[str, Any] = Field(default_factory=dict)
     body: str | None = None
@@ -585,7 +585,7 @@ class ProbeConfig(_Model):
     """
 
     post: HttpPath
-    json_: Any = Field(None, alias="json")
+    json_: Any = Field(default=None, alias="json")
     requests: int = Field(64, ge=1, le=100_000)
     concurrency: int = Field(8, ge=1, le=1024)
     warmup: int = Field(0, ge=0, le=100_000)
@@ -607,10 +607,10 @@ class Bounds(_Model):
     """The bounds one figure must keep: against the baseline (``min_ratio``,
     ``max_ratio``) or absolute (``min``, ``max``, in the figure's own unit)."""
 
-    min_ratio: float | None = Field(None, gt=0)
-    max_ratio: float | None = Field(None, gt=0)
-    min: float | None = Field(None, ge=0)
-    max: float | None = Field(None, ge=0)
+    min_ratio: float | None = Field(default=None, gt=0)
+    max_ratio: float | None = Field(default=None, gt=0)
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _some_bound(self) -> Bounds:
@@ -627,7 +627,7 @@ class GateRules(_Model):
     requests_per_s: Bounds | None = None
     p50_ms: Bounds | None = None
     p99_ms: Bounds | None = None
-    errors: int | None = Field(None, ge=0)
+    errors: int | None = Field(default=None, ge=0)
     greedy: Literal["same"] | None = None
 
     @property
@@ -648,7 +648,7 @@ class GateProbe(ProbeConfig):
     """One probe of a gate: a ``ProbeConfig`` with a name, 3 rounds by default,
     and, optionally, rules of its own (instead of the gate's)."""
 
-    name: str | None = Field(None, min_length=1, pattern=r"^[^\s]+$")
+    name: str | None = Field(default=None, min_length=1, pattern=r"^[^\s]+$")
     rounds: int = Field(3, ge=1, le=50)
     rules: GateRules | None = None
 
@@ -703,7 +703,7 @@ class Playbook(_Model):
     name: str = Field(min_length=1)
     vars: dict[str, Any] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list)
-    keep_releases: int | None = Field(None, ge=1)
+    keep_releases: int | None = Field(default=None, ge=1)
     files: list[FileEntry] = Field(default_factory=list)
     server: Server | None = None
     health: Health | None = None

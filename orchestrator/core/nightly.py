@@ -96,7 +96,7 @@ class PipSource(_Model):
     requirements: str = Field(min_length=1)
     python: str = Field("python3", min_length=1)
     find_links: list[str] = Field(default_factory=list)
-    index_url: str | None = Field(None, min_length=1)
+    index_url: str | None = Field(default=None, min_length=1)
     no_index: bool = False
 
 
@@ -130,7 +130,7 @@ class NightlySpec(_Model):
     health: Health
     probe: ProbeConfig | None = None
     keep_builds: int = Field(5, ge=2)
-    notify: str | None = Field(None, min_length=1)
+    notify: str | None = Field(default=None, min_length=1)
 
     _locations: Locations | None = PrivateAttr(default=None)
 
