@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import collections.abc
 import copy
-import dataclasses
 import json
 import re
 import sys
@@ -170,9 +169,7 @@ def hints_of(kind: type) -> dict[str, Any]:
 
 
 def field_names(kind: type) -> list[str]:
-    if issubclass(kind, p.Request):
-        return [f.name for f in p.fields_of(kind)]
-    return [f.name for f in dataclasses.fields(kind)]
+    return [f.name for f in p.fields_of(kind)]
 
 
 def instances(kind: type) -> st.SearchStrategy[Any]:
@@ -302,7 +299,7 @@ def test_hello_carries_the_link_timeout_and_the_helper_keeps_it() -> None:
 
 def test_the_controllers_shapes_read_exactly_the_reply_types_fields() -> None:
     def names(kind: type) -> set[str]:
-        return {f.name for f in dataclasses.fields(kind)}
+        return {f.name for f in p.fields_of(kind)}
 
     assert set(ops.FILE) == names(r.FileInfo)
     assert set(ops.PROCESS) == names(r.ProcessInfo)

@@ -10,16 +10,19 @@ Standard library only, Python 3.8 syntax: this module is shipped to the host.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 from .protocol import ProtocolError
 from .protocol_steps import ReprobeEvent, StepEvent
+from .values import TYPE_CHECKING, fields_of, value
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, ClassVar, TypeVar
+
     from .protocol import Wire
+
+    E = TypeVar("E", bound="Event")
 
 
 class ProgressStep(str, enum.Enum):
@@ -27,8 +30,6 @@ class ProgressStep(str, enum.Enum):
 
     HEALTH_WAIT = "health_wait"  # the health wait has begun (the server is started)
 
-
-E = TypeVar("E", bound="Event")
 
 
 class Event:
@@ -46,14 +47,14 @@ class Event:
 
     def to_wire(self) -> Wire:
         wire: Wire = {"event": self.KIND}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in fields_of(self):
             value = getattr(self, f.name)
             if value is not None:
                 wire[f.name] = value.value if isinstance(value, enum.Enum) else value
         return wire
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class TickEvent(Event):
     """Sent every few seconds while an op runs: the link is alive."""
 
@@ -61,7 +62,7 @@ class TickEvent(Event):
     t: float = 0.0
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ProgressEvent(Event):
     """A line for the operator; ``step`` where the controller acts on it."""
 
@@ -71,7 +72,7 @@ class ProgressEvent(Event):
     stream: str | None = None  # "build": a line of a build's own output
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HealthEvent(Event):
     """What the health wait is waiting for (said when it changes, and every 10 s)."""
 

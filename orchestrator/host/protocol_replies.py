@@ -13,20 +13,21 @@ Standard library only, Python 3.8 syntax: this module is shipped to the host.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
+from collections.abc import Mapping
 
 from .protocol import ProtocolError
+from .values import TYPE_CHECKING, field, fields_of, value
 
 if TYPE_CHECKING:
+    from typing import Any, ClassVar, TypeVar
+
     from .protocol import Wire
 
-T = TypeVar("T", bound="Reply")
+    T = TypeVar("T", bound="Reply")
 
 
 class Reply:
-    """A reply: its dataclass fields are the keys of the answer's object."""
+    """A reply: its fields (``values``) are the keys of the answer's object."""
 
     NAME: ClassVar[str] = ""
 
@@ -35,18 +36,18 @@ class Reply:
         if not isinstance(data, Mapping):
             raise ProtocolError("%s: not an object" % cls.NAME)
         args = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        for f in fields_of(cls):
             if f.name in data:
                 args[f.name] = data[f.name]
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            elif f.required:
                 raise ProtocolError("%s: missing field %r" % (cls.NAME, f.name))
         return cls(**args)
 
     def to_wire(self) -> Wire:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {f.name: getattr(self, f.name) for f in fields_of(self)}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HelloReply(Reply):
     """``hello``: who and where the helper is, and the host's clock."""
 
@@ -62,7 +63,7 @@ class HelloReply(Reply):
     time: float | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FileInfo(Reply):
     """``read`` (a list of them) and ``read_host``'s files: one file as the host has it."""
 
@@ -78,7 +79,7 @@ class FileInfo(Reply):
     data: bytes | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ProcessInfo(Reply):
     """``server_find`` and ``process`` (or None: nothing found)."""
 
@@ -93,7 +94,7 @@ class ProcessInfo(Reply):
     started_at: float | None = None  # the start on the host's wall clock
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LockReply(Reply):
     """``lock_acquire`` (and ``open_state``'s ``lock``)."""
 
@@ -103,7 +104,7 @@ class LockReply(Reply):
     token: str | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RunReply(Reply):
     """``run``: a command whose exit code is data."""
 
@@ -113,7 +114,7 @@ class RunReply(Reply):
     stderr: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ValidateReply(Reply):
     """``validate`` (a list of them): one check run on a staged copy."""
 
@@ -125,7 +126,7 @@ class ValidateReply(Reply):
     argv: list[str]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StagedFile(Reply):
     """``stage`` (a list of them): where each file was staged."""
 
@@ -133,7 +134,7 @@ class StagedFile(Reply):
     staged: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HealthReply(Reply):
     """``health_wait``: healthy after ``elapsed`` s and ``polls`` polls."""
 
@@ -144,7 +145,7 @@ class HealthReply(Reply):
     stable_for: float | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ReleaseCreated(Reply):
     """``release_create``: the release's dir and its ``seq`` (None: an older helper)."""
 
@@ -153,7 +154,7 @@ class ReleaseCreated(Reply):
     seq: int | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Armed(Reply):
     """``release_arm``: the watchdog's pid and when it acts (the host's wall time)."""
 
@@ -164,7 +165,7 @@ class Armed(Reply):
     deadline: float | None = None  # what an older helper called ``fires_at``
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ConfirmReply(Reply):
     """``confirm_release``: confirmed (each step's answer), or the restore's record that got there first."""
 
@@ -179,7 +180,7 @@ def _names(value: Any) -> list[str] | None:
     return None if value is None else [str(v) for v in value]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Builds(Reply):
     """``nightly_builds``: a host's ``builds_dir``, its builds oldest first, where ``current`` points."""
 
@@ -196,7 +197,7 @@ class Builds(Reply):
                    _names(data.get("complete")), dict(data.get("seqs") or {}))
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PreparedBuild(Reply):
     """``nightly_prepare``: a new build's place, made ready while the old build serves."""
 

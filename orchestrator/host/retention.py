@@ -16,10 +16,11 @@ never evaluated). Pure: ids and manifests in, plans out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-
 from .records import Manifest
+from .values import TYPE_CHECKING, field, value
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
 
 # ---------------------------------------------------------------- order
 
@@ -42,7 +43,7 @@ def ordered_ids(manifests: Iterable[Manifest]) -> list[str]:
 # ---------------------------------------------------------------- releases
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PrunePlan:
     """What retention removes, and what it keeps beyond ``keep_releases`` because of drift."""
 
