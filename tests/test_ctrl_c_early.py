@@ -44,13 +44,35 @@ def orch_command() -> list[str]:
     return [str(script)]
 
 
+def catches_sigint(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGINT (``SigCgt`` in ``/proc/PID/status``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def sigint_after_start(proc: subprocess.Popen[str], after: float) -> None:
+    """SIGINT ``after`` seconds once the interpreter has installed its SIGINT handler.
+
+    Before that moment the default action kills the process without a word (exit -2):
+    that is CPython's start-up, which no program can answer, and on a busy machine it
+    can outlast T (a bare interpreter's start measured a moment earlier)."""
+    deadline = time.monotonic() + 120
+    while not catches_sigint(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+
+
 def interrupted_run(box: Sandbox, args: list[str], after: float) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
     cmd = [*orch_command(), *args, "--ssh-config", str(box.sshd.ssh_config)]
     proc = subprocess.Popen(cmd, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(after)
-    proc.send_signal(signal.SIGINT)
+    sigint_after_start(proc, after)
     out, err = proc.communicate(timeout=240)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -288,3 +310,19 @@ def test_without_the_hook_the_interrupt_is_dropped(tmp_path: Path) -> None:
     said, err = dropped_run(tmp_path, "SIGINT", hooked=False, wait=1)
     assert "Exception ignored" in err and "KeyboardInterrupt" in err, err
     assert said == ["in __del__", "not answered", "not pending"], said
+
+
+def test_sigint_waits_for_the_interpreters_handler() -> None:
+    """``sigint_after_start`` never hands SIGINT to an interpreter still in its own start-up:
+    a program without a handler is told apart from Python with its ``KeyboardInterrupt``."""
+    plain = subprocess.Popen(["sleep", "60"])
+    try:
+        assert not catches_sigint(plain.pid)
+    finally:
+        plain.kill()
+        plain.wait()
+    python = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    sigint_after_start(python, 0.0)
+    _, err = python.communicate(timeout=60)
+    assert python.returncode == 1 and err.rstrip().endswith("KeyboardInterrupt"), err

@@ -23,14 +23,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator import INTERRUPTED_REPORT
 from tests.fixtures.sandbox import SHIPPED_SPEC, Sandbox, health_status, quick_stability, wait_until
-from tests.test_ctrl_c_early import DELAYS, bare_start, before_orch, orch_command
+from tests.test_ctrl_c_early import (
+    DELAYS,
+    bare_start,
+    before_orch,
+    orch_command,
+    sigint_after_start,
+)
 
 LINE = "orch: error: interrupted"
 """The one line of an interrupted run, on stderr."""
@@ -152,8 +157,7 @@ def test_ctrl_c_in_a_read_only_command_row_at_the_issue_offsets(sandbox: Sandbox
         for flag in ((), ("--json",)):
             for attempt in range(5):  # a signal inside CPython's own start-up: again, a start later
                 proc = start(sandbox, command, *flag)
-                time.sleep(t * (1 + attempt) + delay)
-                proc.send_signal(signal.SIGINT)
+                sigint_after_start(proc, t * (1 + attempt) + delay)
                 got = ended(proc)
                 if not before_orch(got.stdout + got.stderr):
                     break

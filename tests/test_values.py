@@ -81,8 +81,8 @@ def test_a_record_survives_copy_pickle_and_its_wire_form() -> None:
 def test_the_helper_arms_without_importing_dataclasses_or_typing() -> None:
     """What a helper loads to arm a release (``dispatch.load_all``) costs it no ``dataclasses``
     (with ``inspect``, ``ast``, ``tokenize``) and no ``typing``: a third of its import."""
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "import orchestrator.host.main, orchestrator.host.dispatch as d; d.load_all()\n"
-            "print(sorted(m for m in ('dataclasses', 'inspect', 'typing', 'ast') if m in sys.modules))" % str(ROOT))
+            "print(sorted(m for m in ('dataclasses', 'inspect', 'typing', 'ast') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

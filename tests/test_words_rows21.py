@@ -279,17 +279,20 @@ def test_ctrl_c_row_status_says_it_in_exactly_one_line_at_every_moment(kept: Kep
     """SIGINT to ``orch status`` at T + 0.02 … 1 s (T: a bare interpreter's start, measured):
     the interruption is said once, as the last line, with the signal table's exit 1 and the
     JSON report under ``--json``; a run that finished first keeps its own code."""
-    import signal
-    import time
 
-    from tests.test_ctrl_c_early import DELAYS, bare_start, before_orch, orch_command
+    from tests.test_ctrl_c_early import (
+        DELAYS,
+        bare_start,
+        before_orch,
+        orch_command,
+        sigint_after_start,
+    )
 
     def interrupted(args: list[str], after: float) -> subprocess.CompletedProcess[str]:
         proc = subprocess.Popen([*orch_command(), *args], cwd=kept.root, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, COLUMNS="80", NO_COLOR="1"))
-        time.sleep(after)
-        proc.send_signal(signal.SIGINT)
+        sigint_after_start(proc, after)
         out, err = proc.communicate(timeout=120)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
