@@ -25,6 +25,7 @@ WIRE = [
     "orchestrator/host/restore_plan.py",
     "orchestrator/host/values.py",
     "orchestrator/core/events.py",
+    "orchestrator/core/endings.py",
     "orchestrator/shell/ops.py",
     "orchestrator/shell/program.py",
     "orchestrator/shell/agent_client.py",

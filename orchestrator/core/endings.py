@@ -26,15 +26,15 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from orchestrator.core.events import WARNING, Event, Level
+from orchestrator.host.values import fields, value
 
 Run = Literal["deploy", "night", "rollback"]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Ending(Event):
     """The base of every ending: a warning, with its fields as JSON (an ending inside
     another one carries its own ``kind``)."""
@@ -56,7 +56,7 @@ class Ending(Event):
 # ---------------------------------------------------------------- the link, or the controller, gone
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StoppedFollowing(Ending):
     """A second Ctrl-C, a SIGTERM or a SIGHUP after the hand-over: this controller stopped
     following and the host's runner finishes the release (``signame``: the signal; None, a
@@ -69,14 +69,14 @@ class StoppedFollowing(Ending):
     reconnecting: bool = False
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FollowInterrupted(Ending):
     """Ctrl-C in ``orch status --follow``: only the following stops; the runner finishes."""
 
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LostAfterCommit(Ending):
     """The link was lost after the hand-over (a deploy's commit, a night's switch, a rollback
     handed on) and not found again in time: the host decides; ``backstop_at`` is when its
@@ -89,7 +89,7 @@ class LostAfterCommit(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LostDuringRestore(Ending):
     """The link dropped while the host restored the release (or switched the night back): it
     finishes that by itself, and the backstop backs it up at ``until``. ``reason``: why the run
@@ -103,7 +103,7 @@ class LostDuringRestore(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LostBeforeCommit(Ending):
     """The link was lost after the release was made, before its commit: nothing on the host
     changed, and the watchdog closes the release at ``closes_at``."""
@@ -114,7 +114,7 @@ class LostBeforeCommit(Ending):
     closes_at: float
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LostBeforeChange(Ending):
     """The link was lost (or never came) before anything on the host changed."""
 
@@ -122,14 +122,14 @@ class LostBeforeChange(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class InterruptedBeforeChange(Ending):
     """Ctrl-C before the run changed anything on the host."""
 
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FollowedAgainInVain(Ending):
     """A fleet's second try to follow a release lost after its commit failed too: the host
     stays ``unreachable``. ``lost``: how the first try ended."""
@@ -143,7 +143,7 @@ class FollowedAgainInVain(Ending):
 # ---------------------------------------------------------------- the restore
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class InterruptedDuringRestore(Ending):
     """A second Ctrl-C during the restore: it stopped where it was; the backstop finishes it at ``until``."""
 
@@ -153,7 +153,7 @@ class InterruptedDuringRestore(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoreCouldNotRun(Ending):
     """The run failed and its restore could not run (``problem``); the backstop restores at ``until``."""
 
@@ -166,7 +166,7 @@ class RestoreCouldNotRun(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Restored(Ending):
     """The run failed and the one restore machine put the host back as it was (or closed a
     release that had changed nothing): why, where, by whom, and what the host's record says
@@ -186,7 +186,7 @@ class Restored(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoreFailed(Ending):
     """The run failed and so did its restore: ``done`` is what the host's record says it did."""
 
@@ -198,7 +198,7 @@ class RestoreFailed(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RunnerCouldNotRestore(Ending):
     """The host's runner failed the release and could not restore it (``problem``: its error)."""
 
@@ -210,7 +210,7 @@ class RunnerCouldNotRestore(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoringWithoutRecord(Ending):
     """The backstop's deadline passed before the confirm: it is restoring, but left no record."""
 
@@ -219,7 +219,7 @@ class RestoringWithoutRecord(Ending):
     run: Run = "deploy"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RollbackFailed(Ending):
     """``orch rollback``'s restore failed: ``what`` the rollback was, ``done`` what the host recorded."""
 
@@ -229,7 +229,7 @@ class RollbackFailed(Ending):
     done: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RollbackLeftNoRecord(Ending):
     """A rollback's runner ended without a restore record (``reason``: its failure, or its verdict)."""
 
@@ -238,7 +238,7 @@ class RollbackLeftNoRecord(Ending):
     reason: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RunnerFailed(Ending):
     """A release followed to its verdict (``orch status --follow``, a fleet's second try, a
     night reported late) that did not confirm: ``reason`` is the runner's own message."""
@@ -251,7 +251,7 @@ class RunnerFailed(Ending):
 # ---------------------------------------------------------------- a fleet
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class UndoneWithBatch(Ending):
     """``--rollback-all-on-failure`` rolled back this host's good deploy with its failed batch."""
 
@@ -260,7 +260,7 @@ class UndoneWithBatch(Ending):
     done: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NotUndoneWithBatch(Ending):
     """``--rollback-all-on-failure`` could not roll this host back (``reason``: the rollback's)."""
 
@@ -268,7 +268,7 @@ class NotUndoneWithBatch(Ending):
     reason: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NotStarted(Ending):
     """A fleet run never reached this host (``why``: why the run stopped)."""
 

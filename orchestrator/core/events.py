@@ -5,7 +5,8 @@ the words are the CLI's (``orchestrator.cli.words.line``), made in one place so
 that a console line, a fleet's board row and the host's ``run.log`` say the same
 thing, and ``--json`` can carry the fields a script wants instead of English.
 
-Every event is a frozen dataclass with a ``level`` (``step``, ``note`` or
+Every event is a frozen value class (``host.values``: a frozen dataclass to the
+type checker, without its cost at each start of ``orch``) with a ``level`` (``step``, ``note`` or
 ``warning``) kept on its type: the level is part of what happened (a drift kept
 is a warning wherever it is said), not a choice of the caller. Pure: no I/O.
 Times are seconds on the host's clock (``HostSession.host_time``); the words
@@ -15,8 +16,9 @@ say them in UTC.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Literal
+
+from orchestrator.host.values import fields, value
 
 Level = Literal["step", "note", "warning"]
 STEP: Level = "step"
@@ -24,7 +26,7 @@ NOTE: Level = "note"
 WARNING: Level = "warning"
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Event:
     """The base of every event: its ``level`` and its wire form."""
 
@@ -37,7 +39,7 @@ class Event:
 
     def to_wire(self) -> dict[str, Any]:
         """``{"event": "committed", "level": "step", "files": 3}``: fields for ``--json``."""
-        return {"event": self.kind(), "level": self.level, **asdict(self)}
+        return {"event": self.kind(), "level": self.level, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
 
 def plain(ev: Event) -> str:
@@ -50,7 +52,7 @@ def plain(ev: Event) -> str:
 # ---------------------------------------------------------------- shared by deploy, night, rollback
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PlanNote(Event):
     """A note the plan made (a layout found, a flag already set): its text is the planner's."""
 
@@ -58,7 +60,7 @@ class PlanNote(Event):
     text: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Healthy(Event):
     """The new server answered health (and stayed up ``stable_for`` seconds, when asked)."""
 
@@ -67,7 +69,7 @@ class Healthy(Event):
     stable_for: float | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HeldForDrift(Event):
     """A release outlives ``keep_releases``: it holds the only copy of a person's edit."""
 
@@ -76,7 +78,7 @@ class HeldForDrift(Event):
     paths: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class DriftKept(Event):
     """A file a person changed on the host while orch worked: its content is kept aside."""
 
@@ -86,7 +88,7 @@ class DriftKept(Event):
     during_deploy: bool = True  # False: found by a rollback
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoreNotRecorded(Event):
     """The restore (or a night's switch back) ran, but the host could not write its record."""
 
@@ -98,23 +100,23 @@ class RestoreNotRecorded(Event):
 # ---------------------------------------------------------------- deploy
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class WatchdogRestoredEarlier(Event):
     level: ClassVar[Level] = NOTE
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class AlreadyAsPlanned(Event):
     """A deploy with nothing to change: files and command line are already as planned."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Staged(Event):
     files: int
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class BackedUp(Event):
     """The release is made and its backstop armed at ``deadline``. ``runner``: from the commit
     on the host's runner carries it to its verdict (a deploy); else the watchdog restores it
@@ -126,12 +128,12 @@ class BackedUp(Event):
     runner: bool = False
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Committed(Event):
     files: int
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PreflightAccepted(Event):
     """The server's own parser accepts the new command line (``staged``: ``--check``'s,
     run against the staged files)."""
@@ -139,7 +141,7 @@ class PreflightAccepted(Event):
     staged: bool = False
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PreflightNotChecked(Event):
     """``--check`` did not run a custom pre-flight: it reads neither the staged files' map
     (``{{ staged_files }}``) nor ``ORCH_STAGED``."""
@@ -147,33 +149,33 @@ class PreflightNotChecked(Event):
     level: ClassVar[Level] = NOTE
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class GateBaseline(Event):
     """The gate probes the running server before the stop."""
 
     probes: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class GateReprobe(Event):
     """The gate's comparison is inconclusive (within the spread): these probes run again."""
 
     probes: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Restarting(Event):
     """The server restarts with ``argv`` (secrets already redacted by the pipeline)."""
 
     argv: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ReleaseCurrent(Event):
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Reconnecting(Event):
     """The link was lost after the commit: orch connects again to follow the runner."""
 
@@ -182,7 +184,7 @@ class Reconnecting(Event):
     window: float
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FollowingAgain(Event):
     """A fleet follows again a release whose link was lost after its commit, before it decides
     its next batch (``when``: "before batch 2", "before the end of the run")."""
@@ -191,7 +193,7 @@ class FollowingAgain(Event):
     when: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StillUnreachable(Event):
     """The fleet's second try could not follow that release either: the host stays ``unreachable``."""
 
@@ -200,7 +202,7 @@ class StillUnreachable(Event):
     why: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RunnerStep(Event):
     """A step of a release's runner began, ended or failed (``status --follow``)."""
 
@@ -209,7 +211,7 @@ class RunnerStep(Event):
     seconds: float | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NothingToFollow(Event):
     """``status --follow``: no release in progress, none unreported. ``in_progress``: the journal's
     release is in progress but has no runner (an older orch's, or a night)."""
@@ -219,7 +221,7 @@ class NothingToFollow(Event):
     in_progress: bool = False
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class InterruptedAfterConfirm(Event):
     """Ctrl-C came after the host's runner had confirmed the release: it stays current."""
 
@@ -227,7 +229,7 @@ class InterruptedAfterConfirm(Event):
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ManyInEffect(Event):
     """More releases are in effect than ``keep_releases``: none of them is pruned."""
 
@@ -236,7 +238,7 @@ class ManyInEffect(Event):
     keep: int
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ServerPredates(Event):
     """Files changed and no restart: the running server still runs the code it loaded before."""
 
@@ -245,14 +247,14 @@ class ServerPredates(Event):
     started_at: float | None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class DeployFailed(Event):
     level: ClassVar[Level] = WARNING
     reason: str
     rolling_back: bool  # False: closing a release that changed nothing
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RolledBack(Event):
     """The restore machine put the host back; ``by`` who ran it, ``done`` what it did."""
 
@@ -260,19 +262,19 @@ class RolledBack(Event):
     done: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ReleaseClosed(Event):
     """A failed release that had changed nothing on the host, closed."""
 
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class CheckUnchanged(Event):
     """``--check`` with nothing to do."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class CheckValidated(Event):
     """``--check`` staged and validated on the host, changing nothing (``would_refuse``: the
     plan refuses; ``preflight_refused``: the server's parser refused the staged files)."""
@@ -284,7 +286,7 @@ class CheckValidated(Event):
 # ---------------------------------------------------------------- night
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class BuildDrift(Event):
     """A file of the current build changed by hand; ``--force`` builds anyway."""
 
@@ -292,54 +294,54 @@ class BuildDrift(Event):
     path: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Building(Event):
     build_dir: str
     log: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class CheckedOut(Event):
     commit: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Installing(Event):
     commands: int
     build_dir: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class InstalledPinned(Event):
     packages: int
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StackPatched(Event):
     index: int
     playbook: str
     files: int
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NightFailedBeforeSwitch(Event):
     level: ClassVar[Level] = WARNING
     reason: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HalfBuiltRemoved(Event):
     """A night that failed before its switch: its build removed, nothing running touched."""
 
     build_dir: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NightArmed(Event):
     deadline: float
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Switching(Event):
     """``current`` moves to the night's build; the old server (``old_pid``) stops, the new one starts."""
 
@@ -348,7 +350,7 @@ class Switching(Event):
     argv: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Probed(Event):
     """A night's probe of its new server: the summary's figures as the host measured them."""
 
@@ -361,31 +363,31 @@ class Probed(Event):
     greedy_sha256: str | None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class BuildsPruned(Event):
     builds: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NightCurrent(Event):
     night: str
     build_dir: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NightFailed(Event):
     level: ClassVar[Level] = WARNING
     reason: str
     switching_back: bool  # False: closing a release that touched nothing live
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class SwitchedBack(Event):
     by: str
     done: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NightClosed(Event):
     night: str
 
@@ -393,14 +395,14 @@ class NightClosed(Event):
 # ---------------------------------------------------------------- rollback
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class AlreadyCurrent(Event):
     """``orch rollback --to`` a release that is already current."""
 
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RestoreDone(Event):
     """A rollback's restore ran: ``what`` it was (the rollback's own words), ``done`` what it did."""
 
@@ -408,20 +410,20 @@ class RestoreDone(Event):
     done: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class FinishingUnfinished(Event):
     kind_of_run: str  # deploy, night or rollback
     release: str
     last_step: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class UnfinishedChangedNothing(Event):
     kind_of_run: str
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class ConfirmedBeforeEnd(Event):
     """The unfinished run had confirmed its release before it ended: only its journal is closed."""
 
@@ -429,14 +431,14 @@ class ConfirmedBeforeEnd(Event):
     release: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class BuildNotRemoved(Event):
     level: ClassVar[Level] = WARNING
     night: str
     problem: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class HalfBuildRemoved(Event):
     """``orch rollback`` removed the build of a night that died before its switch (its log stays)."""
 
@@ -444,12 +446,12 @@ class HalfBuildRemoved(Event):
     night: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NothingToRollBack(Event):
     """No release is current: there is nothing before."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class RollingBack(Event):
     """``releases`` undone, newest first; ``links`` (path, target) switched back; the server restarted."""
 
@@ -461,7 +463,7 @@ class RollingBack(Event):
 # ---------------------------------------------------------------- the lock
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class LockTakenOver(Event):
     """The lock's holder is gone (and its helper with it): this run takes the lock."""
 
@@ -469,7 +471,7 @@ class LockTakenOver(Event):
     holder: str
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class StaleLockBroken(Event):
     level: ClassVar[Level] = WARNING
     holder: str
