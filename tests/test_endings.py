@@ -20,9 +20,9 @@ import pytest
 
 from orchestrator.cli import words
 from orchestrator.core import endings, events
+from orchestrator.host.values import fields
 from orchestrator.pipeline.fleet import undone_report
 from orchestrator.pipeline.report import HostReport, not_started
-from orchestrator.host.values import fields
 from orchestrator.pipeline.session import at
 
 ROOT = Path(__file__).resolve().parents[1]
