@@ -13,7 +13,7 @@ def interrupted(args: "list[str]") -> None:
     orch any run imports, so it can answer while the rest is still being
     imported; it needs nothing but the standard library.
     """
-    import _signal
+    import _signal  # type: ignore[import-not-found]  # CPython's C module (no stub): lighter than signal
 
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C must not cut this short
     try:

@@ -286,9 +286,9 @@ def draw_gate(out: Output, host: str, outcome: GateOutcome) -> None:
     for name in COLUMNS:
         table.add_column(name, justify="right" if name in ("before", "after", "change") else "left",
                          no_wrap=True)
-    for check, row in zip(outcome.checks, rows, strict=True):
+    for check, cells_of in zip(outcome.checks, rows, strict=True):
         style = VERDICT_STYLE.get(check.verdict, "")
-        cells = [Text(c) for c in row[:-1]] + [Text(row[-1], style=style)]
+        cells = [Text(c) for c in cells_of[:-1]] + [Text(cells_of[-1], style=style)]
         table.add_row(*cells)
     out.console.print(table)
 

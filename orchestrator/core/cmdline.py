@@ -157,10 +157,11 @@ def apply_flags(argv: Sequence[str], flags: Mapping[str, FlagValue]) -> list[str
     layout: list[_Item] = []
     placed: set[str] = set()
     for item in _items(argv):
-        if item.name in flags and item.name != "--":
-            if item.name not in placed:
-                placed.add(item.name)
-                layout.append(_Item(_flag_words(item.name, flags[item.name]), item.name))
+        name = item.name
+        if name is not None and name in flags and name != "--":
+            if name not in placed:
+                placed.add(name)
+                layout.append(_Item(_flag_words(name, flags[name]), name))
             continue
         layout.append(item)
     tail = [_Item(_flag_words(n, v), n) for n, v in flags.items() if n not in placed]

@@ -624,8 +624,8 @@ class _Planner:
                 key,
             )
         splices = _replacement_splices(text, starts, found)
-        rows = ", ".join(f"{s.start}-{s.end}" if s.end > s.start else str(s.start) for s in splices)
-        return _Step(splices, f"replaced {len(found)} time(s) (lines {rows})", REPLACED)
+        spans = ", ".join(f"{s.start}-{s.end}" if s.end > s.start else str(s.start) for s in splices)
+        return _Step(splices, f"replaced {len(found)} time(s) (lines {spans})", REPLACED)
 
     # -- delete
 

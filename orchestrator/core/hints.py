@@ -66,13 +66,13 @@ def _meanings(path: str, src: PySource, stem: str, label: Callable[[int], str]) 
     for rx_row, line in enumerate(src.raw, 1):
         if f'"{stem}"' not in line and f"'{stem}'" not in line:
             continue
-        info = src.statement_at(rx_row)
-        if info is None or not isinstance(info.node, ast.Assign | ast.AnnAssign):
+        at_row = src.statement_at(rx_row)
+        if at_row is None or not isinstance(at_row.node, ast.Assign | ast.AnnAssign):
             continue
-        for stmt, _ in literal_statements(src, _assigned(info.node)):
-            if stmt is info:
+        for stmt, _ in literal_statements(src, _assigned(at_row.node)):
+            if stmt is at_row:
                 found.append(
-                    f"{label(rx_row)}: {shorten(line)} (an element; into: {_assigned(info.node)}, "
+                    f"{label(rx_row)}: {shorten(line)} (an element; into: {_assigned(at_row.node)}, "
                     f"after_item: {stem})"
                 )
     return found

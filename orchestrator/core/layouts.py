@@ -206,7 +206,7 @@ def _annotated_style(src: PySource, info: StmtInfo, alias: str) -> dict[str, obj
     node = info.node
     assert isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Subscript)
     parts = _annotated_parts(node.annotation)
-    help_node = next((p for p in parts[1:] if isinstance(p, ast.Constant)), None)
+    help_node: ast.expr | None = next((p for p in parts[1:] if isinstance(p, ast.Constant)), None)
     if help_node is None:  # A[T, Arg(help="…")]
         arg = next((p for p in parts[1:] if isinstance(p, ast.Call)), None)
         help_node = next((k.value for k in arg.keywords if k.arg == "help"), None) if arg else None

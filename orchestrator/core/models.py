@@ -765,7 +765,8 @@ def _parse(model: type[M], text: str, filename: str) -> M:
             exc.message, file=filename, line=doc.line_of(exc.loc), key=key_path(exc.loc) or None
         ) from None
     if "_locations" in getattr(type(result), "__private_attributes__", {}):
-        result._locations = Locations(file=filename, doc=doc)  # a playbook, a nightly spec
+        # a playbook, a nightly spec: the private attribute the check above found
+        result._locations = Locations(file=filename, doc=doc)  # type: ignore[attr-defined]
     return result
 
 

@@ -186,7 +186,7 @@ def take_over_decision(lock: LockRecord, *, same_controller: bool, holder_alive_
     helper is working (or finishing a restore), and gives the lock back itself."""
     if lock.helper_alive:
         return TakeOver.HELD
-    if lock.controller_id.startswith(RUNNER_PREFIX):
+    if (lock.controller_id or "").startswith(RUNNER_PREFIX):
         return TakeOver.TAKE  # a runner's lock, its runner dead (checked on the host): provably gone
     if same_controller and not holder_alive_here:
         return TakeOver.TAKE

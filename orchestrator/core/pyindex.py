@@ -232,11 +232,11 @@ def _tokenize_error(
     try:
         parse_ast("".join(lines), path)
     except SyntaxError as parsed:
-        row = (parsed.lineno or 1) + offset
-        return SyntaxError(f"{path} does not parse: line {row}: {parsed.msg}")
+        at = (parsed.lineno or 1) + offset
+        return SyntaxError(f"{path} does not parse: line {at}: {parsed.msg}")
     except ValueError:
         pass
-    row = None
+    row: int | None = None
     if isinstance(exc, SyntaxError):
         row = exc.lineno
     elif len(exc.args) > 1 and isinstance(exc.args[1], tuple):
@@ -499,7 +499,8 @@ class _Chunk:
                     self.clause[key] = info
                 self._walk(case.body, (id(case), "body"), info)
             return
-        self._walk(node.body, (id(node), "body"), info)
+        # a compound statement (``info.compound``): every kind but ``match`` has a body
+        self._walk(node.body, (id(node), "body"), info)  # type: ignore[attr-defined]
         for handler in getattr(node, "handlers", []):
             key = self.ll_at.get(handler.lineno)
             if key is not None:

@@ -420,7 +420,8 @@ def _flag(edit: Edit, loc: Loc, ctx: _Ctx, common: dict[str, Any]) -> FlagReques
         default = ctx.string(default, (*base, "default"))
         if flag.type != "str":
             default = yaml_scalar(default)
-    expected = {"int": int, "float": (int, float), "str": str, "bool": bool}[flag.type]
+    kinds: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
+    expected = kinds[flag.type]
     if default is not None and (
         not isinstance(default, expected) or (flag.type != "bool" and isinstance(default, bool))
     ):
@@ -435,7 +436,7 @@ def _flag(edit: Edit, loc: Loc, ctx: _Ctx, common: dict[str, Any]) -> FlagReques
     return FlagRequest(
         name=name,
         type=flag.type,
-        default=float(default) if flag.type == "float" and default is not None else default,
+        default=float(default) if flag.type == "float" and isinstance(default, int | float) else default,
         help=ctx.string(flag.help, (*base, "help")),
         near=near,
         **common,

@@ -100,13 +100,14 @@ def _describe(stmt: ast.stmt, row: int) -> tuple[str, int]:
         if best is None or (lineno, node.col_offset) >= (best.lineno, best.col_offset):  # type: ignore[attr-defined]
             best = node
     node = best or stmt
+    at: int = getattr(node, "lineno", stmt.lineno)  # every node the walk kept has one
     if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
-        return "string", node.lineno
+        return "string", at
     for kind, name in _NODE_NAMES:
         if isinstance(node, kind):
-            return name, node.lineno
+            return name, at
     if isinstance(node, ast.stmt):
-        return _STMT_NAMES.get(type(node), "statement"), node.lineno
+        return _STMT_NAMES.get(type(node), "statement"), at
     return "statement", stmt.lineno
 
 

@@ -257,7 +257,7 @@ class Renderer:
                 line=exc.lineno,
             ) from None
         except jinja2.TemplateNotFound as exc:
-            raise self._not_found(exc.name or name, file=file, line=line, key=key) from None
+            raise self._not_found(exc.name if isinstance(exc.name, str) and exc.name else name, file=file, line=line, key=key) from None
         except ConfigError as exc:
             raise exc.located(file=file, line=line, key=key) from None
         return self._render(template, vars, file=file, line=line, key=key, inside=name)
@@ -314,7 +314,7 @@ class Renderer:
                 line=exc.lineno,
             ) from None
         except jinja2.TemplateNotFound as exc:
-            raise self._not_found(exc.name or "?", file=file, line=line, key=key) from None
+            raise self._not_found(exc.name if isinstance(exc.name, str) and exc.name else "?", file=file, line=line, key=key) from None
         except ConfigError as exc:
             raise exc.located(file=file, line=line, key=key) from None
         except jinja2.exceptions.SecurityError as exc:

@@ -125,13 +125,18 @@ class _AliasBudget(yaml.SafeLoader):
             anchored = self.anchors.get(event.anchor)
             if anchored is not None:  # an undefined alias: PyYAML's own error follows
                 self._spend(event, anchored)
-            return super().compose_node(parent, index)
-        node = super().compose_node(parent, index)
+            return self._composed(parent, index)
+        node = self._composed(parent, index)
         self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in _children(node))
         return node
 
+    def _composed(self, parent: Node | None, index: Any) -> Node:
+        node = super().compose_node(parent, index)
+        assert node is not None  # PyYAML's stubs allow None; within a document it composes a node
+        return node
+
     def _spend(self, event: AliasEvent, anchored: Node) -> None:
-        line = event.start_mark.line + 1
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
         size = self._sizes.get(id(anchored))
         if size is None:  # the anchored node is still open: it would contain itself
             raise _BudgetError(f"alias *{event.anchor} refers to a node that contains it", line)
@@ -256,7 +261,7 @@ def _key_value(loader: yaml.SafeLoader, key_node: Node) -> Any:
     """The Python value of a mapping key (scalars only; others by their text)."""
     if isinstance(key_node, ScalarNode):
         return loader.construct_object(key_node)
-    return f"<{key_node.id}>"
+    return f"<{getattr(key_node, 'id', 'node')}>"  # each kind of node has its id ("mapping", …)
 
 
 def _hashable(value: Any) -> bool:

@@ -152,7 +152,7 @@ class GateRun:
 
     def record(self) -> dict[str, Any]:
         """The manifest's ``probe`` record: the new server's figures, probe by probe."""
-        probes = [{"label": p.label, "key": p.key, "post": p.config.post, "requests": p.config.requests,
+        probes: list[dict[str, Any]] = [{"label": p.label, "key": p.key, "post": p.config.post, "requests": p.config.requests,
                    "concurrency": p.config.concurrency, "result": self.after[p.label].to_json()}
                   for p in self.spec.probes if p.label in self.after]
         summary = probes[0]["result"]["summary"] if probes else None

@@ -563,7 +563,7 @@ class SSHTransport:
                 f"({one_line(str(exc.text))})"
             )
         if isinstance(exc, NoValidConnectionsError):
-            codes = {err.errno for err in exc.errors.values()}
+            codes: set[int] = {getattr(err, "errno", None) or 0 for err in exc.errors.values()}  # OSErrors
             if codes == {errno.ECONNREFUSED}:
                 return "connection refused"
             return _ERRNO_TEXT.get(min(codes, default=0), "no route to host")

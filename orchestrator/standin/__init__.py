@@ -81,16 +81,16 @@ def tree_files(layout: str = "classic") -> Iterator[tuple[str, bytes]]:
     """
     files: dict[str, Path] = {}
     for root in _roots(layout):
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root)
+        for found in sorted(root.rglob("*")):
+            rel = found.relative_to(root)
             if (
-                path.is_file()
+                found.is_file()
                 and "__pycache__" not in rel.parts
-                and path.suffix not in {".pyc", ".pyo"}
+                and found.suffix not in {".pyc", ".pyo"}
             ):
-                files[rel.as_posix()] = path
-    for rel in sorted(files):
-        yield rel, files[rel].read_bytes()
+                files[rel.as_posix()] = found
+    for name in sorted(files):
+        yield name, files[name].read_bytes()
 
 
 def make_tree(dest: Path, layout: str = "classic") -> Path:
