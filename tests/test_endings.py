@@ -124,8 +124,14 @@ SAID: list[tuple[endings.Ending, str]] = [
     (endings.RestoringWithoutRecord("gpu", "N1", "night"),
      "gpu: the backstop's deadline passed before the night could confirm; night N1 is being switched back but "
      "left no record; run `orch status --host gpu`"),
-    (endings.RollbackFailed("gpu", "R2", "rolled back R1; current release: R0", "the server did not start"),
+    (endings.RollbackFailed("gpu", "R2", "undid", ("R1",), "R0", None, "the server did not start"),
      "gpu: rolled back R1; current release: R0 FAILED: the server did not start. The host is not known to be "
+     "healthy; fix the cause and run `orch rollback --host gpu` again"),
+    (endings.RollbackFailed("gpu", "R3", "undid", ("R2", "R1"), None, None, "the server did not start"),
+     "gpu: rolled back R2, R1; current release: none (the state before any release) FAILED: the server did not "
+     "start. The host is not known to be healthy; fix the cause and run `orch rollback --host gpu` again"),
+    (endings.RollbackFailed("gpu", "R2", "restored_before", ("R2",), None, None, "files: 1 restored"),
+     "gpu: restored the state before R2 FAILED: files: 1 restored. The host is not known to be "
      "healthy; fix the cause and run `orch rollback --host gpu` again"),
     (endings.RollbackLeftNoRecord("gpu", "R2", "failed"),
      "gpu: the rollback R2 ended without a restore record (failed); run `orch status --host gpu`"),
@@ -164,6 +170,7 @@ def test_the_wire_carries_every_field(ending: endings.Ending) -> None:
     for f in fields(ending):
         value = getattr(ending, f.name)
         expected = value.to_json() if isinstance(value, endings.Ending) else value
+        expected = list(expected) if isinstance(expected, tuple) else expected  # JSON has lists
         assert wire[f.name] == expected and as_json[f.name] == expected, f.name
     assert set(as_json) == {"kind", *(f.name for f in fields(ending))}
 

@@ -87,6 +87,16 @@ TODAY: list[tuple[events.Event, str]] = [
      "rolling back r2, r1, switching /cur back to b1, switching /x back to (none) and restarting the previous server"),
     (events.FinishingUnfinished("deploy", "r1", "committed"), "finishing the unfinished deploy r1 (last step: committed)"),
     (events.StaleLockBroken("alice@ctl pid 7", 912.4), "breaking the stale lock of alice@ctl pid 7 (no heartbeat for 912 s)"),
+    # a rollback's restore: what it was is fields (issue 18), its words are these
+    (events.RestoreDone("undid", ("r3", "r2"), "r1", None, "files restored: /a"),
+     "rolled back r3, r2; current release: r1: files restored: /a"),
+    (events.RestoreDone("undid", ("r1",), None, None, "files restored: /a"),
+     "rolled back r1; current release: none (the state before any release): files restored: /a"),
+    (events.RestoreDone("finished", ("r4",), None, "rollback", "files restored: /a"), "finished: files restored: /a"),
+    (events.RestoreDone("restored_before", ("r2",), None, "rollback", "files restored: /a"),
+     "restored the state before r2: files restored: /a"),
+    (events.RestoreDone("already_restored", ("r2",), None, "guard", "files: 1 restored"),
+     "r2 had already been restored by the guard: files: 1 restored"),
 ]
 
 
@@ -173,3 +183,13 @@ def test_core_events_is_pure() -> None:
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     # host.values: the value classes (standard library, no I/O), as the host's records use
     assert imported <= {"__future__", "re", "typing", "orchestrator.host.values"}, imported
+
+
+def test_a_rollbacks_words_are_the_clis_not_the_pipelines() -> None:
+    """What a rollback was travels as fields (``RestoreDone``, ``RollbackFailed``); the phrases
+    are made in ``cli/words.py`` alone, so none is written in ``pipeline/rollback.py``."""
+    source = (ROOT / "orchestrator" / "pipeline" / "rollback.py").read_text()
+    for phrase in ("current release:", "had already been restored", "restored the state before", "rolled back {"):
+        assert phrase not in source, phrase
+    said = words.line(events.RestoreDone("undid", ("r2",), "r1", None, "done"))
+    assert said == "rolled back r2; current release: r1: done"

@@ -94,7 +94,10 @@ def test_a_rollback_whose_restart_fails_is_exit_3_rollback_failed_and_restored_o
     assert "FAILED" in report["error"] and "Traceback" not in out + err
     ending = report["ending"]  # the same, as fields: which rollback, what it was, what its restore did
     assert ending["kind"] == "rollback_failed" and ending["release"] == release.name and ending["host"] == "gpu"
-    assert ending["what"].startswith("rolled back ") and ending["done"] in report["error"], ending
+    # what it was is fields, not words: an undo, of releases this host has, the release current after it
+    assert ending["did"] == "undid" and ending["releases"] and ending["done"] in report["error"], ending
+    assert all((box.state_dir / "releases" / r).is_dir() for r in ending["releases"]), ending
+    assert f"rolled back {', '.join(ending['releases'])}; current release: " in report["error"], ending
     assert verdicts(release) == ["rollback_failed"]
     record = read(release / "restored.json")
     assert record["by"] == "rollback" and record["ok"] is False  # the guard did not restore again

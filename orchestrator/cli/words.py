@@ -298,9 +298,20 @@ def _(e: ev.AlreadyCurrent) -> str:
     return f"release {e.release} is already current: nothing to do"
 
 
+def rollback_did(did: ev.RollbackDid, releases: tuple[str, ...], current: str | None, by: str | None) -> str:
+    """What a rollback was, in words: "rolled back R2; current release: R1", "finished", …"""
+    if did == "undid":
+        return f"rolled back {', '.join(releases)}; current release: {current or 'none (the state before any release)'}"
+    if did == "finished":
+        return "finished"
+    if did == "restored_before":
+        return f"restored the state before {', '.join(releases)}"
+    return f"{', '.join(releases)} had already been restored by the {by}"
+
+
 @line.register
 def _(e: ev.RestoreDone) -> str:
-    return f"{e.what}: {e.done}"
+    return f"{rollback_did(e.did, e.releases, e.current, e.by)}: {e.done}"
 
 
 @line.register
@@ -491,7 +502,7 @@ def _(e: end.RestoringWithoutRecord) -> str:
 
 @line.register
 def _(e: end.RollbackFailed) -> str:
-    return (f"{e.host}: {e.what} FAILED: {e.done}. The host is not known to be healthy; fix the cause and run "
+    return (f"{e.host}: {rollback_did(e.did, e.releases, e.current, e.by)} FAILED: {e.done}. The host is not known to be healthy; fix the cause and run "
             f"`orch rollback --host {e.host}` again")
 
 

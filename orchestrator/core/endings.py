@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from orchestrator.core.events import WARNING, Event, Level
+from orchestrator.core.events import WARNING, Event, Level, RollbackDid
 from orchestrator.host.values import fields, value
 
 Run = Literal["deploy", "night", "rollback"]
@@ -221,11 +221,15 @@ class RestoringWithoutRecord(Ending):
 
 @value(frozen=True)
 class RollbackFailed(Ending):
-    """``orch rollback``'s restore failed: ``what`` the rollback was, ``done`` what the host recorded."""
+    """``orch rollback``'s restore failed: what the rollback was (``did``, ``releases``,
+    ``current``, ``by``: as ``events.RestoreDone``), ``done`` what the host recorded."""
 
     host: str
     release: str
-    what: str
+    did: RollbackDid
+    releases: tuple[str, ...]
+    current: str | None
+    by: str | None
     done: str
 
 

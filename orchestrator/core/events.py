@@ -402,11 +402,22 @@ class AlreadyCurrent(Event):
     release: str
 
 
+RollbackDid = Literal["undid", "finished", "restored_before", "already_restored"]
+"""What a rollback was: an undo of ``releases`` (``current``: the release current after it, None
+for the state before any release); the finish of an unfinished rollback; the restore of the state
+before an unfinished deploy or night (``releases``: that run's); or that run found restored
+already (``by`` whom)."""
+
+
 @value(frozen=True)
 class RestoreDone(Event):
-    """A rollback's restore ran: ``what`` it was (the rollback's own words), ``done`` what it did."""
+    """A rollback's restore ran: what it was (``did`` with its releases), ``done`` what the host
+    recorded it did."""
 
-    what: str
+    did: RollbackDid
+    releases: tuple[str, ...]
+    current: str | None
+    by: str | None
     done: str
 
 

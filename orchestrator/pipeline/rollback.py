@@ -132,10 +132,12 @@ def _events(reporter: Reporter, label: str) -> Any:
 
 
 def report_restore(
-    label: str, release_id: str, record: RestoreRecord, reporter: Reporter, planned: list[str], what: str,
+    label: str, release_id: str, record: RestoreRecord, reporter: Reporter, planned: list[str],
+    did: events.RollbackDid, releases: Sequence[str], current: str | None = None, by: str | None = None,
     extra: dict[str, Any] | None = None, words: Words = plain,
 ) -> HostReport:
-    """The rollback's report, from what the host recorded (``words``: the CLI's, for a failure)."""
+    """The rollback's report, from what the host recorded (``words``: the CLI's, for a failure);
+    what the rollback was (``did``, ``releases``, ``current``, ``by``) as ``events.RestoreDone``."""
     done = describe_restore(record, planned)
     for f in record.drift:
         reporter.event(label, events.DriftKept(f.path, f.drift, during_deploy=False))
@@ -147,10 +149,10 @@ def report_restore(
     v = rollback_verdict(record)
     if not record.ok:
         info.pop("summary", None)  # nothing was undone: the error says what happened
-        ending = endings.RollbackFailed(label, release_id, what, done)
+        ending = endings.RollbackFailed(label, release_id, did, tuple(releases), current, by, done)
         return HostReport.ended(label, v, release=release_id, files=planned, extra=info, ending=ending,
                                 error=words(ending))
-    reporter.event(label, events.RestoreDone(what, done))
+    reporter.event(label, events.RestoreDone(did, tuple(releases), current, by, done))
     return HostReport.ended(label, v, release=release_id, files=planned, extra=info)
 
 
@@ -231,10 +233,11 @@ def finish_unfinished(
     if record.ok and journal.step == JournalStep.ARMED:
         remove_half_built(session, journal, reporter)  # armed, never switched: its build never ran
     planned = [f.path for f in RestoreSpec.from_wire(wire).plan.files]
-    what = "finished" if kind == "rollback" else f"restored the state before {rid}"
+    did: events.RollbackDid = "finished" if kind == "rollback" else "restored_before"
     if record.already:
-        what = f"{rid} had already been restored by the {record.by}"
-    return report_restore(label, rid, record, reporter, planned, what, words=session.options.words)
+        did = "already_restored"
+    return report_restore(label, rid, record, reporter, planned, did, (rid,), by=record.by,
+                          words=session.options.words)
 
 
 def remove_half_built(session: HostSession, journal: Journal, reporter: Reporter) -> None:
@@ -333,7 +336,6 @@ def undo_releases(
     backups = [{"path": i["path"], "n": n,
                 "before": {"copy_of": i["real"], "sha256": i["sha256"]} if i["exists"] else None}
                for n, i in enumerate(live)]
-    what = ", ".join(target.undo)
     reporter.event(label, events.RollingBack(tuple(target.undo), tuple((link.path, link.target) for link in target.links),
                                              restart=server is not None))
     # The rollback is a release run by the host's runner, as a deploy's steps after its commit
@@ -378,7 +380,6 @@ def undo_releases(
     finished = session.host_time()
     session.run(ops.release_update(state_dir, rid, {"finished": finished,
                                                      "duration": round(finished - started, 3)}))
-    now_current = target.new_applied[-1] if target.new_applied else "none (the state before any release)"
     # the command line goes back from the newest undone release's to the one the release current
     # now started (or, where it started none, the one that ran before the oldest undone): both as
     # asked and recorded (masked), not the process's argv, where a shim shows its real path
@@ -386,8 +387,8 @@ def undo_releases(
     now_started = now.server_after if now is not None else None
     argvs = (list(newest.server_after.argv or []) if newest.server_after else [],
              list(then.argv or []) if (then := now_started or target.server_before) else [])
-    return report_restore(label, rid, record, reporter, paths, f"rolled back {what}; current release: {now_current}",
-                          words=words, extra={"summary": rollback_summary(target.undo, now, releases),
+    return report_restore(label, rid, record, reporter, paths, "undid", target.undo,
+                          target.new_applied[-1] if target.new_applied else None, words=words, extra={"summary": rollback_summary(target.undo, now, releases),
                                  "undid": list(target.undo),
                                  "current": target.new_applied[-1] if target.new_applied else None,
                                  "flag_changes": flag_change_fields(*argvs) if target.restart else [],
