@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -95,6 +96,7 @@ from orchestrator.host.records import (
     StatePaths,
 )
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.failure import Ended, FailedRelease
 from orchestrator.pipeline.fleet import LOST_AFTER_COMMIT
 from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing
 from orchestrator.pipeline.gate import SPEC_FILE, GateRun
@@ -115,7 +117,7 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
     staged_preflight,
 )
-from orchestrator.pipeline.release import Cut, Handover, RestoreCut, restore_here
+from orchestrator.pipeline.release import Handover, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -540,14 +542,15 @@ class Deployment:
     # ---------------------------------------------------------------- failure
 
     def fail(self, cause: BaseException) -> HostReport:
-        """Any failure after the plan: close or restore the release, then the verdict."""
+        """Any failure after the plan: close or restore the release, then the verdict
+        (``pipeline.failure``, the same for a night)."""
         reason = self._reason(cause)
         if isinstance(cause, LinkLostError):
-            return self._report(cause, reason, None)
+            return self._lost(cause, reason)
         if not self.release_created and not (self.backup_sent and isinstance(cause, KeyboardInterrupt)):
             # a Ctrl-C while the backup was asked for may have left a release behind: closed below
             self._remove_staged()
-            return self._report(cause, reason, None)
+            return self._lost(cause, reason)
         changed = self.reached >= Step.COMMITTING
         if not changed and isinstance(cause, KeyboardInterrupt):
             reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
@@ -561,9 +564,7 @@ class Deployment:
             if isinstance(began, int | float) and isinstance(ended, int | float) and self.clock is not None:
                 self.clock.adopt([{"step": "rollback", "at": began, "seconds": round(ended - began, 3)}])
             if record is None:
-                error = self.runner_verdict.event.error or {}
-                return self._unsafe(endings.RunnerCouldNotRestore(
-                    self.label, self.release_id, reason, str(error.get("message", "?")), self.release_dir))
+                return self._ended(self._failed().runner_could_not_restore(reason, self.runner_verdict.event.error))
         else:
             pb = self.plan.loaded.model
             self._start("rollback")
@@ -573,30 +574,20 @@ class Deployment:
             finally:
                 self._stop("rollback")
             if isinstance(got, RestoreCut):
-                return self._restore_cut(got, cause, reason)
+                cut = self._failed().cut(got, reason, self.reached)
+                if cut is None:  # the Ctrl-C came before the host made the release: nothing to close
+                    self._remove_staged()
+                    return self._lost(cause, reason)
+                return self._ended(cut)
             record = got
-        assert record is not None
         if not changed:
             self._remove_staged()
-        if record.log_tail:
-            self.reporter.server_log(self.label, "server log, restore (last 40 lines)", record.log_tail)
         # the runner recorded its own words for the failure; these are the controller's, as printed
-        self._close_record(record, verdict(cause, self.reached, record).outcome,
-                           reason if self.runner_verdict is not None else None)
-        return self._report(cause, reason, record)
+        return self._restored(cause, reason, record, lambda v: self._close_record(
+            record, v.outcome, reason if self.runner_verdict is not None else None))
 
-    def _restore_cut(self, cut: RestoreCut, cause: BaseException, reason: str) -> HostReport:
-        """The restore this controller asked for came back without a record: why, in words."""
-        if cut.why is Cut.LINK_LOST:
-            assert isinstance(cut.error, LinkLostError)
-            return self._report(cut.error, reason, None, restoring_until=cut.until)
-        if cut.why is Cut.ABSENT:  # the Ctrl-C came before the host made the release: nothing to close
-            self._remove_staged()
-            return self._report(cause, reason, None)
-        if cut.why is Cut.INTERRUPTED:
-            return self._unsafe(endings.InterruptedDuringRestore(self.label, self.release_id, cut.until))
-        return self._unsafe(endings.RestoreCouldNotRun(self.label, self.release_id, reason, str(cut.error),
-                                                       self.release_dir, cut.until))
+    def _failed(self) -> FailedRelease:
+        return FailedRelease("deploy", self.label, self.release_id, self.release_dir, self.reporter, self._redact)
 
     def _remove_staged(self) -> None:
         """Before the commit, a failed deploy leaves no staged copy beside its targets (best effort:
@@ -607,63 +598,53 @@ class Deployment:
 
     def _restored_before_confirm(self, record: RestoreRecord | None) -> HostReport:
         """The guard (or a person's ``orch rollback``) restored the release before it could confirm."""
-        why = "the watchdog's deadline passed before the deploy could confirm"
+        failed = self._failed()
         if record is None:
-            return self._unsafe(endings.RestoringWithoutRecord(self.label, self.release_id))
-        return self._report(RemoteError(why), why, record)
+            return self._ended(failed.restoring_without_record())
+        why = failed.unconfirmed_reason()
+        return self._restored(RemoteError(why), why, record, lambda v: None)
 
-    def _report(self, cause: BaseException, reason: str, record: RestoreRecord | None,
-                restoring_until: float | None = None) -> HostReport:
-        """The host's report: outcome and exit code from the policy, message from what was done."""
-        v: Verdict = verdict(cause, self.reached, record)
+    def _restored(self, cause: BaseException, reason: str, record: RestoreRecord,
+                  close: Callable[[Verdict], None]) -> HostReport:
+        """The host's report from its record of the restore (``FailedRelease.restored``)."""
+        done = describe_restore(record, [f.path for f in self.plan.changed_files])
+        if self.commit_written:
+            done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
+        failed = self.runner_verdict.failed if self.runner_verdict is not None else None
+        got = self._failed().restored(cause, reason, record, self.reached, done, failed.step if failed else None,
+                                      failed.kind if failed else None, close)
+        return HostReport(self.label, got.outcome, got.exit_code, release=self.release_id,  # type: ignore[arg-type]
+                          files=[f.path for f in self.plan.changed_files], error=self._words(got.ending),
+                          ending=got.ending, extra={"restore": done, "drift": [f.path for f in record.drift],
+                                                    "timings": self.timings, **self._gate_report()})
+
+    def _ended(self, ended: Ended) -> HostReport:
+        """A failure's report where no restore record came back."""
+        shown = self.reached >= Step.COMMITTING or ended.outcome == UNSAFE.outcome
+        return HostReport(self.label, ended.outcome, ended.exit_code,  # type: ignore[arg-type]
+                          release=self.release_id or None,
+                          files=[f.path for f in self.plan.changed_files] if shown else [],
+                          error=self._words(ended.ending), ending=ended.ending, extra={"timings": self.timings})
+
+    def _lost(self, cause: BaseException, reason: str) -> HostReport:
+        """A failure with no restore to run: the link lost (before or after the commit), or a
+        failure before the host held a release."""
+        v: Verdict = verdict(cause, self.reached)
         ending: endings.Ending | None = None
-        files = [f.path for f in self.plan.changed_files]
-        label = self.label
-        if record is not None:
-            done = describe_restore(record, [f.path for f in self.plan.changed_files])
-            if self.commit_written:
-                done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
-            if record.ok and v.outcome == Outcome.ROLLED_BACK:
-                self.reporter.event(label, events.RolledBack(record.by, done))
-            elif record.ok:
-                self.reporter.event(label, events.ReleaseClosed(self.release_id))
-            if record.ok:
-                failed = self.runner_verdict.failed if self.runner_verdict is not None else None
-                ending = endings.Restored(label, self.release_id, reason, done, record.by,
-                                          failed.step if failed else None, failed.kind if failed else None)
-            else:
-                ending = endings.RestoreFailed(label, self.release_id, reason, done, self.release_dir)
-            for f in record.drift:
-                self.reporter.event(label, events.DriftKept(f.path, f.drift))
-            for problem in record.record_errors:
-                self.reporter.event(label, events.RestoreNotRecorded(problem))
-            return HostReport(label, v.outcome, v.exit_code, release=self.release_id, files=files,  # type: ignore[arg-type]
-                              error=self._words(ending) if ending else reason, ending=ending,
-                              extra={"restore": done, "drift": [f.path for f in record.drift],
-                                     "timings": self.timings, **self._gate_report()})
         extra: dict[str, Any] = {"timings": self.timings}
         if isinstance(cause, LinkLostError):
-            if restoring_until is None and self.reached >= Step.COMMITTING:
+            if self.reached >= Step.COMMITTING:
                 # a fleet follows it again before its next batch (``pipeline.fleet.follow_lost``)
                 extra[LOST_AFTER_COMMIT] = {"release_dir": self.release_dir,
                                               "events_seen": self.follower.lines_seen if self.follower else 0}
-            if restoring_until is not None:
-                ending = endings.LostDuringRestore(label, self.release_id, reason, self._redact(str(cause)),
-                                                   restoring_until)
-            elif self.reached >= Step.COMMITTING:
-                ending = endings.LostAfterCommit(label, self.release_id, reason, self.deadline)
+                ending = endings.LostAfterCommit(self.label, self.release_id, reason, self.deadline)
             elif self.release_created:
-                ending = endings.LostBeforeCommit(label, self.release_id, reason, self.deadline)
+                ending = endings.LostBeforeCommit(self.label, self.release_id, reason, self.deadline)
             else:
                 ending = endings.LostBeforeChange(reason)
-        return HostReport(label, v.outcome, v.exit_code, release=self.release_id or None,  # type: ignore[arg-type]
-                          files=files if self.reached >= Step.COMMITTING else [],
+        return HostReport(self.label, v.outcome, v.exit_code, release=self.release_id or None,  # type: ignore[arg-type]
+                          files=[f.path for f in self.plan.changed_files] if self.reached >= Step.COMMITTING else [],
                           error=self._words(ending) if ending else reason, ending=ending, extra=extra)
-
-    def _unsafe(self, ending: endings.Ending) -> HostReport:
-        return HostReport.ended(self.label, UNSAFE, release=self.release_id,
-                          files=[f.path for f in self.plan.changed_files], error=self._words(ending),
-                          ending=ending, extra={"timings": self.timings})
 
     def _words(self, ending: endings.Ending) -> str:
         """The ending's sentence, in the words the CLI gave (``ConnectOptions.words``)."""

@@ -72,7 +72,14 @@ from orchestrator.core.nightly import (
     relative_to_build,
     source_changes,
 )
-from orchestrator.core.outcomes import CHANGED, STOPPED_FOLLOWING, UNSAFE, Outcome, Step, verdict
+from orchestrator.core.outcomes import (
+    CHANGED,
+    STOPPED_FOLLOWING,
+    Outcome,
+    Step,
+    Verdict,
+    verdict,
+)
 from orchestrator.core.probe import ProbeResult
 from orchestrator.core.releases import (
     LinkState,
@@ -133,6 +140,7 @@ from orchestrator.host.records import (
 )
 from orchestrator.host.restore_plan import RestoreSpec
 from orchestrator.pipeline.events import Reporter, RunLog
+from orchestrator.pipeline.failure import Ended, FailedRelease
 from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing
 from orchestrator.pipeline.locking import (
     current_release_dir,
@@ -148,7 +156,7 @@ from orchestrator.pipeline.plan import (
     stage_and_validate,
 )
 from orchestrator.pipeline.probe import probe_ops, read_probe
-from orchestrator.pipeline.release import Cut, Handover, RestoreCut, restore_here
+from orchestrator.pipeline.release import Handover, RestoreCut, restore_here
 from orchestrator.pipeline.report import HostReport
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
@@ -834,18 +842,16 @@ class Night:
         if v.confirmed:
             return self.confirmed(v)
         record = RestoreRecord.from_wire(v.restore) if v.restore else None
+        failed = self.failed_release()
         if v.verdict == RunVerdict.NOT_CONFIRMED:
-            why = "the backstop's deadline passed before the night could confirm"
             if record is None:
-                return self.result(UNSAFE.outcome, UNSAFE.exit_code,
-                                   ending=endings.RestoringWithoutRecord(self.label, self.name, "night"))
+                return self.ended_with(failed.restoring_without_record())
+            why = failed.unconfirmed_reason()
             return self.restored(RemoteError(why), why, record)
         # no step failed when the guard switched back (the runner died, or outlived the backstop): its reason
         reason = self.show_failure(v.failure())
         if record is None:
-            error = v.event.error or {}
-            return self.result(UNSAFE.outcome, UNSAFE.exit_code, ending=endings.RunnerCouldNotRestore(
-                self.label, self.name, reason, str(error.get("message", "?")), self.release_dir, "night"))
+            return self.ended_with(failed.runner_could_not_restore(reason, v.event.error))
         return self.restored(cause or RemoteError(reason), reason, record, v.failed)
 
     def aborted(self, v: RunVerdict) -> NightResult:
@@ -902,7 +908,8 @@ class Night:
     # ---------------------------------------------------------------- failure
 
     def fail(self, cause: BaseException) -> NightResult:
-        """A failure once armed: the restore machine runs the night's plan, then the verdict."""
+        """A failure once armed: the restore machine runs the night's plan, then the verdict
+        (``pipeline.failure``, the same for a deploy)."""
         if isinstance(cause, KeyboardInterrupt):
             reason = "interrupted (Ctrl-C)"
         else:
@@ -920,51 +927,39 @@ class Night:
                            self._events())
         if not isinstance(got, RestoreCut):
             return self.restored(cause, reason, got)
-        until = got.until
-        if got.why is Cut.LINK_LOST:
-            assert got.error is not None
-            v = verdict(got.error, self.reached)
-            return self.result(v.outcome, v.exit_code, ending=endings.LostDuringRestore(
-                self.label, self.name, reason, self._redact(str(got.error)), until, "night"))
-        if got.why is Cut.INTERRUPTED:
-            return self.result(UNSAFE.outcome, UNSAFE.exit_code,
-                               ending=endings.InterruptedDuringRestore(self.label, self.name, until, "night"))
-        return self.result(UNSAFE.outcome, UNSAFE.exit_code, ending=endings.RestoreCouldNotRun(
-            self.label, self.name, reason, self._redact(str(got.error)), self.release_dir, until, "night"))
+        failed = self.failed_release()
+        # armed, the night's release exists: a host that says it has none could not run the restore
+        return self.ended_with(failed.cut(got, reason, self.reached) or failed.could_not_run(got, reason))
+
+    def failed_release(self) -> FailedRelease:
+        return FailedRelease("night", self.label, self.name, self.release_dir, self.reporter, self._redact)
+
+    def ended_with(self, ended: Ended) -> NightResult:
+        return self.result(ended.outcome, ended.exit_code, ending=ended.ending)
 
     def restored(self, cause: BaseException, reason: str, record: RestoreRecord,
                  failed: StepFailure | None = None) -> NightResult:
         """The night's result from what the host recorded of its switch back (``failed``: the
         runner's step that failed, where the runner switched it back)."""
-        v = verdict(cause, self.reached, record)
         done = describe_restore(record)
-        if record.log_tail:
-            self.reporter.server_log(self.label, "server log, switch back (last 40 lines)", record.log_tail)
-        for problem in record.record_errors:
-            self.reporter.event(self.label, events.RestoreNotRecorded(problem, switch_back=True))
-        never_switched = v.outcome == Outcome.FAILED
-        ending: Ending | None = None
-        if record.ok and v.outcome == Outcome.ROLLED_BACK:
-            self.reporter.event(self.label, events.SwitchedBack(record.by, done))
-        elif record.ok:
-            self.reporter.event(self.label, events.NightClosed(self.name))
-        if record.ok:
-            ending = endings.Restored(self.label, self.name, reason, done, record.by,
-                                      failed.step if failed else None, failed.kind if failed else None, "night")
-        else:
-            ending = endings.RestoreFailed(self.label, self.name, reason, done, self.release_dir, "night")
-        finished = self.session.host_time()
-        steps = [ops.release_update(self.state_dir, self.name, {
-                     "finished": finished, "duration": round(finished - self.started, 3),
-                     **({"outcome": Outcome.FAILED} if never_switched else {})}),
-                 self.log_op(f"switch back: {done}")]
-        if never_switched:
-            steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))
-        result = self.result(v.outcome, v.exit_code, reason, ending)
+
+        def close(v: Verdict) -> None:
+            never_switched = v.outcome == Outcome.FAILED
+            finished = self.session.host_time()
+            steps = [ops.release_update(self.state_dir, self.name, {
+                         "finished": finished, "duration": round(finished - self.started, 3),
+                         **({"outcome": Outcome.FAILED} if never_switched else {})}),
+                     self.log_op(f"switch back: {done}")]
+            if never_switched:
+                steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))
+            with contextlib.suppress(OrchError):
+                self.session.batch(steps)
+
+        got = self.failed_release().restored(cause, reason, record, self.reached, done,
+                                             failed.step if failed else None, failed.kind if failed else None, close)
+        result = self.result(got.outcome, got.exit_code, reason, got.ending)
         result.restore = done
         result.build_log = self.read_log()
-        with contextlib.suppress(OrchError):
-            self.session.batch(steps)
         return result
 
     # ---------------------------------------------------------------- records
