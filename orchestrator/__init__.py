@@ -2,7 +2,7 @@
 
 import sys as _sys
 
-__version__ = "0.8.3"
+__version__ = "0.8.4"
 
 
 def interrupted(args: "list[str]") -> None:

@@ -24,6 +24,7 @@ from orchestrator.host.values import fields
 from orchestrator.pipeline.fleet import undone_report
 from orchestrator.pipeline.report import HostReport, not_started
 from orchestrator.pipeline.session import at
+from tests.fixtures.accounts import account
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDING_TYPES = [c for _, c in inspect.getmembers(endings, inspect.isclass)
@@ -103,14 +104,14 @@ SAID: list[tuple[endings.Ending, str]] = [
     (endings.RestoreCouldNotRun("gpu", "N1", "health timed out", "no such file", DIR, U, "night"),
      "gpu: night N1 failed (health timed out) and its switch back could not run: no such file. The backstop "
      f"switches back at {at(U)}; run `orch status --host gpu`"),
-    (endings.Restored("gpu", "R1", "gpu: not healthy after 20 s", "restored a.py; restarted the server", "runner",
+    (endings.Restored("gpu", "R1", "gpu: not healthy after 20 s", account("a.py"), "runner",
                       "health", "health"),
      "gpu: not healthy after 20 s"),
-    (endings.RestoreFailed("gpu", "R1", "health timed out", "restored a.py; the server did not start", DIR),
-     "health timed out; and the ROLLBACK FAILED: restored a.py; the server did not start. The host is not known "
+    (endings.RestoreFailed("gpu", "R1", "health timed out", account("a.py", error="the server did not start"), DIR),
+     "health timed out; and the ROLLBACK FAILED: files restored: a.py; FAILED: the server did not start. The host is not known "
      f"to be healthy; backups are in {DIR}; fix the cause and run `orch rollback --host gpu`"),
-    (endings.RestoreFailed("gpu", "N1", "health timed out", "the server did not start", DIR, "night"),
-     "health timed out; and the SWITCH BACK FAILED: the server did not start. The host is not known to be "
+    (endings.RestoreFailed("gpu", "N1", "health timed out", account(error="the server did not start"), DIR, "night"),
+     "health timed out; and the SWITCH BACK FAILED: no file to restore; FAILED: the server did not start. The host is not known to be "
      f"healthy; its restore plan is {DIR}/restore.json; fix the cause and run `orch rollback --host gpu`"),
     (endings.RunnerCouldNotRestore("gpu", "R1", "health timed out", "disk full", DIR),
      f"gpu: deploy failed (health timed out) and the host's runner could not restore it: disk full. Backups "
@@ -124,20 +125,21 @@ SAID: list[tuple[endings.Ending, str]] = [
     (endings.RestoringWithoutRecord("gpu", "N1", "night"),
      "gpu: the backstop's deadline passed before the night could confirm; night N1 is being switched back but "
      "left no record; run `orch status --host gpu`"),
-    (endings.RollbackFailed("gpu", "R2", "undid", ("R1",), "R0", None, "the server did not start"),
-     "gpu: rolled back R1; current release: R0 FAILED: the server did not start. The host is not known to be "
+    (endings.RollbackFailed("gpu", "R2", "undid", ("R1",), "R0", None, account(error="the server did not start")),
+     "gpu: rolled back R1; current release: R0 FAILED: no file to restore; FAILED: the server did not start. The host is not known to be "
      "healthy; fix the cause and run `orch rollback --host gpu` again"),
-    (endings.RollbackFailed("gpu", "R3", "undid", ("R2", "R1"), None, None, "the server did not start"),
-     "gpu: rolled back R2, R1; current release: none (the state before any release) FAILED: the server did not "
-     "start. The host is not known to be healthy; fix the cause and run `orch rollback --host gpu` again"),
-    (endings.RollbackFailed("gpu", "R2", "restored_before", ("R2",), None, None, "files: 1 restored"),
-     "gpu: restored the state before R2 FAILED: files: 1 restored. The host is not known to be "
+    (endings.RollbackFailed("gpu", "R3", "undid", ("R2", "R1"), None, None, account("/a", error="no space")),
+     "gpu: rolled back R2, R1; current release: none (the state before any release) FAILED: files restored: /a; "
+     "FAILED: no space. The host is not known to be healthy; fix the cause and run `orch rollback --host gpu` again"),
+    (endings.RollbackFailed("gpu", "R2", "restored_before", ("R2",), None, None, account("/a", written=("/a",))),
+     "gpu: restored the state before R2 FAILED: written by the commit before it failed: /a; files restored: /a. The host is not known to be "
      "healthy; fix the cause and run `orch rollback --host gpu` again"),
     (endings.RollbackLeftNoRecord("gpu", "R2", "failed"),
      "gpu: the rollback R2 ended without a restore record (failed); run `orch status --host gpu`"),
     (endings.RunnerFailed("R1", "restored", "health timed out"), "health timed out"),
-    (endings.UndoneWithBatch("R1", "R2", "files restored"),
-     "rolled back with its failed batch (--rollback-all-on-failure): files restored"),
+    (endings.UndoneWithBatch("R1", "R2", account("/a")),
+     "rolled back with its failed batch (--rollback-all-on-failure): files restored: /a"),
+    (endings.UndoneWithBatch("R1", "R2", None), "rolled back with its failed batch (--rollback-all-on-failure): restored"),
     (endings.NotUndoneWithBatch("R1", "gpu: unreachable"),
      "its batch failed and --rollback-all-on-failure could not roll it back: gpu: unreachable"),
     (endings.NotStarted("batch 1 of 3 failed"), "not started: batch 1 of 3 failed"),
@@ -169,7 +171,7 @@ def test_the_wire_carries_every_field(ending: endings.Ending) -> None:
     assert as_json["kind"] == ending.kind()
     for f in fields(ending):
         value = getattr(ending, f.name)
-        expected = value.to_json() if isinstance(value, endings.Ending) else value
+        expected = value.to_json() if hasattr(value, "to_json") else value
         expected = list(expected) if isinstance(expected, tuple) else expected  # JSON has lists
         assert wire[f.name] == expected and as_json[f.name] == expected, f.name
     assert set(as_json) == {"kind", *(f.name for f in fields(ending))}
@@ -194,11 +196,16 @@ def test_a_report_carries_its_ending_as_fields_and_its_words_as_the_error() -> N
 
 def test_a_host_undone_with_its_batch_says_so_in_words_and_fields() -> None:
     deployed = HostReport("h1", "changed", 0, release="r-h1")  # type: ignore[arg-type]
-    undo = HostReport("h1", "rolled_back", 0, release="u-h1", extra={"restore": "files restored"})  # type: ignore[arg-type]
+    undo = HostReport("h1", "rolled_back", 0, release="u-h1", extra={"restore": account("/a")})  # type: ignore[arg-type]
     report = undone_report(deployed, undo, words.line)
-    assert report.error == "rolled back with its failed batch (--rollback-all-on-failure): files restored"
-    assert report.to_json()["ending"] == {"kind": "undone_with_batch", "release": "r-h1", "undone_by": "u-h1",
-                                          "done": "files restored"}
+    assert report.error == "rolled back with its failed batch (--rollback-all-on-failure): files restored: /a"
+    ending = report.to_json()["ending"]
+    assert (ending["kind"], ending["release"], ending["undone_by"]) == ("undone_with_batch", "r-h1", "u-h1")
+    # what the rollback did, as the host's record's fields
+    assert ending["done"]["files"] == [{"path": "/a", "action": "restored", "drift": None, "earlier": None,
+                                        "refused": []}]
+    assert ending["done"]["ok"] is True and ending["done"]["planned"] == []
+    json.dumps(report.to_json())
 
 
 def test_core_endings_is_pure() -> None:

@@ -23,6 +23,7 @@ from orchestrator.core import events
 from orchestrator.core.secrets import Masker
 from orchestrator.pipeline.events import Recorder, RunLog
 from orchestrator.pipeline.session import ConnectOptions, at
+from tests.fixtures.accounts import account
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENT_TYPES = [c for _, c in inspect.getmembers(events, inspect.isclass)
@@ -60,8 +61,8 @@ TODAY: list[tuple[events.Event, str]] = [
     (events.DeployFailed("health timed out", rolling_back=True), "deploy failed: health timed out; rolling back"),
     (events.DeployFailed("refused", rolling_back=False),
      "deploy failed: refused; closing the release (nothing was changed)"),
-    (events.RolledBack("controller", "restored a.py"), "rolled back: restored a.py"),
-    (events.RolledBack("watchdog", "restored a.py"), "rolled back (by the watchdog): restored a.py"),
+    (events.RolledBack("controller", account("a.py")), "rolled back: files restored: a.py"),
+    (events.RolledBack("watchdog", account("a.py")), "rolled back (by the watchdog): files restored: a.py"),
     (events.ReleaseClosed("r1"), "release r1 closed: nothing on the host was changed"),
     (events.DriftKept("/a.py", "/r/1.drift"),
      "/a.py had changed on the host during the deploy: that content is kept in /r/1.drift"),
@@ -88,15 +89,15 @@ TODAY: list[tuple[events.Event, str]] = [
     (events.FinishingUnfinished("deploy", "r1", "committed"), "finishing the unfinished deploy r1 (last step: committed)"),
     (events.StaleLockBroken("alice@ctl pid 7", 912.4), "breaking the stale lock of alice@ctl pid 7 (no heartbeat for 912 s)"),
     # a rollback's restore: what it was is fields (issue 18), its words are these
-    (events.RestoreDone("undid", ("r3", "r2"), "r1", None, "files restored: /a"),
+    (events.RestoreDone("undid", ("r3", "r2"), "r1", None, account("/a")),
      "rolled back r3, r2; current release: r1: files restored: /a"),
-    (events.RestoreDone("undid", ("r1",), None, None, "files restored: /a"),
+    (events.RestoreDone("undid", ("r1",), None, None, account("/a")),
      "rolled back r1; current release: none (the state before any release): files restored: /a"),
-    (events.RestoreDone("finished", ("r4",), None, "rollback", "files restored: /a"), "finished: files restored: /a"),
-    (events.RestoreDone("restored_before", ("r2",), None, "rollback", "files restored: /a"),
+    (events.RestoreDone("finished", ("r4",), None, "rollback", account("/a")), "finished: files restored: /a"),
+    (events.RestoreDone("restored_before", ("r2",), None, "rollback", account("/a")),
      "restored the state before r2: files restored: /a"),
-    (events.RestoreDone("already_restored", ("r2",), None, "guard", "files: 1 restored"),
-     "r2 had already been restored by the guard: files: 1 restored"),
+    (events.RestoreDone("already_restored", ("r2",), None, "guard", account(planned=("/a",))),
+     "r2 had already been restored by the guard: NOT restored: /a"),
 ]
 
 
@@ -182,7 +183,8 @@ def test_core_events_is_pure() -> None:
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     # host.values: the value classes (standard library, no I/O), as the host's records use
-    assert imported <= {"__future__", "re", "typing", "orchestrator.host.values"}, imported
+    assert imported <= {"__future__", "re", "typing", "orchestrator.host.values",
+                        "orchestrator.host.restore_plan"}, imported
 
 
 def test_a_rollbacks_words_are_the_clis_not_the_pipelines() -> None:
@@ -191,5 +193,5 @@ def test_a_rollbacks_words_are_the_clis_not_the_pipelines() -> None:
     source = (ROOT / "orchestrator" / "pipeline" / "rollback.py").read_text()
     for phrase in ("current release:", "had already been restored", "restored the state before", "rolled back {"):
         assert phrase not in source, phrase
-    said = words.line(events.RestoreDone("undid", ("r2",), "r1", None, "done"))
-    assert said == "rolled back r2; current release: r1: done"
+    said = words.line(events.RestoreDone("undid", ("r2",), "r1", None, account("/a")))
+    assert said == "rolled back r2; current release: r1: files restored: /a"

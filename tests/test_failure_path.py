@@ -9,25 +9,18 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core import endings, events
+from orchestrator.core.events import RestoreAccount
 from orchestrator.core.outcomes import UNSAFE, ExitCode, Outcome, Step
-from orchestrator.core.restore import RestoreRecord
 from orchestrator.errors import LinkLostError, RemoteError
-from orchestrator.host.restore_plan import FileOutcome
 from orchestrator.pipeline.events import Recorder
 from orchestrator.pipeline.failure import FailedRelease
 from orchestrator.pipeline.release import Cut, RestoreCut
+from tests.fixtures.accounts import record
 
 
 def failed(run: str, rec: Recorder) -> FailedRelease:
     return FailedRelease(run, "gpu1", "R1", "/state/releases/R1", rec,  # type: ignore[arg-type]
                          lambda text: text.replace("s3cret", "***"))
-
-
-def record(*, ok: bool = True, action: str = "restored", drift: str | None = None,
-           problems: tuple[str, ...] = (), tail: tuple[str, ...] = ()) -> RestoreRecord:
-    return RestoreRecord(by="runner", ok=ok, completed=ok, error=None if ok else "disk full",
-                         error_kind=None if ok else "io", files=[FileOutcome("/srv/a.py", action, drift)], links=[],
-                         server=None, health=None, record_errors=list(problems), already=False, log_tail=list(tail))
 
 
 @pytest.mark.parametrize(("run", "back", "closed"), [
@@ -38,23 +31,24 @@ def test_a_restore_after_the_commit_is_rolled_back_and_said_by_the_runs_kind(run
                                                                               closed: type) -> None:
     rec = Recorder()
     closes: list[str] = []
-    got = failed(run, rec).restored(RemoteError("health failed"), "health failed", record(tail=("boom",)),
-                                    Step.RESTARTING, "files restored: /srv/a.py", "health", "health",
-                                    lambda v: closes.append(v.outcome))
+    done = RestoreAccount(record("/srv/a.py", tail=("boom",)))
+    got = failed(run, rec).restored(RemoteError("health failed"), "health failed", done, Step.RESTARTING,
+                                    "health", "health", lambda v, ending: closes.append((v.outcome, ending)))
     assert (got.outcome, got.exit_code) == (Outcome.ROLLED_BACK, ExitCode.FAILED)
-    assert closes == [Outcome.ROLLED_BACK]  # the record is closed once, with the verdict
+    assert closes == [(Outcome.ROLLED_BACK, got.ending)]  # the record is closed once, with the verdict
     assert isinstance(got.ending, endings.Restored)
     assert (got.ending.run, got.ending.by, got.ending.step, got.ending.release) == (run, "runner", "health", "R1")
     kinds = [type(e) for _, e in rec.events]
     assert kinds == [back] and closed not in kinds
+    assert rec.events[0][1].done == done  # the host's record, as fields: the words are the CLI's
     assert rec.logs and rec.logs[0][2] == ["boom"]
 
 
 @pytest.mark.parametrize("run", ["deploy", "night"])
 def test_a_restore_before_the_commit_that_wrote_nothing_closes_the_release(run: str) -> None:
     rec = Recorder()
-    got = failed(run, rec).restored(RemoteError("refused"), "refused", record(action="unchanged"), Step.ARMED,
-                                    "untouched", None, None, lambda v: None)
+    got = failed(run, rec).restored(RemoteError("refused"), "refused", RestoreAccount(record(unchanged=("/a",))),
+                                    Step.ARMED, None, None, lambda v, ending: None)
     assert got.outcome == Outcome.FAILED
     assert [type(e) for _, e in rec.events] == [events.NightClosed if run == "night" else events.ReleaseClosed]
 
@@ -62,9 +56,8 @@ def test_a_restore_before_the_commit_that_wrote_nothing_closes_the_release(run: 
 @pytest.mark.parametrize("run", ["deploy", "night"])
 def test_a_failed_restore_is_unsafe_and_names_the_release_dir(run: str) -> None:
     rec = Recorder()
-    got = failed(run, rec).restored(RemoteError("x"), "x", record(ok=False, drift="/state/drift/a.py",
-                                                                   problems=("no space",)),
-                                    Step.RESTARTING, "FAILED: disk full", None, None, lambda v: None)
+    done = RestoreAccount(record("/srv/a.py", error="disk full", drift="/state/drift/a.py", problems=("no space",)))
+    got = failed(run, rec).restored(RemoteError("x"), "x", done, Step.RESTARTING, None, None, lambda v, ending: None)
     assert (got.outcome, got.exit_code) == (UNSAFE.outcome, UNSAFE.exit_code)
     assert isinstance(got.ending, endings.RestoreFailed)
     assert got.ending.release_dir == "/state/releases/R1" and got.ending.run == run

@@ -351,7 +351,8 @@ def test_a_full_state_dir_after_the_commit_still_restores_and_says_what_was_reco
         gate.write_text("")  # the new server comes up, then dies: the restore runs on a full disk
         code, rep, text = finish(proc)
         assert code == 1, text
-        assert rep["outcome"] == "rolled_back" and "files restored" in rep["restore"]
+        assert rep["outcome"] == "rolled_back" and "files restored" in text
+        assert {f["action"] for f in rep["restore"]["files"]} == {"restored"}  # the host's record, as fields
         assert "could not record the restore" in text and "No space left" in text
         assert_as_before(box, original)
         assert box.journal()["step"] == "restarting"  # the truth on disk: it could not be written
@@ -448,7 +449,8 @@ def test_the_previous_server_killed_during_the_restore_is_exit_3_then_orch_rollb
     assert "server exited during start" in rep["error"]
     ending = rep["ending"]  # the same, as fields: what failed, what the restore did, where the backups are
     assert ending["kind"] == "restore_failed" and ending["release"] == release_dirs(box)[-1].name, ending
-    assert ending["release_dir"] == str(release_dirs(box)[-1]) and "files restored" in ending["done"]
+    assert ending["release_dir"] == str(release_dirs(box)[-1]) and not ending["done"]["ok"]
+    assert [f["action"] for f in ending["done"]["files"]] == ["restored"]
     assert "server exited during start" in ending["reason"] and ending["run"] == "deploy"
     assert sha256(box.server_args) == original
     assert box.journal()["finished"] is False and box.journal()["step"] == "restore_failed"

@@ -24,6 +24,7 @@ from orchestrator.pipeline.fleet import (
     undone_report,
 )
 from orchestrator.pipeline.report import HostReport
+from tests.fixtures.accounts import account
 
 WAIT = 30.0
 
@@ -94,7 +95,7 @@ def test_a_failed_batch_hands_its_results_to_after_failed_batch() -> None:
 
     def after(batch: list[HostTarget], done: dict[str, HostReport]) -> dict[str, HostReport]:
         seen.append([t.name for t in batch])
-        undo = HostReport("h1", "rolled_back", 0, release="u-h1", extra={"restore": "files restored"})
+        undo = HostReport("h1", "rolled_back", 0, release="u-h1", extra={"restore": account("/a")})
         return {"h1": undone_report(done["h1"], undo)}
 
     plan = FleetPlan(forks=2, serial=tuple(parse_serial("2")), max_fail_percent=Fraction(0))

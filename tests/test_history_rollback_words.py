@@ -88,7 +88,8 @@ def test_rollback_summary_says_what_was_undone_and_what_is_current(sandbox: Sand
     host = as_json(roll)["hosts"]["gpu"]
     assert host["undid"] == [r1] and host["current"] is None, host  # --json keeps its fields
     assert host["release"] not in (r1, r2)  # the rollback's own record, which the line no longer names
-    assert host["summary"] == f"undid {r1} (local-logging); current: none (the state before any release)"
+    # the summary line's facts, as fields (its words are the CLI's)
+    assert host["summary"] == {"undid": [{"release": r1, "playbook": "local-logging"}], "current": None}
 
     r3 = deployed(sandbox, "local-logging")
     line = rolled_back(sandbox)

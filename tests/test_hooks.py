@@ -66,7 +66,8 @@ def test_a_failing_before_stop_stops_nothing(sandbox: Sandbox) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rep = json.loads(proc.stdout)["hosts"]["gpu"]
     assert rep["outcome"] == "rolled_back" and "router unreachable" in rep["error"]
-    assert "was never stopped" in rep["restore"]
+    assert "was never stopped" in proc.stderr + proc.stdout
+    assert rep["restore"]["server"]["action"] == "untouched" and rep["restore"]["server"]["pid"] == pid
     assert sandbox.server_pid() == pid  # the running server was never stopped
     assert sha256(sandbox.server_args) == original
     assert calls(sandbox)[0] == "drain" and calls(sandbox)[1].startswith("serve ")  # put back anyway

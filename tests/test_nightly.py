@@ -310,7 +310,7 @@ def test_a_new_server_that_crashes_at_start_is_switched_back(nightbox: NightBox)
     assert plan["server"]["start"]["argv"] == good_argv
     record = json.loads((release / "restored.json").read_text())
     assert record["by"] == "runner" and record["ok"] and record["links"][0]["action"] == "restored"
-    assert host["restore"].startswith(f"{nightbox.builds}/current points at {good} again")
+    assert host["restore"]["links"][0] == record["links"][0]  # the host's record, as fields
     # what the console said, as fields (``core.events``): the failure, then the switch back
     said = {e["event"]: e for e in host["events"]}
     assert said["night_failed"]["switching_back"] is True and said["night_failed"]["level"] == "warning"
@@ -363,7 +363,9 @@ def test_orch_rollback_switches_a_night_back_then_one_further_and_never_to_a_pru
         argv, cwd = server_build(box, nightbox.builds)
         assert argv == argvs[back] and cwd == builds[back]
         assert get_json(box.port, "/get_server_info")["speculative_disable_batch_threshold"] == threshold
-        assert f"{nightbox.builds}/current points at {builds[back]} again" in host["restore"]
+        link = host["restore"]["links"][0]
+        assert (link["path"], link["target"], link["action"]) == (str(nightbox.builds / "current"), builds[back],
+                                                                  "restored")
 
     # one further back is the first night, whose build keep_builds removed: refused, nothing touched
     pid = box.server_pid()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.restore_words import describe_restore
 from orchestrator.core.nightly import (
     FileRecord,
     InputRecord,
@@ -45,7 +46,7 @@ from orchestrator.core.releases import (
     prune_candidates,
     rollback_target,
 )
-from orchestrator.core.restore import RestoreRecord, describe_restore
+from orchestrator.core.restore import RestoreRecord
 from orchestrator.core.schedule import (
     add_entry,
     check_schedule,

@@ -427,8 +427,10 @@ def test_a_commit_that_wrote_one_file_before_failing_is_rolled_back_not_nothing_
     rep = json.loads(out)["hosts"]["gpu"]
     assert proc.returncode == 1, text
     assert rep["outcome"] == "rolled_back", rep
-    assert f"written by the commit before it failed: {first}" in rep["restore"]
-    assert f"files restored: {first}" in rep["restore"]
+    assert f"written by the commit before it failed: {first}" in text
+    assert f"files restored: {first}" in text
+    assert rep["restore"]["written_by_commit"] == [str(first)]  # the host's record of the batch, as fields
+    assert {"path": str(first), "action": "restored"}.items() <= rep["restore"]["files"][0].items()
     assert "nothing was changed" not in text and "nothing on the host was changed" not in text
     assert all(sha256(p) == sha for p, sha in originals.items())
     assert box.server_pid() == pid  # the server was never touched

@@ -43,7 +43,9 @@ def test_a_restore_whose_server_died_says_nothing_listens_and_the_rerun_says_res
     back = box.orch("rollback", "--host", "gpu", "--json")
     assert back.returncode == 0, back.stdout + back.stderr
     restore = json.loads(back.stdout)["hosts"]["gpu"]["restore"]
-    assert f"files restored: {box.server_args} (by the runner's earlier restore)" in restore, restore
+    assert f"files restored: {box.server_args} (by the runner's earlier restore)" in back.stderr, back.stderr
+    said = [f for f in restore["files"] if f["path"] == str(box.server_args)]
+    assert said and said[0]["earlier"] == "runner", restore
     assert "never written" not in back.stdout + back.stderr
     assert sha256(box.server_args) == original
 

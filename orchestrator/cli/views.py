@@ -29,13 +29,13 @@ from rich.text import Text
 
 from orchestrator.cli.diffs import unified_diff
 from orchestrator.cli.output import VERBOSE, Output, live_started, live_stopped, stop_live_views
-from orchestrator.cli.words import line
+from orchestrator.cli.words import line, rollback_summary
 from orchestrator.core.events import Event
 from orchestrator.core.gate import COLUMNS, GateOutcome, plain_table
 from orchestrator.core.regions import ViewRange, count_lines, lines_between, view_ranges
 from orchestrator.core.secrets import redact_argv
 from orchestrator.pipeline.events import Reporter
-from orchestrator.pipeline.report import HostReport, RunReport
+from orchestrator.pipeline.report import HostReport, RollbackSummary, RunReport
 
 if TYPE_CHECKING:
     from orchestrator.pipeline.plan import HostPlan, PlannedFile
@@ -307,8 +307,8 @@ def summary_line(out: Output, name: str, r: HostReport) -> None:
     console = out.console if r.exit_code == 0 else out.problems
     line = f"[{style}]{escape(name)}: {r.outcome}[/]"
     summary = r.extra.get("summary")
-    if summary:  # a rollback: what it undid and what is current, not its own record's id
-        line += f"[{style}]:[/] {escape(str(summary))}"
+    if isinstance(summary, RollbackSummary):  # a rollback: what it undid and what is current, not its own id
+        line += f"[{style}]:[/] {escape(rollback_summary(summary))}"
     elif r.release:
         line += f" [dim]release {escape(r.release)}[/]"
     console.print(line)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from functools import singledispatch
 
+from orchestrator.cli.restore_words import restore_done
 from orchestrator.core import endings as end
 from orchestrator.core import events as ev
 from orchestrator.core.predates import predates_note
 from orchestrator.core.preflight import NOT_CHECKED_NOTE
 from orchestrator.host.records import ServerProcess
 from orchestrator.host.retention import held_note
+from orchestrator.pipeline.report import Named, RollbackSummary
 from orchestrator.pipeline.session import at
 
 
@@ -183,7 +185,7 @@ def _(e: ev.DeployFailed) -> str:
 
 @line.register
 def _(e: ev.RolledBack) -> str:
-    return f"rolled back{_by(e.by)}: {e.done}"
+    return f"rolled back{_by(e.by)}: {restore_done(e.done)}"
 
 
 @line.register
@@ -282,7 +284,7 @@ def _(e: ev.NightFailed) -> str:
 
 @line.register
 def _(e: ev.SwitchedBack) -> str:
-    return f"switched back{_by(e.by)}: {e.done}"
+    return f"switched back{_by(e.by)}: {restore_done(e.done)}"
 
 
 @line.register
@@ -311,7 +313,7 @@ def rollback_did(did: ev.RollbackDid, releases: tuple[str, ...], current: str | 
 
 @line.register
 def _(e: ev.RestoreDone) -> str:
-    return f"{rollback_did(e.did, e.releases, e.current, e.by)}: {e.done}"
+    return f"{rollback_did(e.did, e.releases, e.current, e.by)}: {restore_done(e.done)}"
 
 
 @line.register
@@ -474,10 +476,10 @@ def _(e: end.Restored) -> str:
 @line.register
 def _(e: end.RestoreFailed) -> str:
     if e.run == "night":
-        return (f"{e.reason}; and the SWITCH BACK FAILED: {e.done}. The host is not known to be healthy; its "
+        return (f"{e.reason}; and the SWITCH BACK FAILED: {restore_done(e.done)}. The host is not known to be healthy; its "
                 f"restore plan is {e.release_dir}/restore.json; fix the cause and run "
                 f"`orch rollback --host {e.host}`")
-    return (f"{e.reason}; and the ROLLBACK FAILED: {e.done}. The host is not known to be healthy; "
+    return (f"{e.reason}; and the ROLLBACK FAILED: {restore_done(e.done)}. The host is not known to be healthy; "
             f"backups are in {e.release_dir}; fix the cause and run `orch rollback --host {e.host}`")
 
 
@@ -502,7 +504,7 @@ def _(e: end.RestoringWithoutRecord) -> str:
 
 @line.register
 def _(e: end.RollbackFailed) -> str:
-    return (f"{e.host}: {rollback_did(e.did, e.releases, e.current, e.by)} FAILED: {e.done}. The host is not known to be healthy; fix the cause and run "
+    return (f"{e.host}: {rollback_did(e.did, e.releases, e.current, e.by)} FAILED: {restore_done(e.done)}. The host is not known to be healthy; fix the cause and run "
             f"`orch rollback --host {e.host}` again")
 
 
@@ -519,7 +521,7 @@ def _(e: end.RunnerFailed) -> str:
 
 @line.register
 def _(e: end.UndoneWithBatch) -> str:
-    return f"rolled back with its failed batch (--rollback-all-on-failure): {e.done}"
+    return f"rolled back with its failed batch (--rollback-all-on-failure): {restore_done(e.done) if e.done else 'restored'}"
 
 
 @line.register
@@ -530,3 +532,12 @@ def _(e: end.NotUndoneWithBatch) -> str:
 @line.register
 def _(e: end.NotStarted) -> str:
     return f"not started: {e.why}"
+
+
+def rollback_summary(s: RollbackSummary) -> str:
+    """A rollback's summary line: "undid R2 (speculative-disable); current: R1 (gated)"."""
+    def named(n: Named) -> str:
+        return f"{n.release} ({n.playbook})" if n.playbook else n.release
+
+    current = named(s.current) if s.current is not None else "none (the state before any release)"
+    return f"undid {', '.join(named(n) for n in s.undid)}; current: {current}"

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from orchestrator.core.events import WARNING, Event, Level, RollbackDid
+from orchestrator.core.events import WARNING, Event, Level, RestoreAccount, RollbackDid, as_json
 from orchestrator.host.values import fields, value
 
 Run = Literal["deploy", "night", "rollback"]
@@ -49,8 +49,7 @@ class Ending(Event):
         return {"event": self.kind(), "level": self.level, **self._fields()}
 
     def _fields(self) -> dict[str, Any]:
-        return {f.name: (v.to_json() if isinstance(v := getattr(self, f.name), Ending) else v)
-                for f in fields(self)}
+        return {f.name: as_json(getattr(self, f.name)) for f in fields(self)}
 
 
 # ---------------------------------------------------------------- the link, or the controller, gone
@@ -179,7 +178,7 @@ class Restored(Ending):
     host: str
     release: str
     reason: str
-    done: str
+    done: RestoreAccount
     by: str
     step: str | None = None
     failure: str | None = None
@@ -193,7 +192,7 @@ class RestoreFailed(Ending):
     host: str
     release: str
     reason: str
-    done: str
+    done: RestoreAccount
     release_dir: str
     run: Run = "deploy"
 
@@ -230,7 +229,7 @@ class RollbackFailed(Ending):
     releases: tuple[str, ...]
     current: str | None
     by: str | None
-    done: str
+    done: RestoreAccount
 
 
 @value(frozen=True)
@@ -261,7 +260,7 @@ class UndoneWithBatch(Ending):
 
     release: str | None
     undone_by: str | None
-    done: str
+    done: RestoreAccount | None  # None: the rollback's report carried no record
 
 
 @value(frozen=True)

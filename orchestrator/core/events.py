@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Literal
 
+from orchestrator.host.restore_plan import RestoreRecord
 from orchestrator.host.values import fields, value
 
 Level = Literal["step", "note", "warning"]
@@ -39,7 +40,14 @@ class Event:
 
     def to_wire(self) -> dict[str, Any]:
         """``{"event": "committed", "level": "step", "files": 3}``: fields for ``--json``."""
-        return {"event": self.kind(), "level": self.level, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        return {"event": self.kind(), "level": self.level, **{f.name: as_json(getattr(self, f.name))
+                                                               for f in fields(self)}}
+
+
+def as_json(v: Any) -> Any:
+    """A field as ``--json`` carries it: a value with fields of its own (``RestoreAccount``,
+    an ending) as its ``to_json``."""
+    return v.to_json() if hasattr(v, "to_json") else v
 
 
 def plain(ev: Event) -> str:
@@ -50,6 +58,25 @@ def plain(ev: Event) -> str:
 
 
 # ---------------------------------------------------------------- shared by deploy, night, rollback
+
+
+@value(frozen=True)
+class RestoreAccount:
+    """What a restore did: the host's record of it, every path its plan covered (so that a
+    file it never reached is named too), and what a failed commit batch had written before
+    (by the host's record). The words are the CLI's (``cli.restore_words``); ``--json``
+    carries the fields."""
+
+    record: RestoreRecord
+    planned: tuple[str, ...] = ()
+    written: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The host's record without its server log (said as a log of its own), with the plan's paths."""
+        record = self.record.to_wire()
+        record.pop("log_tail", None)
+        record.pop("format", None)
+        return {**record, "planned": list(self.planned), "written_by_commit": list(self.written)}
 
 
 @value(frozen=True)
@@ -259,7 +286,7 @@ class RolledBack(Event):
     """The restore machine put the host back; ``by`` who ran it, ``done`` what it did."""
 
     by: str
-    done: str
+    done: RestoreAccount
 
 
 @value(frozen=True)
@@ -384,7 +411,7 @@ class NightFailed(Event):
 @value(frozen=True)
 class SwitchedBack(Event):
     by: str
-    done: str
+    done: RestoreAccount
 
 
 @value(frozen=True)
@@ -418,7 +445,7 @@ class RestoreDone(Event):
     releases: tuple[str, ...]
     current: str | None
     by: str | None
-    done: str
+    done: RestoreAccount
 
 
 @value(frozen=True)

@@ -244,7 +244,7 @@ class RestoreRecord:
 
     Defaults of older records: ``by`` "?", flags False, lists empty, ``listening``
     None, ``committed`` None (a record from before it was kept). The words that
-    describe it are the controller's (``core.restore.describe_restore``).
+    describe it are the controller's (``cli.restore_words.describe_restore``).
     """
 
     by: str

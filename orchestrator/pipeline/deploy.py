@@ -65,7 +65,6 @@ from orchestrator.core.restore import (
     RestoreRecord,
     ServerStart,
     ServerTarget,
-    describe_restore,
     restore_spec,
 )
 from orchestrator.core.secrets import MASKED_NAMES, Masker, redact, secret_values
@@ -583,8 +582,8 @@ class Deployment:
         if not changed:
             self._remove_staged()
         # the runner recorded its own words for the failure; these are the controller's, as printed
-        return self._restored(cause, reason, record, lambda v: self._close_record(
-            record, v.outcome, reason if self.runner_verdict is not None else None))
+        return self._restored(cause, reason, record, lambda v, ending: self._close_record(
+            v.outcome, ending, reason if self.runner_verdict is not None else None))
 
     def _failed(self) -> FailedRelease:
         return FailedRelease("deploy", self.label, self.release_id, self.release_dir, self.reporter, self._redact)
@@ -602,16 +601,15 @@ class Deployment:
         if record is None:
             return self._ended(failed.restoring_without_record())
         why = failed.unconfirmed_reason()
-        return self._restored(RemoteError(why), why, record, lambda v: None)
+        return self._restored(RemoteError(why), why, record, lambda v, ending: None)
 
     def _restored(self, cause: BaseException, reason: str, record: RestoreRecord,
-                  close: Callable[[Verdict], None]) -> HostReport:
+                  close: Callable[[Verdict, endings.Ending], None]) -> HostReport:
         """The host's report from its record of the restore (``FailedRelease.restored``)."""
-        done = describe_restore(record, [f.path for f in self.plan.changed_files])
-        if self.commit_written:
-            done = f"written by the commit before it failed: {', '.join(self.commit_written)}; {done}"
+        done = events.RestoreAccount(record, tuple(f.path for f in self.plan.changed_files),
+                                     tuple(self.commit_written or ()))
         failed = self.runner_verdict.failed if self.runner_verdict is not None else None
-        got = self._failed().restored(cause, reason, record, self.reached, done, failed.step if failed else None,
+        got = self._failed().restored(cause, reason, done, self.reached, failed.step if failed else None,
                                       failed.kind if failed else None, close)
         return HostReport(self.label, got.outcome, got.exit_code, release=self.release_id,  # type: ignore[arg-type]
                           files=[f.path for f in self.plan.changed_files], error=self._words(got.ending),
@@ -650,8 +648,9 @@ class Deployment:
         """The ending's sentence, in the words the CLI gave (``ConnectOptions.words``)."""
         return self.session.options.words(ending)
 
-    def _close_record(self, record: RestoreRecord, outcome: str, reason: str | None = None) -> None:
-        """Timings, the outcome and the run log into the release (best effort: the link may be gone)."""
+    def _close_record(self, outcome: str, ending: endings.Ending, reason: str | None = None) -> None:
+        """Timings, the outcome and the run log, ending with how the run ended, into the release
+        (best effort: the link may be gone)."""
         finished = self.session.host_time()
         with contextlib.suppress(OrchError):
             self.session.batch([
@@ -660,7 +659,7 @@ class Deployment:
                     "duration": round(finished - self.started_at, 3), **self._gate_fields(),
                     **({"error": reason} if reason else {}),
                     **({"outcome": Outcome.FAILED} if outcome == Outcome.FAILED else {})}),
-                self._log_op(f"restore: {describe_restore(record)}"),
+                self._log_op(ending),
             ])
 
     def _reason(self, cause: BaseException) -> str:
@@ -818,7 +817,7 @@ class Deployment:
     def _journal_path(self) -> str:
         return StatePaths(self.state_dir).journal
 
-    def _log_op(self, last: str) -> ops.Op:
+    def _log_op(self, last: str | events.Event) -> ops.Op:
         """The op that writes this run's log into the release (made safe by ``RunLog.text``)."""
         log = self.reporter if isinstance(self.reporter, RunLog) else RunLog(self.reporter, self.masker,
                                                                              self.session.options.words)

@@ -162,7 +162,10 @@ class RunLog:
     def phase(self, host: str, step: str) -> None:
         self.inner.phase(host, step)
 
-    def text(self, end: str | None = None) -> str:
-        """The log so far, with ``end`` as its last line if given; secrets masked, controls escaped."""
+    def text(self, end: str | Event | None = None) -> str:
+        """The log so far, with ``end`` (words, or an ending said in the CLI's) as its last line
+        if given; secrets masked, controls escaped."""
+        if isinstance(end, Event):
+            end = self.words(end)
         lines = self.lines + ([f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {'end':8} {end}"] if end else [])
         return printable(self.masker.text("\n".join(lines) + "\n"))

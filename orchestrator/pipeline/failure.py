@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from orchestrator.core import endings, events
 from orchestrator.core.endings import Ending, Run
+from orchestrator.core.events import RestoreAccount
 from orchestrator.core.outcomes import UNSAFE, Outcome, Step, Verdict, verdict
-from orchestrator.core.restore import RestoreRecord
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.release import Cut, RestoreCut
 
@@ -80,17 +80,18 @@ class FailedRelease:
         return self.unsafe(endings.RestoreCouldNotRun(self.label, self.release, reason, self.redact(str(cut.error)),
                                                       self.release_dir, cut.until, self.run))
 
-    def restored(self, cause: BaseException, reason: str, record: RestoreRecord, reached: Step, done: str,
+    def restored(self, cause: BaseException, reason: str, done: RestoreAccount, reached: Step,
                  failed_step: str | None, failed_kind: str | None,
-                 close: Callable[[Verdict], None]) -> Ended:
-        """What the host recorded of the restore, said: the server's log, the record closed
-        (``close``, best effort), then the events and the ending. ``failed_step`` and
-        ``failed_kind``: the runner's program step that failed, where the runner had the release."""
+                 close: Callable[[Verdict, Ending], None]) -> Ended:
+        """What the host recorded of the restore (``done``), said: the server's log, the events
+        and the ending; then the release's record closed with them (``close``, best effort: its
+        run log ends with the ending). ``failed_step`` and ``failed_kind``: the runner's program
+        step that failed, where the runner had the release."""
+        record = done.record
         v = verdict(cause, reached, record)
         if record.log_tail:
             title = "switch back" if self.run == "night" else "restore"
             self.reporter.server_log(self.label, f"server log, {title} (last 40 lines)", record.log_tail)
-        close(v)
         ending: Ending
         if record.ok:
             if v.outcome == Outcome.ROLLED_BACK:
@@ -107,4 +108,5 @@ class FailedRelease:
             self.reporter.event(self.label, events.DriftKept(f.path, f.drift))
         for problem in record.record_errors:
             self.reporter.event(self.label, events.RestoreNotRecorded(problem, switch_back=self.run == "night"))
+        close(v, ending)
         return Ended(v.outcome, v.exit_code, ending)

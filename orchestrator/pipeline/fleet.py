@@ -40,7 +40,7 @@ from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
 from orchestrator.core.endings import Ending, NotUndoneWithBatch, UndoneWithBatch
-from orchestrator.core.events import plain
+from orchestrator.core.events import RestoreAccount, plain
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
@@ -374,7 +374,8 @@ def undone_report(deployed: HostReport, rollback: HostReport, words: Words = pla
     v = undone_verdict(Verdict(rollback.outcome, rollback.exit_code))
     ending: Ending
     if v.outcome == Outcome.ROLLED_BACK:
-        ending = UndoneWithBatch(deployed.release, rollback.release, str(rollback.extra.get("restore") or "restored"))
+        done = rollback.extra.get("restore")
+        ending = UndoneWithBatch(deployed.release, rollback.release, done if isinstance(done, RestoreAccount) else None)
         return HostReport.ended(deployed.host, v, release=deployed.release, files=deployed.files,
                                 ending=ending, error=words(ending), notes=deployed.notes, extra=extra)
     # still on the release it deployed (healthy then), or not known to be healthy (3)

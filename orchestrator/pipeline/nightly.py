@@ -101,7 +101,6 @@ from orchestrator.core.restore import (
     RestoreRecord,
     ServerStart,
     ServerTarget,
-    describe_restore,
     restore_spec,
 )
 from orchestrator.core.secrets import (
@@ -200,7 +199,7 @@ class NightResult:
     manifest: NightManifest | None = None
     last_good: NightManifest | None = None
     build_log: str = ""
-    restore: str | None = None  # what the switch back did, from the host's record
+    restore: events.RestoreAccount | None = None  # what the switch back did: the host's record
     notes: list[str] = field(default_factory=list)
     seq: int | None = None  # the host's sequence number of the night's release, once it was made
     steps: list[dict[str, Any]] = field(default_factory=list)  # ``StepClock.steps``: what ``--json`` shows
@@ -941,21 +940,21 @@ class Night:
                  failed: StepFailure | None = None) -> NightResult:
         """The night's result from what the host recorded of its switch back (``failed``: the
         runner's step that failed, where the runner switched it back)."""
-        done = describe_restore(record)
+        done = events.RestoreAccount(record)
 
-        def close(v: Verdict) -> None:
+        def close(v: Verdict, ending: Ending) -> None:
             never_switched = v.outcome == Outcome.FAILED
             finished = self.session.host_time()
             steps = [ops.release_update(self.state_dir, self.name, {
                          "finished": finished, "duration": round(finished - self.started, 3),
                          **({"outcome": Outcome.FAILED} if never_switched else {})}),
-                     self.log_op(f"switch back: {done}")]
+                     self.log_op(ending)]
             if never_switched:
                 steps.insert(0, ops.nightly_remove_build(self.builds_dir, self.name))
             with contextlib.suppress(OrchError):
                 self.session.batch(steps)
 
-        got = self.failed_release().restored(cause, reason, record, self.reached, done,
+        got = self.failed_release().restored(cause, reason, done, self.reached,
                                              failed.step if failed else None, failed.kind if failed else None, close)
         result = self.result(got.outcome, got.exit_code, reason, got.ending)
         result.restore = done
@@ -1026,7 +1025,7 @@ class Night:
             controller=lock_holder("nightly"), builds_dir=self.builds_dir,
             previous_build=self.previous_build).to_wire())
 
-    def log_op(self, last: str) -> ops.Op:
+    def log_op(self, last: str | events.Event) -> ops.Op:
         """The op that writes this run's log into the release (secrets redacted)."""
         return ops.release_log(self.state_dir, self.name, self.reporter.text(end=last))
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.events import RestoreAccount
 from orchestrator.core.nightly import NightManifest
-from orchestrator.core.restore import RestoreRecord, describe_restore
+from orchestrator.core.restore import RestoreRecord
 from orchestrator.errors import OrchError
 from orchestrator.host.records import HostRecords, Manifest
 from orchestrator.pipeline.follow import report_of, reported_op, verdict_reads
@@ -90,7 +91,7 @@ def late_night(session: HostSession, night: Manifest, v: RunVerdict) -> LateNigh
     result = NightResult(label, night.id, verdict.outcome, verdict.exit_code, night.created, finished or 0.0,
                          error=verdict.error, ending=verdict.ending, manifest=manifest, last_good=last_good, build_log=build_log, seq=night.seq)
     if v.restore:
-        result.restore = describe_restore(RestoreRecord.from_wire(v.restore))
+        result.restore = RestoreAccount(RestoreRecord.from_wire(v.restore))
     result.notes.append(f"reported late: night {night.id} ended without its controller")
     playbook = night.playbook or {}
     return LateNight(result, str(playbook.get("name") or "?"), str(playbook.get("path") or "?"))

@@ -20,9 +20,29 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.core.endings import Ending, NotStarted
-from orchestrator.core.events import plain
+from orchestrator.core.events import as_json, plain
 from orchestrator.core.outcomes import NOT_STARTED, Outcome, Verdict, worst
 from orchestrator.pipeline.events import Words
+
+
+@dataclass(frozen=True)
+class Named:
+    """A release as a rollback's summary names it: its id and the playbook that made it."""
+
+    release: str
+    playbook: str | None = None
+
+
+@dataclass(frozen=True)
+class RollbackSummary:
+    """What a rollback undid and what is current now (None: the state before any release), each
+    with its playbook: the summary line's facts (its words: ``cli.words.rollback_summary``)."""
+
+    undid: tuple[Named, ...]
+    current: Named | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"undid": [asdict(n) for n in self.undid], "current": asdict(self.current) if self.current else None}
 
 
 @dataclass
@@ -46,8 +66,8 @@ class HostReport:
         data = asdict(self)
         data.pop("host")
         data["ending"] = self.ending.to_json() if self.ending is not None else None
-        extra = data.pop("extra")
-        data.update(extra)
+        data.pop("extra")
+        data.update({k: as_json(v) for k, v in self.extra.items()})  # a value with fields: its own
         return data
 
 

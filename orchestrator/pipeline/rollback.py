@@ -32,7 +32,7 @@ from orchestrator.core.releases import (
     rollback_target,
     rollback_to,
 )
-from orchestrator.core.restore import RestorePlan, RestoreRecord, describe_restore, restore_spec
+from orchestrator.core.restore import RestorePlan, RestoreRecord, restore_spec
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import HostUnsafeError, LinkLostError, OrchError, RefusedError
 from orchestrator.host.program import StepName
@@ -52,7 +52,7 @@ from orchestrator.host.values import replace  # the host records are value class
 from orchestrator.pipeline.events import Reporter, RunLog, Words
 from orchestrator.pipeline.follow import RunnerFollow, StoppedFollowing, reported_op
 from orchestrator.pipeline.locking import open_state, release_lock
-from orchestrator.pipeline.report import HostReport
+from orchestrator.pipeline.report import HostReport, Named, RollbackSummary
 from orchestrator.pipeline.session import ConnectOptions, HostSession, lock_holder
 from orchestrator.pipeline.timings import StepClock
 from orchestrator.shell import ops
@@ -138,7 +138,7 @@ def report_restore(
 ) -> HostReport:
     """The rollback's report, from what the host recorded (``words``: the CLI's, for a failure);
     what the rollback was (``did``, ``releases``, ``current``, ``by``) as ``events.RestoreDone``."""
-    done = describe_restore(record, planned)
+    done = events.RestoreAccount(record, tuple(planned))
     for f in record.drift:
         reporter.event(label, events.DriftKept(f.path, f.drift, during_deploy=False))
     for problem in record.record_errors:
@@ -192,15 +192,13 @@ def rollback_budget(server: ServerTarget | None, health: dict[str, Any] | None) 
     return seconds
 
 
-def rollback_summary(undone: Sequence[str], now: Manifest | None, releases: dict[str, Manifest]) -> str:
-    """The summary line's words: what was undone and what is current now, each with its
-    playbook ("undid R2 (speculative-disable); current: R1 (gated)"), not the rollback's own id."""
-    def named(rid: str) -> str:
+def rollback_summary(undone: Sequence[str], now: Manifest | None, releases: dict[str, Manifest]) -> RollbackSummary:
+    """What was undone and what is current now, each with its playbook, not the rollback's own id."""
+    def named(rid: str) -> Named:
         m = releases.get(rid)
-        return f"{rid} ({m.playbook_name})" if m is not None and m.playbook_name else rid
+        return Named(rid, m.playbook_name if m is not None and m.playbook_name else None)
 
-    current = named(now.id) if now is not None else "none (the state before any release)"
-    return f"undid {', '.join(named(r) for r in undone)}; current: {current}"
+    return RollbackSummary(tuple(named(r) for r in undone), named(now.id) if now is not None else None)
 
 
 def finish_unfinished(
