@@ -288,6 +288,16 @@ def _(e: ev.SwitchedBack) -> str:
 
 
 @line.register
+def _(e: ev.HistoryUnread) -> str:
+    return f"report: the host's history could not be read ({e.problem}); the page words nights from their records"
+
+
+@line.register
+def _(e: ev.LateReportWritten) -> str:
+    return f"report: {e.path}"
+
+
+@line.register
 def _(e: ev.NightClosed) -> str:
     return f"night {e.night} closed: nothing live was touched"
 

@@ -402,6 +402,22 @@ class NightCurrent(Event):
 
 
 @value(frozen=True)
+class HistoryUnread(Event):
+    """A night's report: the host's history could not be read, so the page words nights from
+    their own records."""
+
+    level: ClassVar[Level] = NOTE
+    problem: str
+
+
+@value(frozen=True)
+class LateReportWritten(Event):
+    """``orch status --follow --reports``: the report of a night that ended without its controller."""
+
+    path: str
+
+
+@value(frozen=True)
 class NightFailed(Event):
     level: ClassVar[Level] = WARNING
     reason: str

@@ -112,8 +112,8 @@ def follow_host(target: HostTarget, options: ConnectOptions, reporter: Reporter,
         rows, unread = host_rows(target, options)
         path = write_late(reports_dir, late, rows)
         if unread:
-            reporter.note(target.name, unread)
-        reporter.step(target.name, f"report: {path}")
+            reporter.event(target.name, events.HistoryUnread(unread))
+        reporter.event(target.name, events.LateReportWritten(str(path)))
         report.extra["report"] = str(path)
     return report
 

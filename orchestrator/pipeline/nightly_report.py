@@ -176,14 +176,14 @@ def refresh_report(reports_dir: Path, target: HostTarget, options: ConnectOption
 
 
 def host_rows(target: HostTarget, options: ConnectOptions) -> tuple[list[Any] | None, str | None]:
-    """The host's history rows, or None and a one-line warning when they cannot be read."""
+    """The host's history rows, or None and why they could not be read (``events.HistoryUnread``)."""
     from orchestrator.errors import OrchError
     from orchestrator.pipeline.inspect import host_history
 
     try:
         return list(host_history(target, options).rows), None
     except OrchError as e:
-        return None, f"report: the host's history could not be read ({e}); the page words nights from their records"
+        return None, str(e)
 
 
 def write_history(folder: Path, rows: Sequence[Any]) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli.options import HostFlags, OutputFlags, host_options, output_options
+from orchestrator.core import events
 from orchestrator.core.outcomes import Outcome
 
 if TYPE_CHECKING:
@@ -75,8 +76,10 @@ def _run(output: Output, as_json: bool, where: HostFlags, spec: str | None, repo
             reporter.step(target.name, f"report of night {late.result.name} (ended without its controller): {path}")
         rows, unread = host_rows(target, options) if result.outcome in READABLE else (None, None)
         files = write_report(Path(reports_dir), result, loaded.model.name, loaded.display, rows)
-        for note in (*files.notes, *([unread] if unread else [])):
+        for note in files.notes:
             reporter.note(target.name, note)
+        if unread:
+            reporter.event(target.name, events.HistoryUnread(unread))
         chart = f", chart {files.chart}" if files.chart else ""  # never a path to a chart not drawn
         reporter.step(target.name, f"report: {files.json} (page {files.index}{chart})")
         if loaded.model.notify:
