@@ -145,7 +145,7 @@ def test_controller_killed_after_the_switch_the_night_ends_alone_and_status_foll
     # status --follow wrote the night's report, as its own controller would have
     report = report_of(nb, night)
     assert report["outcome"] == "changed" and report["exit_code"] == 0 and report["seq"] == rec["seq"]
-    assert f"gpu report: {nb.reports.name}/gpu/{night}.json" in err, err  # ``events.LateReportWritten``
+    assert f"gpu report: reports/gpu/{night}.json" in err, err  # ``events.LateReportWritten``
     assert report["last_good"] == first and report["probe"]["requests"] == 16
     assert report["spec"]["name"] == "test-nightly"
     assert any("threshold" in c for c in report["changes"]), report["changes"]
