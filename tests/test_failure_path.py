@@ -12,6 +12,7 @@ from orchestrator.core import endings, events
 from orchestrator.core.events import RestoreAccount
 from orchestrator.core.outcomes import UNSAFE, ExitCode, Outcome, Step
 from orchestrator.errors import LinkLostError, RemoteError
+from orchestrator.host.protocol_verdict import StepFailure
 from orchestrator.pipeline.events import Recorder
 from orchestrator.pipeline.failure import FailedRelease
 from orchestrator.pipeline.release import Cut, RestoreCut
@@ -33,7 +34,7 @@ def test_a_restore_after_the_commit_is_rolled_back_and_said_by_the_runs_kind(run
     closes: list[str] = []
     done = RestoreAccount(record("/srv/a.py", tail=("boom",)))
     got = failed(run, rec).restored(RemoteError("health failed"), "health failed", done, Step.RESTARTING,
-                                    "health", "health", lambda v, ending: closes.append((v.outcome, ending)))
+                                    StepFailure("health", step="health"), lambda v, ending: closes.append((v.outcome, ending)))
     assert (got.outcome, got.exit_code) == (Outcome.ROLLED_BACK, ExitCode.FAILED)
     assert closes == [(Outcome.ROLLED_BACK, got.ending)]  # the record is closed once, with the verdict
     assert isinstance(got.ending, endings.Restored)
@@ -48,7 +49,7 @@ def test_a_restore_after_the_commit_is_rolled_back_and_said_by_the_runs_kind(run
 def test_a_restore_before_the_commit_that_wrote_nothing_closes_the_release(run: str) -> None:
     rec = Recorder()
     got = failed(run, rec).restored(RemoteError("refused"), "refused", RestoreAccount(record(unchanged=("/a",))),
-                                    Step.ARMED, None, None, lambda v, ending: None)
+                                    Step.ARMED, None, lambda v, ending: None)
     assert got.outcome == Outcome.FAILED
     assert [type(e) for _, e in rec.events] == [events.NightClosed if run == "night" else events.ReleaseClosed]
 
@@ -57,7 +58,7 @@ def test_a_restore_before_the_commit_that_wrote_nothing_closes_the_release(run: 
 def test_a_failed_restore_is_unsafe_and_names_the_release_dir(run: str) -> None:
     rec = Recorder()
     done = RestoreAccount(record("/srv/a.py", error="disk full", drift="/state/drift/a.py", problems=("no space",)))
-    got = failed(run, rec).restored(RemoteError("x"), "x", done, Step.RESTARTING, None, None, lambda v, ending: None)
+    got = failed(run, rec).restored(RemoteError("x"), "x", done, Step.RESTARTING, None, lambda v, ending: None)
     assert (got.outcome, got.exit_code) == (UNSAFE.outcome, UNSAFE.exit_code)
     assert isinstance(got.ending, endings.RestoreFailed)
     assert got.ending.release_dir == "/state/releases/R1" and got.ending.run == run

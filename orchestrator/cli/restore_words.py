@@ -20,7 +20,6 @@ def restore_done(account: RestoreAccount) -> str:
     return done
 
 
-
 def describe_restore(record: RestoreRecord, planned: Sequence[str] = ()) -> str:
     """One line for a person: exactly what was restored and what was not.
 

@@ -609,20 +609,18 @@ class Deployment:
         done = events.RestoreAccount(record, tuple(f.path for f in self.plan.changed_files),
                                      tuple(self.commit_written or ()))
         failed = self.runner_verdict.failed if self.runner_verdict is not None else None
-        got = self._failed().restored(cause, reason, done, self.reached, failed.step if failed else None,
-                                      failed.kind if failed else None, close)
-        return HostReport(self.label, got.outcome, got.exit_code, release=self.release_id,  # type: ignore[arg-type]
-                          files=[f.path for f in self.plan.changed_files], error=self._words(got.ending),
-                          ending=got.ending, extra={"restore": done, "drift": [f.path for f in record.drift],
-                                                    "timings": self.timings, **self._gate_report()})
+        got = self._failed().restored(cause, reason, done, self.reached, failed, close)
+        return HostReport.ended(self.label, got.verdict, release=self.release_id,
+                                files=[f.path for f in self.plan.changed_files], error=self._words(got.ending),
+                                ending=got.ending, extra={"restore": done, "drift": [f.path for f in record.drift],
+                                                          "timings": self.timings, **self._gate_report()})
 
     def _ended(self, ended: Ended) -> HostReport:
         """A failure's report where no restore record came back."""
         shown = self.reached >= Step.COMMITTING or ended.outcome == UNSAFE.outcome
-        return HostReport(self.label, ended.outcome, ended.exit_code,  # type: ignore[arg-type]
-                          release=self.release_id or None,
-                          files=[f.path for f in self.plan.changed_files] if shown else [],
-                          error=self._words(ended.ending), ending=ended.ending, extra={"timings": self.timings})
+        return HostReport.ended(self.label, ended.verdict, release=self.release_id or None,
+                                files=[f.path for f in self.plan.changed_files] if shown else [],
+                                error=self._words(ended.ending), ending=ended.ending, extra={"timings": self.timings})
 
     def _lost(self, cause: BaseException, reason: str) -> HostReport:
         """A failure with no restore to run: the link lost (before or after the commit), or a

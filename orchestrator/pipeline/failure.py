@@ -18,17 +18,25 @@ from orchestrator.core import endings, events
 from orchestrator.core.endings import Ending, Run
 from orchestrator.core.events import RestoreAccount
 from orchestrator.core.outcomes import UNSAFE, Outcome, Step, Verdict, verdict
+from orchestrator.host.protocol_verdict import StepFailure
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.release import Cut, RestoreCut
 
 
 @dataclass(frozen=True)
 class Ended:
-    """A failed release's verdict: outcome, exit code and the ending that says it."""
+    """A failed release's verdict and the ending that says it."""
 
-    outcome: str
-    exit_code: int
+    verdict: Verdict
     ending: Ending
+
+    @property
+    def outcome(self) -> str:
+        return self.verdict.outcome
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class FailedRelease:
         return "the watchdog's deadline passed before the deploy could confirm"
 
     def unsafe(self, ending: Ending) -> Ended:
-        return Ended(UNSAFE.outcome, UNSAFE.exit_code, ending)
+        return Ended(UNSAFE, ending)
 
     def restoring_without_record(self) -> Ended:
         """Restored before the confirm, by the guard or a person, and no record of it yet."""
@@ -68,8 +76,7 @@ class FailedRelease:
             return None
         if cut.why is Cut.LINK_LOST:
             assert cut.error is not None
-            v = verdict(cut.error, reached)
-            return Ended(v.outcome, v.exit_code, endings.LostDuringRestore(
+            return Ended(verdict(cut.error, reached), endings.LostDuringRestore(
                 self.label, self.release, reason, self.redact(str(cut.error)), cut.until, self.run))
         if cut.why is Cut.INTERRUPTED:
             return self.unsafe(endings.InterruptedDuringRestore(self.label, self.release, cut.until, self.run))
@@ -81,12 +88,11 @@ class FailedRelease:
                                                       self.release_dir, cut.until, self.run))
 
     def restored(self, cause: BaseException, reason: str, done: RestoreAccount, reached: Step,
-                 failed_step: str | None, failed_kind: str | None,
-                 close: Callable[[Verdict, Ending], None]) -> Ended:
+                 failed: StepFailure | None, close: Callable[[Verdict, Ending], None]) -> Ended:
         """What the host recorded of the restore (``done``), said: the server's log, the events
         and the ending; then the release's record closed with them (``close``, best effort: its
-        run log ends with the ending). ``failed_step`` and ``failed_kind``: the runner's program
-        step that failed, where the runner had the release."""
+        run log ends with the ending). ``failed``: the runner's program step that failed, where
+        the runner had the release."""
         record = done.record
         v = verdict(cause, reached, record)
         if record.log_tail:
@@ -100,8 +106,8 @@ class FailedRelease:
             else:
                 closed = events.NightClosed if self.run == "night" else events.ReleaseClosed
                 self.reporter.event(self.label, closed(self.release))
-            ending = endings.Restored(self.label, self.release, reason, done, record.by, failed_step, failed_kind,
-                                      self.run)
+            ending = endings.Restored(self.label, self.release, reason, done, record.by,
+                                      failed.step if failed else None, failed.kind if failed else None, self.run)
         else:
             ending = endings.RestoreFailed(self.label, self.release, reason, done, self.release_dir, self.run)
         for f in record.drift:
@@ -109,4 +115,4 @@ class FailedRelease:
         for problem in record.record_errors:
             self.reporter.event(self.label, events.RestoreNotRecorded(problem, switch_back=self.run == "night"))
         close(v, ending)
-        return Ended(v.outcome, v.exit_code, ending)
+        return Ended(v, ending)

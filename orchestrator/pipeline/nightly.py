@@ -954,8 +954,7 @@ class Night:
             with contextlib.suppress(OrchError):
                 self.session.batch(steps)
 
-        got = self.failed_release().restored(cause, reason, done, self.reached,
-                                             failed.step if failed else None, failed.kind if failed else None, close)
+        got = self.failed_release().restored(cause, reason, done, self.reached, failed, close)
         result = self.result(got.outcome, got.exit_code, reason, got.ending)
         result.restore = done
         result.build_log = self.read_log()
