@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from .files import write_atomic
+from .sockets import listening_inodes
 from .wire import AgentError, expand
 
 
@@ -79,22 +80,6 @@ def run_argv(argv, cwd=None, env=None, timeout=600.0, stdin=None, limit=64 * 102
     return {"rc": proc.returncode,
             "stdout": proc.stdout[-limit:].decode("utf-8", "replace"),
             "stderr": proc.stderr[-limit:].decode("utf-8", "replace")}
-
-
-def listening_inodes(port):
-    inodes = set()
-    hexport = ":%04X" % port
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    parts = line.split()
-                    if parts[1].endswith(hexport) and parts[3] == "0A":
-                        inodes.add(parts[9])
-        except OSError:
-            pass
-    return inodes
 
 
 def pid_listening_on(port):

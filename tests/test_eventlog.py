@@ -1,0 +1,74 @@
+"""A release's event log (``host/eventlog.py``) on a real file: lines after the last one, in
+its reserve, read back a piece at a time however long the log grows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.host import eventlog
+
+
+def log_of(release: Path) -> Path:
+    return release / eventlog.EVENTS_FILE
+
+
+def written_part(release: Path) -> bytes:
+    """The log's bytes before its reserved NULs, read the plain way."""
+    return log_of(release).read_bytes().split(b"\0", 1)[0]
+
+
+def test_lines_go_after_the_last_one_inside_the_reserve_and_read_back_in_order(tmp_path: Path) -> None:
+    eventlog.reserve(str(tmp_path))
+    reserved = log_of(tmp_path).stat().st_size
+    for n in range(5):
+        eventlog.append(str(tmp_path), {"event": "step", "n": n})
+    assert [w["n"] for w in eventlog.lines(str(tmp_path))] == [0, 1, 2, 3, 4]
+    assert [w["n"] for w in eventlog.lines(str(tmp_path), 3)] == [3, 4]
+    data = log_of(tmp_path).read_bytes()
+    assert len(data) == reserved  # written into the reserve, not after it
+    assert data.count(b"\n") == 5 and data.rstrip(b"\0").endswith(b"}\n")
+
+
+@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
+def test_a_log_many_pieces_long_reads_whole_and_takes_its_next_line_at_the_end(
+        tmp_path: Path, reserved: bool) -> None:
+    if reserved:
+        eventlog.reserve(str(tmp_path))
+    filler = "x" * 1000
+    count = 3 * eventlog.PIECE_BYTES // 1000 + 7  # lines that cross several pieces' edges
+    for n in range(count):
+        eventlog.append(str(tmp_path), {"event": "progress", "n": n, "msg": filler})
+    got = eventlog.lines(str(tmp_path))
+    assert [w["n"] for w in got] == list(range(count))
+    assert all(w["msg"] == filler for w in got)
+    assert len(written_part(tmp_path)) > 3 * eventlog.PIECE_BYTES
+
+
+@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
+def test_lines_that_end_exactly_at_a_pieces_edge_are_all_read(tmp_path: Path, reserved: bool) -> None:
+    if reserved:
+        eventlog.reserve(str(tmp_path))
+    first = {"event": "progress", "msg": ""}
+    size = len(eventlog.line_bytes(first))
+    first["msg"] = "y" * (eventlog.PIECE_BYTES - size)  # one line of exactly one piece
+    eventlog.append(str(tmp_path), first)
+    assert len(written_part(tmp_path)) == eventlog.PIECE_BYTES
+    assert eventlog.lines(str(tmp_path)) == [first]
+    eventlog.append(str(tmp_path), {"event": "verdict", "verdict": "confirmed"})
+    assert [w["event"] for w in eventlog.lines(str(tmp_path))] == ["progress", "verdict"]
+
+
+def test_a_line_cut_short_by_a_crash_is_not_a_line_and_secrets_are_masked(tmp_path: Path) -> None:
+    eventlog.reserve(str(tmp_path))
+    eventlog.append(str(tmp_path), {"event": "health", "msg": "token s3cret-value"}, mask=["s3cret-value"])
+    with open(log_of(tmp_path), "r+b") as f:  # a writer killed half-way through its line
+        f.seek(len(written_part(tmp_path)))
+        f.write(b'{"event": "ver')
+    assert eventlog.lines(str(tmp_path)) == [{"event": "health", "msg": "token ***"}]
+    assert b"s3cret" not in log_of(tmp_path).read_bytes()
+
+
+def test_no_log_yet_has_no_lines(tmp_path: Path) -> None:
+    assert eventlog.lines(str(tmp_path)) == []
