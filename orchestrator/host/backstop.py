@@ -14,9 +14,9 @@ import signal
 import sys
 import time
 
-from .dispatch import load_all
 from .eventlog import reserve
 from .files import read_json, read_record, write_json, write_mark
+from .held import hold_package
 from .main import name_process
 from .processes import proc_starttime
 from .restore import op_restore_release
@@ -42,7 +42,7 @@ def op_release_arm(s, state_dir, release_dir, python=None):
     fire_at = time.monotonic() + budget
     fires_at = time.time() + budget
     reserve(release_dir)  # the runner's log has room even if the disk fills up later
-    load_all(gate=gate_in_program(release_dir))  # in memory before the fork: a newer orch may replace the kept copy while it waits
+    hold_package()  # the code in memory before the fork: a person may remove the kept copy while it waits
     go_read, go_write = os.pipe()  # "run" through it starts the runner (``runner.op_release_run``)
     try:
         pid = fork_watchdog(release_dir, os.path.join(release_dir, "watchdog.log"), fire_at, go_read)
@@ -59,12 +59,6 @@ def op_release_arm(s, state_dir, release_dir, python=None):
                {"pid": pid, "starttime": proc_starttime(pid), "budget": budget, "armed": fires_at - budget,
                 "fires_at": fires_at, "clock": "host"})
     return {"pid": pid, "deadline": fires_at, "fires_at": fires_at, "budget": budget}
-
-
-def gate_in_program(release_dir):
-    """The release's program judges a gate: its runner needs the gate's modules in memory."""
-    program = read_record(os.path.join(release_dir, "program.json")) or {}
-    return any(isinstance(st, dict) and st.get("step") == "gate" for st in program.get("steps") or [])
 
 
 WATCHDOG_FILE = "watchdog.json"  # when the watchdog fires, in this host's wall time: for people and `orch status`

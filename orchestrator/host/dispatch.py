@@ -85,21 +85,6 @@ def package_attr(module, name):
     return getattr(__import__(module, globals(), {}, [name], 1), name)
 
 
-IMPORTED_LATER = ("restore_records",)
-"""Modules an op imports only when it needs them and a restore may run: what the watchdog
-loads besides the ops' modules. Not the gate's judgement (``gate_step``, ``figures``): the
-watchdog never judges, and their import costs every armed deploy's watchdog ~20 ms of CPU."""
-
-
-def load_all(gate=False):
-    """Import the module of every op, and those they import later: a process that may lose
-    its files (the watchdog, whose kept copy a newer version can replace) has all it could
-    run in memory."""
-    later = set(IMPORTED_LATER) | (set(("gate_step", "gate", "figures")) if gate else set())
-    for module in sorted(set(where[0] for where in OPS.values()) | later):
-        __import__(module, globals(), {}, ["__name__"], 1)
-
-
 def check_request(request):
     """Refuse, in one line naming the op and the field, a request that its type in
     ``protocol`` does not describe (a batch's steps included): nothing of it runs."""

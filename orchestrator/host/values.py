@@ -10,7 +10,7 @@ class decorator: the fields are the class's annotations (its bases' first,
 Why not the real thing: a helper that arms a release imports the records
 (``records.py``), and ``dataclasses`` brings ``inspect`` with it (``ast``,
 ``dis``, ``tokenize``) and compiles six methods per class: the helper's import
-and ``load_all`` took 81 ms of CPU with them and take 58 without (median of 30
+with every op's module (what it loaded to arm, then) took 81 ms of CPU with them and take 58 without (median of 30
 starts, alternately, on a 2-core box).
 
 Standard library only, Python 3.8 syntax: this module is shipped to the host.
