@@ -2,7 +2,7 @@
 
 import sys as _sys
 
-__version__ = "0.8.4"
+__version__ = "0.8.5"
 
 
 def interrupted(args: "list[str]") -> None:

@@ -63,12 +63,23 @@ def test_a_module_whose_bytecode_is_older_than_its_source_is_held_as_its_source(
 
 
 def test_a_helper_run_from_its_archive_holds_nothing(tmp_path: Path) -> None:
-    """Its modules come from the archive in memory (the bootstrap's finder): no files to lose."""
+    """Its modules come from the archive in memory, as the bootstrap's finder loads them (no
+    ``__file__``): no files to lose, nothing to hold."""
+    source = (ROOT / "orchestrator" / "host" / "held.py").read_text()
     out = run_in(tmp_path, f"""
-        import sys, types
-        sys.path.insert(0, {str(ROOT)!r})
-        import orchestrator.host.held as held
-        held.HERE = {str(tmp_path / "nowhere")!r}
-        print(held.hold_package())
+        import importlib.util
+
+        class FromMemory(object):
+            def create_module(self, spec):
+                return None
+
+            def exec_module(self, module):
+                exec(compile({source!r}, "orchestrator/host/held.py", "exec"), module.__dict__)
+
+        spec = importlib.util.spec_from_loader("orchestrator.host.held", FromMemory(),
+                                               origin="orchestrator/host/held.py")
+        held = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(held)
+        print(hasattr(held, "__file__"), held.hold_package())
         """)
-    assert out == "None"
+    assert out == "False None"

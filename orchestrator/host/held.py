@@ -22,7 +22,8 @@ import os
 import sys
 
 PACKAGE = __name__.rpartition(".")[0]
-HERE = os.path.dirname(os.path.abspath(__file__))
+# None when run from the archive in memory: its modules have no file (``agent_client.BOOTSTRAP``)
+HERE = os.path.dirname(os.path.abspath(globals()["__file__"])) if "__file__" in globals() else None
 PYC_HEADER_BYTES = 16  # magic, flags, and the source's mtime and size (or hash): PEP 552
 
 
@@ -49,7 +50,7 @@ class HeldModules(object):
 
 def hold_package():
     """Hold every module of this package that is not imported yet (see the module's docstring)."""
-    if not os.path.isfile(os.path.join(HERE, "__init__.py")):
+    if HERE is None or not os.path.isfile(os.path.join(HERE, "__init__.py")):
         return None  # run from the archive in memory
     for finder in sys.meta_path:
         if isinstance(finder, HeldModules):
