@@ -53,9 +53,27 @@ def with_shim(env: dict[str, str]) -> dict[str, str]:
     return dict(env, PYTHONPATH=f"{SHIM}:{rest}" if rest else str(SHIM))
 
 
+SHM = Path("/dev/shm")
+CLEAR_STALE_FAKETIME_SH = ('for s in /dev/shm/sem.faketime_sem_*; do p="${s##*_}"; '
+                           '[ -d "/proc/$p" ] || rm -f "$s" "/dev/shm/faketime_shm_$p" 2>/dev/null; done\n')
+
+
+def clear_stale_faketime() -> None:
+    """Remove what ``faketime`` wrappers that were killed (a test's ``kill -9``) left in
+    ``/dev/shm``: its semaphore and memory are named by the wrapper's pid, and a new wrapper
+    that is given the same pid (they wrap at 32768 on a busy machine) fails at once with
+    "sem_open: File exists". A live wrapper's are never touched."""
+    for sem in SHM.glob("sem.faketime_sem_*"):
+        pid = sem.name.rsplit("_", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            for stale in (sem, SHM / f"faketime_shm_{pid}"):
+                stale.unlink(missing_ok=True)
+
+
 def faketime_works() -> None:
     """The fault these tests cause needs ``faketime`` to skew Python's wall clock and not its
     monotonic clock, and Python to sleep under it; fail loudly (never skip) where it does not."""
+    clear_stale_faketime()
     probe = "import time; time.sleep(0.01); print(time.time(), time.monotonic())"
     faked = subprocess.run(["faketime", "--exclude-monotonic", "-f", "-1h", sys.executable, "-c", probe],
                            env=with_shim(dict(os.environ)), capture_output=True, text=True,
@@ -63,6 +81,24 @@ def faketime_works() -> None:
     plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert float(plain[0]) - float(faked[0]) > 3000, "faketime does not move Python's wall clock"
     assert abs(float(plain[1]) - float(faked[1])) < 600, "faketime --exclude-monotonic fakes the monotonic clock"
+
+
+def test_a_killed_faketime_wrappers_leftovers_are_cleared_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """Both ways the suite clears them: before a controller's ``faketime`` and in the host's wrapper."""
+    for clear in (clear_stale_faketime,
+                  lambda: subprocess.run(["sh", "-c", CLEAR_STALE_FAKETIME_SH], check=True)):
+        dead = subprocess.Popen(["true"])
+        dead.wait()  # a pid no process has now (reaped)
+        made = [SHM / f"sem.faketime_sem_{dead.pid}", SHM / f"faketime_shm_{dead.pid}",
+                SHM / f"sem.faketime_sem_{os.getpid()}", SHM / f"faketime_shm_{os.getpid()}"]
+        try:
+            for path in made:
+                path.write_bytes(b"\0" * 8)
+            clear()
+            assert [p.exists() for p in made] == [False, False, True, True]
+        finally:
+            for path in made:
+                path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -75,6 +111,7 @@ class Skewed:
 
     def command(self, offset: str, *args: str) -> tuple[list[str], dict[str, str]]:
         """The real CLI under a controller clock ``offset`` from the true time ("-1h", "+1h")."""
+        clear_stale_faketime()
         env = with_shim(dict(os.environ, COLUMNS="200", NO_COLOR="1", **self.box.extra_env))
         return (["faketime", "--exclude-monotonic", "-f", offset, sys.executable, "-m", "orchestrator", *args,
                  "--ssh-config", str(self.box.sshd.ssh_config)], env)
@@ -108,6 +145,7 @@ def host_wrapper(root: Path, offset_file: Path) -> Path:
     wrapper = root / "skewed-python"
     wrapper.write_text("#!/bin/sh\n"
                        f'PYTHONPATH="{SHIM}${{PYTHONPATH:+:$PYTHONPATH}}"; export PYTHONPATH\n'
+                       + CLEAR_STALE_FAKETIME_SH +
                        f'exec faketime --exclude-monotonic -f "$(cat {offset_file})" {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
