@@ -83,3 +83,18 @@ def test_a_helper_run_from_its_archive_holds_nothing(tmp_path: Path) -> None:
         print(hasattr(held, "__file__"), held.hold_package())
         """)
     assert out == "False None"
+
+
+def test_a_checked_hash_cache_of_other_source_is_held_as_its_source(tmp_path: Path) -> None:
+    """What the keep's ``py_compile`` writes under ``SOURCE_DATE_EPOCH``: checked against the
+    source's hash, not its mtime, as the import system checks it."""
+    import py_compile
+
+    top = kept_copy(tmp_path)
+    source = top / "orchestrator" / "host" / "retention.py"
+    py_compile.compile(str(source), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH, doraise=True)
+    probe = f"from orchestrator.host.held import compiled_code\nprint(type(compiled_code({str(source)!r})).__name__)"
+    out = run_in(top, probe)
+    assert out == "code"  # its own source: the cache is used
+    source.write_text(source.read_text() + "\nHELD_FROM_SOURCE = True\n")
+    assert run_in(top, probe) == "bytes"

@@ -20,6 +20,7 @@ import importlib.util
 import marshal
 import os
 import sys
+import types
 
 PACKAGE = __name__.rpartition(".")[0]
 # None when run from the archive in memory: its modules have no file (``agent_client.BOOTSTRAP``)
@@ -43,7 +44,7 @@ class HeldModules(object):
 
     def exec_module(self, module):
         path, code = self.held.pop(module.__name__)
-        if not isinstance(code, type(compile("", "", "exec"))):
+        if not isinstance(code, types.CodeType):
             code = compile(code, path, "exec", dont_inherit=True)
         exec(code, module.__dict__)
 
@@ -90,4 +91,6 @@ def compiled_code(path):
         size = int.from_bytes(data[12:16], "little")
         if mtime != (int(st.st_mtime) & 0xFFFFFFFF) or size != (len(source) & 0xFFFFFFFF):
             return source
+    elif flags & 0b10 and data[8:16] != importlib.util.source_hash(source):
+        return source  # a checked hash-based cache (py_compile under SOURCE_DATE_EPOCH) not of this source
     return marshal.loads(data[PYC_HEADER_BYTES:])
