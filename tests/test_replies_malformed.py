@@ -154,7 +154,7 @@ def test_one_hostile_host_of_three_keeps_the_fleet_report(fleet: Fleet) -> None:
     assert "Traceback" not in proc.stderr
     report = as_json(proc)
     outcomes = {name: h["outcome"] for name, h in report["hosts"].items()}
-    assert outcomes == {"gpu01": "changed", "gpu02": "failed", "gpu03": "changed"}
+    assert outcomes == {"gpu01": "changed", "gpu02": "failed", "gpu03": "changed"}, proc.stdout
     assert_one_line_naming(report["hosts"]["gpu02"]["error"], "gpu02", "open_state")
     assert hosts[1].file_sha() == before
     for h in (hosts[0], hosts[2]):
