@@ -193,12 +193,16 @@ def stop_release_processes(state_dir: Path) -> None:
             os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
 
 
-def kill_port_owner(port: int, state_dir: Path) -> None:
+def kill_port_owner(port: int, state_dir: Path, also: tuple[int, ...] = (), term_seconds: float = 10.0) -> None:
     """Stop whatever the demo left — a release's guard and runner, then the server (by orch's
     pidfile and by its port) — and wait until it is gone: "everything it started is stopped"
-    holds when the demo returns."""
+    holds when the demo returns.
+
+    ``also``: more servers to stop with it (a test's server started by hand). Each gets
+    SIGTERM, ``term_seconds`` to go, then SIGKILL to its whole group (a worker it left
+    there goes too); a pid that leads no group gets the signals itself."""
     stop_release_processes(state_dir)
-    pids = set()
+    pids = set(also)
     pidfile = state_dir / "server.pid"
     if pidfile.exists():
         with contextlib.suppress(ValueError):
@@ -206,11 +210,14 @@ def kill_port_owner(port: int, state_dir: Path) -> None:
     listening = listening_pid(port)
     if listening:
         pids.add(listening)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, grace in ((signal.SIGTERM, term_seconds), (signal.SIGKILL, 10.0)):
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.killpg(pid, sig)
-        deadline = time.time() + 10
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        deadline = time.time() + grace
         while time.time() < deadline and any(alive(pid) for pid in pids):
             time.sleep(0.05)
 
