@@ -62,12 +62,9 @@ def clear_stale_faketime() -> None:
     """Remove what ``faketime`` wrappers that were killed (a test's ``kill -9``) left in
     ``/dev/shm``: its semaphore and memory are named by the wrapper's pid, and a new wrapper
     that is given the same pid (they wrap at 32768 on a busy machine) fails at once with
-    "sem_open: File exists". A live wrapper's are never touched."""
-    for sem in SHM.glob("sem.faketime_sem_*"):
-        pid = sem.name.rsplit("_", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            for stale in (sem, SHM / f"faketime_shm_{pid}"):
-                stale.unlink(missing_ok=True)
+    "sem_open: File exists". A live wrapper's are never touched. One shell snippet, which
+    the host's wrapper also runs before each helper (``host_wrapper``)."""
+    subprocess.run(["sh", "-c", CLEAR_STALE_FAKETIME_SH], check=True)
 
 
 def faketime_works() -> None:
@@ -84,21 +81,18 @@ def faketime_works() -> None:
 
 
 def test_a_killed_faketime_wrappers_leftovers_are_cleared_and_a_live_ones_kept(tmp_path: Path) -> None:
-    """Both ways the suite clears them: before a controller's ``faketime`` and in the host's wrapper."""
-    for clear in (clear_stale_faketime,
-                  lambda: subprocess.run(["sh", "-c", CLEAR_STALE_FAKETIME_SH], check=True)):
-        dead = subprocess.Popen(["true"])
-        dead.wait()  # a pid no process has now (reaped)
-        made = [SHM / f"sem.faketime_sem_{dead.pid}", SHM / f"faketime_shm_{dead.pid}",
-                SHM / f"sem.faketime_sem_{os.getpid()}", SHM / f"faketime_shm_{os.getpid()}"]
-        try:
-            for path in made:
-                path.write_bytes(b"\0" * 8)
-            clear()
-            assert [p.exists() for p in made] == [False, False, True, True]
-        finally:
-            for path in made:
-                path.unlink(missing_ok=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid no process has now (reaped)
+    made = [SHM / f"sem.faketime_sem_{dead.pid}", SHM / f"faketime_shm_{dead.pid}",
+            SHM / f"sem.faketime_sem_{os.getpid()}", SHM / f"faketime_shm_{os.getpid()}"]
+    try:
+        for path in made:
+            path.write_bytes(b"\0" * 8)
+        clear_stale_faketime()
+        assert [p.exists() for p in made] == [False, False, True, True]
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
 
 
 @dataclass
