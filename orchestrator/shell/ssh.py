@@ -536,10 +536,9 @@ class SSHTransport:
                 f"from {self.known_hosts})"
             ) from exc
         except Exception as exc:  # every way a connection fails: one line, no traceback
+            reason = self._describe(exc, conn)  # before the close: it reads the transport
             self._close_quietly()
-            raise UnreachableError(
-                f"cannot reach {label}: {prefix}{self._describe(exc, conn)}"
-            ) from exc
+            raise UnreachableError(f"cannot reach {label}: {prefix}{reason}") from exc
         if self.keepalive > 0 and conn.transport is not None:
             conn.transport.set_keepalive(self.keepalive)
 
@@ -580,6 +579,11 @@ class SSHTransport:
             if "banner" in text:
                 return f"no SSH server answered within {self.connect_timeout:g} s ({text})"
             if text in ("No existing session", "Negotiation failed."):
+                # The start's own wait (connect_timeout) can end before the banner's (0.9 x
+                # it) has raised on a busy machine: what the transport read says which it was.
+                transport = conn.client.get_transport()
+                if transport is not None and not transport.remote_version:
+                    return f"no SSH server answered within {self.connect_timeout:g} s (no SSH banner came)"
                 return f"the SSH handshake did not finish within {self.connect_timeout:g} s"
             return f"SSH error: {text}"
         if isinstance(exc, OSError):
