@@ -77,6 +77,21 @@ def assert_interrupted(got: subprocess.CompletedProcess[str], as_json: bool) -> 
         assert json.loads(got.stdout) == INTERRUPTED_REPORT, said
 
 
+def assert_interrupted_after_its_lines(got: subprocess.CompletedProcess[str],
+                                       usual: subprocess.CompletedProcess[str], as_json: bool) -> None:
+    """The row's answer to a signal that may come after the command printed some of its own
+    lines (``--list-hosts --json`` writes its table to stderr, then its report to stdout):
+    the lines before the error are the first lines of the usual run's stderr, then the one
+    error line; exit 1; with ``--json`` the interrupted report alone on stdout."""
+    said = f"exit {got.returncode}\n--- stdout:\n{got.stdout}--- stderr:\n{got.stderr}"
+    lines = got.stderr.splitlines()
+    assert got.returncode == 1, said
+    assert lines[-1] == LINE and got.stderr.endswith("\n"), said  # no traceback after it
+    assert lines[:-1] == usual.stderr.splitlines()[: len(lines) - 1], said  # nothing but its own
+    if as_json:
+        assert json.loads(got.stdout) == INTERRUPTED_REPORT, said
+
+
 def state_files(state_dir: Path) -> dict[str, str]:
     """Every file under the host's state dir, by its sha256 (a read must change none)."""
     if not state_dir.exists():
@@ -166,10 +181,7 @@ def test_ctrl_c_in_a_read_only_command_row_at_the_issue_offsets(sandbox: Sandbox
             said = f"T + {delay} {flag}: exit {got.returncode}\n{got.stdout}{got.stderr}"
             assert "Traceback" not in said and "Fatal Python error" not in said, said
             if LINE in got.stderr:
-                if flag:
-                    assert_interrupted(got, as_json=True)
-                else:  # its output may have been printed before the signal: the error is one line
-                    assert got.returncode == 1 and got.stderr.splitlines() == [LINE], said
+                assert_interrupted_after_its_lines(got, usual[flag], as_json=bool(flag))
                 continue
             assert got.returncode == usual[flag].returncode, said
             assert "interrupted" not in got.stdout + got.stderr, said
