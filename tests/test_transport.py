@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -344,6 +345,55 @@ def test_silent_server_times_out_within_connect_timeout(sshd: SshdServer) -> Non
         with pytest.raises(UnreachableError, match=r"no SSH server answered within 1 s") as err:
             t.connect()
         assert "\n" not in str(err.value)
+
+
+def test_silent_server_is_named_so_when_the_starts_own_wait_ends_first(
+    sshd: SshdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The banner's wait (0.9 x connect_timeout, on Paramiko's thread) can lose to the start's
+    own wait (connect_timeout) on a busy machine; here it is made 30 times longer so that it
+    certainly does, and the reason must still be the missing banner, not the handshake."""
+    from orchestrator.shell.ssh import SSHTransport
+
+    plain = SSHTransport._timeouts
+    monkeypatch.setattr(SSHTransport, "_timeouts",
+                        lambda self: {**plain(self), "banner_timeout": self.connect_timeout * 30})
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(5)
+        port = mute.getsockname()[1]
+        t = ssh(sshd, target=sshd.target(port=port), connect_timeout=1.0)
+        with pytest.raises(UnreachableError) as err:
+            t.connect()
+    assert str(err.value) == (f"cannot reach sandbox-ssh (root@127.0.0.1:{port}): "
+                              "no SSH server answered within 1 s (no SSH banner came)")
+
+
+def test_a_server_that_stops_after_its_banner_is_a_handshake_that_did_not_finish(sshd: SshdServer) -> None:
+    """A banner, then silence (a wedged sshd, a middlebox holding the key exchange): the
+    server answered, so the reason is the handshake, named with the same limit."""
+    with socket.socket() as wedged:
+        wedged.bind(("127.0.0.1", 0))
+        wedged.listen(5)
+        port = wedged.getsockname()[1]
+        answered = threading.Event()
+
+        def say_the_banner_only() -> None:
+            peer, _ = wedged.accept()
+            with peer:
+                peer.sendall(b"SSH-2.0-OpenSSH_9.2p1 wedged\r\n")
+                peer.recv(65536)  # the client's banner and key exchange, never answered
+                answered.wait(60)  # held open until the test has its answer (or a minute)
+
+        thread = threading.Thread(target=say_the_banner_only, daemon=True)
+        thread.start()
+        t = ssh(sshd, target=sshd.target(port=port), connect_timeout=1.0)
+        with pytest.raises(UnreachableError) as err:
+            t.connect()
+        answered.set()
+        thread.join(60)
+    assert str(err.value) == (f"cannot reach sandbox-ssh (root@127.0.0.1:{port}): "
+                              "the SSH handshake did not finish within 1 s")
 
 
 def test_unauthorized_key_is_unreachable_with_reason(sshd: SshdServer, tmp_path: Path) -> None:
