@@ -560,6 +560,15 @@ class _Answers:
                     self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nopen")
                     self.wfile.flush()
                     time.sleep(3)
+                elif self.path == "/trickle":  # an answer that never stops coming, a byte at a time
+                    try:
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                        for _ in range(500):
+                            self.wfile.write(b".")
+                            self.wfile.flush()
+                            time.sleep(0.01)
+                    except OSError:  # the client gave up: that is the point
+                        pass
                 else:
                     self._send(404, b"no such page")
 
@@ -599,6 +608,57 @@ def test_the_helper_s_plain_http_answers_what_urllib_answers(monkeypatch: pytest
         assert refused[0] is None and "refused" in refused[1]
     finally:
         answers.server.shutdown()
+
+
+class _Threads:
+    """``threading`` for the health module that counts the threads it is asked to start."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def Thread(self, *args: object, **kwargs: object) -> threading.Thread:  # noqa: N802 - threading's name
+        self.started += 1
+        return threading.Thread(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_health_request_to_an_address_is_bounded_without_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread per request was most of a health poll's CPU on the host. To an address the
+    plain client's waits are cut at the deadline instead; a name (whose lookup no timeout
+    bounds) and what only urllib reads (a redirect) still get their thread."""
+    from orchestrator.host import health
+
+    threads = _Threads()
+    monkeypatch.setattr(health, "threading", threads)
+    answers = _Answers()
+    try:
+        assert health.bounded_fetch(answers.base + "/ok", "GET", None, {}, 5.0) == (200, '{"status": "ok"}')
+        assert health.bounded_fetch(answers.base + "/missing", "GET", None, {}, 5.0) == (404, "no such page")
+        refused = health.bounded_fetch("http://127.0.0.1:9/health", "GET", None, {}, 5.0)
+        assert refused[0] is None and "refused" in refused[1]
+        assert threads.started == 0
+        # an answer that keeps coming, too slowly: cut at the deadline, in the bounded function's words
+        assert health.bounded_fetch(answers.base + "/trickle", "GET", None, {}, 0.5) == (
+            None, "no complete answer within 0.5 s")
+        assert threads.started == 0
+        assert health.bounded_fetch(answers.base + "/redirect", "GET", None, {}, 5.0) == (200, '{"status": "ok"}')
+        assert threads.started == 1  # urllib follows the redirect, on its thread
+        named = answers.base.replace("127.0.0.1", "localhost")
+        assert health.bounded_fetch(named + "/ok", "GET", None, {}, 5.0) == (200, '{"status": "ok"}')
+        assert threads.started == 2
+        assert health.bounded_fetch(named + "/trickle", "GET", None, {}, 0.5) == (
+            None, "no complete answer within 0.5 s")
+    finally:
+        answers.server.shutdown()
+
+
+def test_only_an_ipv4_address_is_taken_for_one() -> None:
+    from orchestrator.host.health import to_an_address
+
+    assert to_an_address("http://127.0.0.1:30000/health") and to_an_address("http://192.0.2.7/x")
+    assert to_an_address("http://u@127.0.0.1:1/")  # the user part is urllib's to send; no lookup either way
+    for url in ("http://localhost:30000/health", "https://127.0.0.1/health", "http://[::1]:1/",
+                "http://127.1:80/", "http://gpu01.example:80/", "http:///nohost"):
+        assert not to_an_address(url), url
 
 
 def test_a_file_planted_at_the_staged_name_is_refused_not_followed(tmp_path: Path) -> None:
