@@ -94,3 +94,32 @@ def test_only_the_lines_that_end_a_release_wait_for_the_disk(tmp_path: Path, mon
     eventlog.append(str(tmp_path), {"event": "verdict", "verdict": "restored"})
     assert len(synced) == 2
     assert [w["event"] for w in eventlog.lines(str(tmp_path))] == ["step", "progress", "restoring", "verdict"]
+
+
+@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
+def test_a_reader_gives_each_line_once_as_lines_gives_it_and_waits_for_a_line_cut_short(
+        tmp_path: Path, reserved: bool) -> None:
+    """What a follower polls: the log kept open, read on from the end of the last whole line."""
+    release = str(tmp_path)
+    reader = eventlog.Reader(release)
+    try:
+        assert reader.new_lines() == []  # no log yet
+        if reserved:
+            eventlog.reserve(release)
+        filler = "x" * 1000
+        got: list[dict[str, object]] = []
+        for n in range(3 * eventlog.PIECE_BYTES // 1000 + 7):  # across several pieces' edges
+            eventlog.append(release, {"event": "step", "n": n, "pad": filler})
+            if n % 5 == 0:
+                got += reader.new_lines()
+        got += reader.new_lines()
+        assert got == eventlog.lines(release) and reader.new_lines() == []
+        with open(log_of(tmp_path), "r+b") as f:  # a line half written when the poll comes
+            f.seek(len(written_part(tmp_path)))
+            f.write(b'{"event": "verd')
+            f.flush()
+            assert reader.new_lines() == []
+            f.write(b'ict"}\nnot json\n')
+        assert reader.new_lines() == [{"event": "verdict"}, {"event": "unreadable"}]
+    finally:
+        reader.close()

@@ -262,3 +262,34 @@ def test_reconnects_refused_exit_3_then_status_follow_gives_the_verdict(link: Li
     assert follower.returncode == 0, out + err
     assert json.loads(out)["hosts"]["gpu"]["outcome"] == "changed"
     assert outcome(release) == "deployed"
+
+
+def test_a_followers_watch_on_the_runner_names_that_one_process(tmp_path: Path) -> None:
+    """``RunnerWatch`` keeps the runner's ``/proc/<pid>/stat`` open: alive while the process
+    runs, not once it has ended (a zombie, then reaped), and never a process whose start
+    time is not the one ``runner.json`` records (a reused pid)."""
+    from orchestrator.host.files import write_json
+    from orchestrator.host.processes import proc_starttime
+    from orchestrator.host.runner import RUNNER_FILE, RunnerWatch
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    watch = RunnerWatch(str(tmp_path))
+    try:
+        assert not watch.alive()  # no runner.json yet: asked the old way, and it names no one
+        write_json(str(tmp_path / RUNNER_FILE), {"pid": child.pid, "starttime": proc_starttime(child.pid)})
+        assert watch.alive() and watch.fd is not None
+        child.stdin.close()  # type: ignore[union-attr]
+        wait_until(lambda: not watch.alive(), "the watch to see the ended child (a zombie until reaped)")
+        child.wait(30)
+        assert not watch.alive()  # reaped: the open file reads no process
+    finally:
+        watch.close()
+        child.kill()
+        child.wait(30)
+    me = os.getpid()
+    write_json(str(tmp_path / RUNNER_FILE), {"pid": me, "starttime": (proc_starttime(me) or 0) + 1})
+    other = RunnerWatch(str(tmp_path))
+    try:
+        assert not other.alive() and other.fd is None  # a live pid, but not the process recorded
+    finally:
+        other.close()

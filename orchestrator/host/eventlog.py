@@ -36,13 +36,13 @@ PIECE_BYTES = 16 * 1024
 DURABLE = ("verdict", "restoring")  # the lines that say how a release ends: on disk before ``append`` returns
 
 
-def written(fd):
-    """The part of the log that holds lines (before the reserved NULs), read a piece at a
-    time: a log is a few KB at the start of its 512 KB reserve, and it is read at every
-    append and every poll of a follower (reading the whole reserve each time cost the
-    runner and the helper following it more CPU than the rest of a deploy's logging)."""
+def written(fd, offset=0):
+    """The part of the log that holds lines (before the reserved NULs), from byte
+    ``offset`` on, read a piece at a time: a log is a few KB at the start of its 512 KB
+    reserve, and it is read at every append and every poll of a follower (reading the
+    whole reserve each time cost the runner and the helper following it more CPU than
+    the rest of a deploy's logging)."""
     pieces = []
-    offset = 0
     while True:
         piece = os.pread(fd, PIECE_BYTES, offset)
         end = piece.find(b"\0")
@@ -100,11 +100,45 @@ def lines(release_dir, start=0):
         return []
     finally:
         os.close(fd)
-    out = []
-    for raw in data.split(b"\n")[:-1][start:]:
+    return [parsed(raw) for raw in data.split(b"\n")[:-1][start:]]
+
+
+def parsed(raw):
+    """One line of the log as a dict; a line that is not JSON is ``{"event": "unreadable"}``."""
+    try:
+        wire = json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        wire = None
+    return wire if isinstance(wire, dict) else {"event": "unreadable"}
+
+
+class Reader:
+    """The log as a follower reads it, every 0.1 s for as long as a release runs (a
+    model's load can take many minutes): the file kept open and read on from the end of
+    the last whole line, so that a poll that finds nothing new is one ``pread``, not an
+    open, a read of the whole log and a split of every line already seen."""
+
+    def __init__(self, release_dir):
+        self.path = os.path.join(release_dir, EVENTS_FILE)
+        self.fd = None
+        self.offset = 0  # where the first line not yet returned begins
+
+    def new_lines(self):
+        """The whole lines written since the last call, as dicts (as ``lines`` gives them)."""
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return []
         try:
-            wire = json.loads(raw.decode("utf-8", "replace"))
-        except ValueError:
-            wire = None
-        out.append(wire if isinstance(wire, dict) else {"event": "unreadable"})
-    return out
+            data = written(self.fd, self.offset)
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self.offset += end
+        return [parsed(raw) for raw in data[:end].split(b"\n")[:-1]]
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -131,30 +131,38 @@ def op_release_follow(s, release_dir, after=0, abort_on_cancel=True):
     release_dir = expand(release_dir)
     if not os.path.exists(os.path.join(release_dir, RUNNER_FILE)) and verdict_of(release_dir) is None:
         raise AgentError("norunner", "release %s has no runner" % os.path.basename(release_dir))
-    seen = int(after or 0)
+    seen = 0
+    skip = int(after or 0)  # lines the follower has had already
     aborted = False
-    while True:
-        for wire in eventlog.lines(release_dir, seen):
-            seen += 1
-            if wire.get("event") == VERDICT:
-                return {"verdict": wire, "lines": seen}
-            kind = wire.pop("event", "unreadable")
-            wire["line"] = seen  # where a follower that lost its link goes on (``after``)
-            s.event(kind, **wire)
-        if s.cancel_requested and not abort_on_cancel:
-            raise AgentError("cancelled", "stopped following (the runner goes on)")
-        if s.cancel_requested and not aborted:
-            s.cancel_requested = False
-            aborted = abort_runner(release_dir)
-            s.event("progress", msg="aborting: the runner stops its step and restores the release")
-        if s.eof or s.silent():
-            raise AgentError("cancelled", "the controller went away (the runner goes on)")
-        if not runner_alive(release_dir) and verdict_of(release_dir) is None:
-            time.sleep(GUARD_POLL_SECONDS * 3)  # the guard writes the verdict of a runner that died
-            if verdict_of(release_dir) is None and not guard_alive(release_dir):
-                raise AgentError("unfinished", "release %s has no runner and no guard, and no verdict"
-                                 % os.path.basename(release_dir))
-        time.sleep(FOLLOW_POLL_SECONDS)
+    log, runner = eventlog.Reader(release_dir), RunnerWatch(release_dir)
+    try:
+        while True:
+            for wire in log.new_lines():
+                seen += 1
+                if seen <= skip:
+                    continue
+                if wire.get("event") == VERDICT:
+                    return {"verdict": wire, "lines": seen}
+                kind = wire.pop("event", "unreadable")
+                wire["line"] = seen  # where a follower that lost its link goes on (``after``)
+                s.event(kind, **wire)
+            if s.cancel_requested and not abort_on_cancel:
+                raise AgentError("cancelled", "stopped following (the runner goes on)")
+            if s.cancel_requested and not aborted:
+                s.cancel_requested = False
+                aborted = abort_runner(release_dir)
+                s.event("progress", msg="aborting: the runner stops its step and restores the release")
+            if s.eof or s.silent():
+                raise AgentError("cancelled", "the controller went away (the runner goes on)")
+            if not runner.alive() and verdict_of(release_dir) is None:
+                time.sleep(GUARD_POLL_SECONDS * 3)  # the guard writes the verdict of a runner that died
+                if verdict_of(release_dir) is None and not guard_alive(release_dir):
+                    raise AgentError("unfinished", "release %s has no runner and no guard, and no verdict"
+                                     % os.path.basename(release_dir))
+            time.sleep(FOLLOW_POLL_SECONDS)
+    finally:
+        log.close()
+        runner.close()
 
 
 def op_release_abort(s, release_dir):
@@ -175,6 +183,60 @@ def abort_runner(release_dir):
 
 def runner_alive(release_dir):
     return live(release_dir, "pid", "starttime") is not None
+
+
+class RunnerWatch:
+    """Whether the runner lives, as a follower asks at every poll (ten times a second, for
+    as long as the release runs): its ``/proc/<pid>/stat`` opened once, when its start time
+    there is the one ``runner.json`` records, then read again at each poll. The open file
+    stays the file of that one process: once the process has ended a read fails (ESRCH),
+    even when its pid has been given to another. Until it can be opened (``runner.json``
+    not written yet) each poll asks ``runner_alive`` as before."""
+
+    def __init__(self, release_dir):
+        self.release_dir = release_dir
+        self.fd = None
+
+    def alive(self):
+        if self.fd is None:
+            self.fd = self._open()
+            if self.fd is None:
+                return runner_alive(self.release_dir)
+        try:
+            return not exited(os.pread(self.fd, 1024, 0))
+        except OSError:
+            return False
+
+    def _open(self):
+        runner = read_record(os.path.join(self.release_dir, RUNNER_FILE)) or {}
+        pid, starttime = runner.get("pid"), runner.get("starttime")
+        if not isinstance(pid, int) or not isinstance(starttime, int) or pid <= 0:
+            return None
+        try:
+            fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fields = os.pread(fd, 1024, 0).rsplit(b")", 1)[1].split()
+            if int(fields[19]) == starttime:
+                return fd  # that process, whatever its state: ``alive`` reads it
+        except (OSError, IndexError, ValueError):
+            pass
+        os.close(fd)
+        return None
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def exited(stat):
+    """Whether a ``/proc/<pid>/stat`` line is a process that has ended (a zombie)."""
+    try:
+        return stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except IndexError:
+        return True
 
 
 def guard_alive(release_dir):
