@@ -277,7 +277,7 @@ def test_a_followers_watch_on_the_runner_names_that_one_process(tmp_path: Path) 
     try:
         assert not watch.alive()  # no runner.json yet: asked the old way, and it names no one
         write_json(str(tmp_path / RUNNER_FILE), {"pid": child.pid, "starttime": proc_starttime(child.pid)})
-        assert watch.alive() and watch.fd is not None
+        assert watch.alive() and watch.watch.fd is not None
         child.stdin.close()  # type: ignore[union-attr]
         wait_until(lambda: not watch.alive(), "the watch to see the ended child (a zombie until reaped)")
         child.wait(30)
@@ -290,6 +290,6 @@ def test_a_followers_watch_on_the_runner_names_that_one_process(tmp_path: Path) 
     write_json(str(tmp_path / RUNNER_FILE), {"pid": me, "starttime": (proc_starttime(me) or 0) + 1})
     other = RunnerWatch(str(tmp_path))
     try:
-        assert not other.alive() and other.fd is None  # a live pid, but not the process recorded
+        assert not other.alive() and other.watch.fd is None  # a live pid, but not the process recorded
     finally:
         other.close()

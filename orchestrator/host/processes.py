@@ -13,12 +13,26 @@ from .sockets import listening_inodes
 from .wire import AgentError, expand
 
 
+def stat_fields(stat):
+    """The fields of a ``/proc/<pid>/stat`` line after the command's name (which may hold
+    spaces and parentheses): the state is ``[0]``, the start time ``[19]``."""
+    return stat.rsplit(b")", 1)[1].split()
+
+
+def ended(stat):
+    """Whether a ``/proc/<pid>/stat`` line is a process that has ended (a zombie)."""
+    try:
+        return stat_fields(stat)[0] in (b"Z", b"X")
+    except IndexError:
+        return True
+
+
 def proc_starttime(pid):
     """When the process started, in clock ticks since boot: with the pid it
     names one process, even after the pid has been reused."""
     try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(stat_fields(f.read())[19])
     except (OSError, IndexError, ValueError, TypeError):
         return None
 
@@ -53,9 +67,9 @@ def pid_alive(pid):
     except PermissionError:
         return True
     try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state in ("Z", "X"):
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            state = stat_fields(f.read())[0]
+        if state in (b"Z", b"X"):
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
@@ -64,6 +78,50 @@ def pid_alive(pid):
     except (OSError, IndexError):
         pass
     return True
+
+
+class ProcessWatch:
+    """Whether one recorded process (pid and start time) lives, asked often: its
+    ``/proc/<pid>/stat`` opened once, when the start time there is the recorded one,
+    then read again at each call. The open file stays the file of that one process:
+    once it has ended a read fails (ESRCH), even when its pid has been given to another.
+    ``alive`` is None while it cannot be opened (the caller asks another way)."""
+
+    def __init__(self):
+        self.fd = None
+
+    def alive(self, pid, starttime):
+        """True or False; None while the process cannot be opened. ``pid`` and
+        ``starttime`` are read only until it is (once open, the file names it)."""
+        if self.fd is None:
+            self.fd = self._open(pid, starttime)
+            if self.fd is None:
+                return None
+        try:
+            return not ended(os.pread(self.fd, 1024, 0))
+        except OSError:
+            return False
+
+    @staticmethod
+    def _open(pid, starttime):
+        if not isinstance(pid, int) or not isinstance(starttime, int) or pid <= 0:
+            return None
+        try:
+            fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            if int(stat_fields(os.pread(fd, 1024, 0))[19]) == starttime:
+                return fd  # that process, whatever its state: ``alive`` reads it
+        except (OSError, IndexError, ValueError):
+            pass
+        os.close(fd)
+        return None
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def run_argv(argv, cwd=None, env=None, timeout=600.0, stdin=None, limit=64 * 1024):

@@ -40,7 +40,7 @@ import time
 from . import eventlog
 from .executor import op_release_steps, program_of
 from .files import read_json, read_record, write_json
-from .processes import proc_starttime, same_process
+from .processes import ProcessWatch, proc_starttime, same_process
 from .protocol_verdict import AnswersEvent, RestoringEvent, StepFailure, VerdictEvent
 from .session import Session
 from .state import release_own_lock
@@ -187,56 +187,22 @@ def runner_alive(release_dir):
 
 class RunnerWatch:
     """Whether the runner lives, as a follower asks at every poll (ten times a second, for
-    as long as the release runs): its ``/proc/<pid>/stat`` opened once, when its start time
-    there is the one ``runner.json`` records, then read again at each poll. The open file
-    stays the file of that one process: once the process has ended a read fails (ESRCH),
-    even when its pid has been given to another. Until it can be opened (``runner.json``
-    not written yet) each poll asks ``runner_alive`` as before."""
+    as long as the release runs): ``processes.ProcessWatch`` on the process ``runner.json``
+    records, so a poll reads one open file. Until that can be opened (``runner.json`` not
+    written yet) each poll asks ``runner_alive`` as before."""
 
     def __init__(self, release_dir):
         self.release_dir = release_dir
-        self.fd = None
+        self.watch = ProcessWatch()
 
     def alive(self):
-        if self.fd is None:
-            self.fd = self._open()
-            if self.fd is None:
-                return runner_alive(self.release_dir)
-        try:
-            return not exited(os.pread(self.fd, 1024, 0))
-        except OSError:
-            return False
-
-    def _open(self):
-        runner = read_record(os.path.join(self.release_dir, RUNNER_FILE)) or {}
-        pid, starttime = runner.get("pid"), runner.get("starttime")
-        if not isinstance(pid, int) or not isinstance(starttime, int) or pid <= 0:
-            return None
-        try:
-            fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            fields = os.pread(fd, 1024, 0).rsplit(b")", 1)[1].split()
-            if int(fields[19]) == starttime:
-                return fd  # that process, whatever its state: ``alive`` reads it
-        except (OSError, IndexError, ValueError):
-            pass
-        os.close(fd)
-        return None
+        opened = self.watch.fd is not None  # then runner.json is not read again
+        runner = {} if opened else read_record(os.path.join(self.release_dir, RUNNER_FILE)) or {}
+        alive = self.watch.alive(runner.get("pid"), runner.get("starttime"))
+        return runner_alive(self.release_dir) if alive is None else alive
 
     def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def exited(stat):
-    """Whether a ``/proc/<pid>/stat`` line is a process that has ended (a zombie)."""
-    try:
-        return stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except IndexError:
-        return True
+        self.watch.close()
 
 
 def guard_alive(release_dir):
