@@ -90,17 +90,11 @@ def line_bytes(wire, mask=()):
 def lines(release_dir, start=0):
     """The log's whole lines from line ``start`` on, as dicts (a line cut short by a crash
     is not one; a line that is not JSON is ``{"event": "unreadable"}``)."""
+    reader = Reader(release_dir)
     try:
-        fd = os.open(os.path.join(release_dir, EVENTS_FILE), os.O_RDONLY)
-    except OSError:
-        return []
-    try:
-        data = written(fd)
-    except OSError:
-        return []
+        return reader.new_lines()[start:]
     finally:
-        os.close(fd)
-    return [parsed(raw) for raw in data.split(b"\n")[:-1][start:]]
+        reader.close()
 
 
 def parsed(raw):
