@@ -99,7 +99,7 @@ def fetch_plain(url, method, body, headers, timeout, deadline=None):
     raw = bytearray()
     head = None
     length = -1  # no Content-Length: the answer ends where the server closes
-    late = (None, "no complete answer within %.1f s" % timeout)
+    late = no_complete_answer(timeout)
     try:
         with socket.create_connection((host, port), timeout=time_left(timeout, deadline)) as sock:
             sock.settimeout(time_left(timeout, deadline))
@@ -136,6 +136,11 @@ def fetch_plain(url, method, body, headers, timeout, deadline=None):
     return code, rest[:BODY_LIMIT].decode("utf-8", "replace")
 
 
+def no_complete_answer(timeout):
+    """What a request not answered whole within ``timeout`` seconds says."""
+    return None, "no complete answer within %.1f s" % timeout
+
+
 def time_left(timeout, deadline):
     """A socket timeout: ``timeout``, or what is left before ``deadline`` if that is
     less (a moment at least: a timeout of 0 would make the socket non-blocking)."""
@@ -157,12 +162,11 @@ def bounded_fetch(url, method, body, headers, timeout):
     here), and a deploy polls dozens of times.
     """
     deadline = time.monotonic() + max(0.0, timeout)
-    late = (None, "no complete answer within %.1f s" % timeout)
     by_address = to_an_address(url)
     if by_address:
-        got = fetch_plain(url, method, body, headers, max(0.1, timeout), deadline)
+        got = fetch_plain(url, method, body, headers, timeout, deadline)  # says it in these words when late
         if got is not None:
-            return late if got[0] is None and time.monotonic() >= deadline else got
+            return got
     box = {}
 
     def run():
@@ -174,7 +178,7 @@ def bounded_fetch(url, method, body, headers, timeout):
     worker.start()
     worker.join(max(0.0, deadline - time.monotonic()))
     if "got" not in box:
-        return late
+        return no_complete_answer(timeout)
     return box["got"]
 
 
