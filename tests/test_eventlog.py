@@ -3,6 +3,8 @@ its reserve, read back a piece at a time however long the log grows."""
 
 from __future__ import annotations
 
+import os
+import select
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,56 @@ def test_a_reader_gives_each_line_once_as_lines_gives_it_and_waits_for_a_line_cu
         assert reader.new_lines() == [{"event": "verdict"}, {"event": "unreadable"}]
     finally:
         reader.close()
+
+
+def readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_a_line_appended_rings_every_followers_doorbell_and_a_closed_one_leaves_nothing(
+        tmp_path: Path) -> None:
+    """A follower waits on its doorbell instead of reading the log ten times a second: every
+    append rings it (before ``append`` returns), and a follower that ends takes its FIFO away."""
+    eventlog.reserve(str(tmp_path))
+    bells = [eventlog.Doorbell(str(tmp_path)) for _ in range(2)]
+    for bell in bells:
+        assert bell.fd is not None and not readable(bell.fd)
+    eventlog.append(str(tmp_path), {"event": "step", "n": 1})
+    for bell in bells:
+        assert readable(bell.fd)
+        bell.drain()
+        assert not readable(bell.fd)  # heard once; the log is read next
+    bells[0].close()
+    eventlog.append(str(tmp_path), {"event": "step", "n": 2})
+    assert readable(bells[1].fd)
+    bells[1].close()
+    assert list((tmp_path / eventlog.DOORBELLS).iterdir()) == []
+
+
+def test_a_doorbell_without_a_follower_and_what_is_not_a_doorbell_are_passed_over(tmp_path: Path) -> None:
+    """A FIFO left by a follower that was killed has no reader: the append neither blocks nor
+    fails. A file or a link in the doorbells' folder is never written through."""
+    eventlog.reserve(str(tmp_path))
+    folder = tmp_path / eventlog.DOORBELLS
+    folder.mkdir()
+    os.mkfifo(folder / "orphan")
+    (folder / "plain").write_bytes(b"keep")
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"keep")
+    (folder / "link").symlink_to(target)
+    live = eventlog.Doorbell(str(tmp_path))
+    eventlog.append(str(tmp_path), {"event": "step"})
+    assert readable(live.fd)
+    assert (folder / "plain").read_bytes() == b"keep" and target.read_bytes() == b"keep"
+    assert [w["event"] for w in eventlog.lines(str(tmp_path))] == ["step"]
+    live.close()
+
+
+def test_no_doorbell_where_no_fifo_can_be_made_and_the_follower_polls(tmp_path: Path) -> None:
+    gone = tmp_path / "no-such-release"
+    bell = eventlog.Doorbell(str(gone))
+    assert bell.fd is None and bell.path is None
+    bell.drain()
+    bell.close()
+    eventlog.append(str(tmp_path), {"event": "step"})  # no doorbells' folder: nothing to ring
+    assert [w["event"] for w in eventlog.lines(str(tmp_path))] == ["step"]

@@ -140,6 +140,8 @@ def test_status_follow_from_a_second_controller_gives_the_verdict_and_no_secret(
     holding = sorted(str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()
                      and any(s.encode() in p.read_bytes() for s in SECRETS))
     assert holding == ["files/0.after", "program.json", "restore.json"], holding
+    # both followers (the killed controller's helper, then this one) took their doorbells away
+    wait_until(lambda: not any((release / eventlog.DOORBELLS).iterdir()), what="no follower's doorbell left")
     # reported: a second follow has nothing to follow
     again = box.orch("status", "--follow", "--host", "gpu")
     assert again.returncode == 0, again.stdout + again.stderr

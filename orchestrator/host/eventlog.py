@@ -14,6 +14,7 @@ Standard library only, Python 3.8 syntax: this module is shipped to the host.
 import fcntl
 import json
 import os
+import stat
 
 EVENTS_FILE = "events.jsonl"
 RESERVE_BYTES = 512 * 1024
@@ -77,6 +78,7 @@ def append(release_dir, wire, mask=()):
             os.fsync(fd)
     finally:
         os.close(fd)
+    ring(release_dir)
 
 
 def line_bytes(wire, mask=()):
@@ -136,3 +138,74 @@ class Reader:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+# ---------------------------------------------------------------- the followers' doorbells
+
+DOORBELLS = "followers"  # in the release dir: one FIFO per follower, rung at every line
+
+
+class Doorbell:
+    """A follower's FIFO in the release dir, readable when a line was appended: a follower
+    waits on it (``select``) instead of reading the log ten times a second for as long as a
+    release runs. ``fd`` is None where no FIFO can be made (a full disk, a file system
+    without them): that follower polls as before."""
+
+    def __init__(self, release_dir):
+        self.path = None
+        self.fd = None
+        folder = os.path.join(release_dir, DOORBELLS)
+        try:
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                pass
+            path = os.path.join(folder, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
+            os.mkfifo(path, 0o600)
+            self.path = path
+            # read and write: no writer is ever missing, so the FIFO is never at its end
+            self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            self.close()
+
+    def drain(self):
+        """Forget the rings heard so far (the log is read next)."""
+        try:
+            while self.fd is not None and os.read(self.fd, 512):
+                pass
+        except OSError:
+            pass
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.path = None
+
+
+def ring(release_dir):
+    """Wake every follower of this release: a byte into each doorbell that has a reader.
+    One left by a follower that was killed has none (ENXIO) and is passed over; anything
+    there that is not a FIFO is never written."""
+    folder = os.path.join(release_dir, DOORBELLS)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, b"!")
+        except OSError:
+            pass  # full: that follower has a ring waiting already
+        finally:
+            os.close(fd)

@@ -261,10 +261,14 @@ def watch_process(s, pid, log, polls, phase):
 
 
 def sleep_watching(s, seconds):
+    """Sleep ``seconds``, or less: a cancel (an abort, in the runner) ends it at once."""
     wake = time.monotonic() + seconds
-    while time.monotonic() < wake:
+    while True:
         s.check_cancel()
-        time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
+        left = wake - time.monotonic()
+        if left <= 0:
+            return
+        s.pause(left)
 
 
 def op_health_wait(s, base_url, checks, timeout, interval, pid=None, log=None, stable_for=0.0):

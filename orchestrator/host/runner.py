@@ -48,8 +48,9 @@ from .wire import AgentError, expand
 
 RUNNER_FILE = "runner.json"  # the runner's and the guard's pids and start times, for status and the follower
 VERDICT = VerdictEvent.KIND  # the event that ends a release's log
-FOLLOW_POLL_SECONDS = 0.1
-GUARD_POLL_SECONDS = 0.2
+FOLLOW_POLL_SECONDS = 0.1  # without a doorbell (``eventlog.Doorbell``)
+FOLLOW_IDLE_SECONDS = 1.0  # with one: how often a follower looks whether the runner still lives
+GUARD_GRACE_SECONDS = 0.6  # how long a follower gives the guard to write the verdict of a runner that died
 RUNNER_START_SECONDS = 30.0  # the commit's batch waits this long for the runner to hold the lock
 
 
@@ -134,6 +135,8 @@ def op_release_follow(s, release_dir, after=0, abort_on_cancel=True):
     seen = 0
     skip = int(after or 0)  # lines the follower has had already
     aborted = False
+    # the doorbell before the first read: a line appended after that read rings it
+    bell = eventlog.Doorbell(release_dir)
     log, runner = eventlog.Reader(release_dir), RunnerWatch(release_dir)
     try:
         while True:
@@ -155,12 +158,16 @@ def op_release_follow(s, release_dir, after=0, abort_on_cancel=True):
             if s.eof or s.silent():
                 raise AgentError("cancelled", "the controller went away (the runner goes on)")
             if not runner.alive() and verdict_of(release_dir) is None:
-                time.sleep(GUARD_POLL_SECONDS * 3)  # the guard writes the verdict of a runner that died
+                time.sleep(GUARD_GRACE_SECONDS)
                 if verdict_of(release_dir) is None and not guard_alive(release_dir):
                     raise AgentError("unfinished", "release %s has no runner and no guard, and no verdict"
                                      % os.path.basename(release_dir))
-            time.sleep(FOLLOW_POLL_SECONDS)
+            if bell.fd is None:
+                time.sleep(FOLLOW_POLL_SECONDS)
+            elif s.pause(FOLLOW_IDLE_SECONDS, [bell.fd]):
+                bell.drain()
     finally:
+        bell.close()
         log.close()
         runner.close()
 
@@ -229,12 +236,17 @@ def guard_main(release_dir, fire_at, go_fd):
     word = read_go(go_fd, fire_at, release_dir)
     if word != b"run":
         return watchdog_main(release_dir, fire_at)
+    ended = runner_end_pipe()  # before the fork: a runner that dies at once still wakes the guard
     pid = os.fork()
     if pid == 0:
         from .backstop import exit_child
         from .main import name_process
 
         def runner():
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(ended[0])
+            os.close(ended[1])
             os.setpgid(0, 0)  # its own group: what it runs dies with it (``guard_wait``)
             name_process("orch-runner")
             return runner_main(release_dir)
@@ -243,7 +255,19 @@ def guard_main(release_dir, fire_at, go_fd):
     write_json(os.path.join(release_dir, RUNNER_FILE),
                {"pid": pid, "starttime": proc_starttime(pid), "guard": os.getpid(),
                 "guard_starttime": proc_starttime(os.getpid()), "started": time.time()})
-    return guard_wait(release_dir, pid, fire_at)
+    return guard_wait(release_dir, pid, fire_at, ended[0])
+
+
+def runner_end_pipe():
+    """A pipe that a byte enters when a child of this process ends (SIGCHLD, through
+    ``signal.set_wakeup_fd``): the guard sleeps on it until its runner ends or the
+    deadline comes, instead of asking five times a second for a model's whole load."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.signal(signal.SIGCHLD, lambda *a: None)  # handled, so that the wakeup fd hears it
+    signal.set_wakeup_fd(w)
+    return r, w
 
 
 def read_go(fd, fire_at, release_dir):
@@ -271,8 +295,9 @@ def read_go(fd, fire_at, release_dir):
     return data.strip()
 
 
-def guard_wait(release_dir, pid, fire_at):
-    """Wait on the runner; restore if it ends without a verdict or outlives the backstop."""
+def guard_wait(release_dir, pid, fire_at, ended):
+    """Wait on the runner; restore if it ends without a verdict or outlives the backstop.
+    ``ended``: readable when the runner may have ended (``runner_end_pipe``)."""
     why = None
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -294,7 +319,14 @@ def guard_wait(release_dir, pid, fire_at):
                 pass
             os.waitpid(pid, 0)
             break
-        time.sleep(GUARD_POLL_SECONDS)
+        # 60 s at most: the deadline is looked at again even if a wake were lost
+        if select.select([ended], [], [], max(0.0, min(fire_at - time.monotonic(), 60.0)))[0]:
+            try:
+                os.read(ended, 512)
+            except OSError:
+                pass
+    signal.set_wakeup_fd(-1)  # the restore below starts servers of its own: their ends are not news here
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if verdict_of(release_dir) is not None:
         return 0
     print("%s guard: %s; restoring" % (time.strftime("%Y-%m-%dT%H:%M:%S"), why))
@@ -332,6 +364,7 @@ def runner_main(release_dir):
             return  # once: its own group's SIGTERM (below) comes back here
         aborted.append(True)
         s.cancel_requested = True  # the step under way stops at its next check; the runner restores
+        s.wake()
         try:
             os.killpg(os.getpgrp(), signal.SIGTERM)  # what it runs now (a hook, the pre-flight) stops too
         except OSError:

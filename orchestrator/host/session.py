@@ -8,6 +8,7 @@ module-level state, so the watchdog (a fork) simply makes its own.
 
 import json
 import os
+import select
 import threading
 import time
 
@@ -64,6 +65,10 @@ class Session(object):
         self.kept = False
         self.guards = {}  # release dir -> the pipe's write end to its guard (``runner.op_release_run``)
         self.follow_link_timeout(SILENCE_SECONDS)
+        # A byte in this pipe ends a ``pause``: a cancel, the end of the link, an abort.
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
 
     def follow_link_timeout(self, limit):
         """The controller's silence limit (``hello``'s ``link_timeout``), which this end keeps too:
@@ -92,6 +97,7 @@ class Session(object):
                 with self.cond:
                     self.eof = True
                     self.cond.notify_all()
+                self.wake()
                 return
             start = len(pending)
             pending += piece
@@ -117,6 +123,7 @@ class Session(object):
                 return
             if kind == "cancel":
                 self.cancel_requested = True
+                self.wake()
                 return
             if kind == "blob":
                 self.last_data = time.monotonic()
@@ -170,6 +177,32 @@ class Session(object):
                 self.cancel_requested = False
                 return self.requests.pop(0)
             return None
+
+    def wake(self):
+        """End the ``pause`` under way (or the next one) early: a stop was asked."""
+        try:
+            os.write(self.wake_w, b"!")
+        except OSError:
+            pass  # the pipe is full: a wake is pending already
+
+    def pause(self, seconds, fds=()):
+        """Wait up to ``seconds`` (1 s at most, so that a silent controller is noticed in
+        time) for one of ``fds`` to become readable or for a ``wake``: the descriptors
+        that did. A wait that wakes only for news costs no CPU while nothing happens
+        (sleeping in 0.1 s slices to look for a cancel cost a model's load of many
+        minutes ten wakes a second, in the runner and in the helper following it)."""
+        try:
+            ready = select.select([self.wake_r] + list(fds), [], [], max(0.0, min(seconds, 1.0)))[0]
+        except (OSError, ValueError):
+            time.sleep(max(0.0, min(seconds, 0.1)))  # a descriptor closed under us: poll as before
+            return []
+        if self.wake_r in ready:
+            try:
+                while os.read(self.wake_r, 64):
+                    pass
+            except OSError:
+                pass
+        return [fd for fd in ready if fd != self.wake_r]
 
     def stop_asked(self):
         """The running op should stop: cancelled, or the controller is gone (unless a restore runs)."""
