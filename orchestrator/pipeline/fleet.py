@@ -32,6 +32,7 @@ Generic over the result type: a deploy's ``HostReport``, a history, a status.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -282,6 +283,9 @@ class HostPool(Generic[R]):
             self.hooks.finished(target, self.results[target.name])
 
 
+_THREAD_START = threading.Thread.start.__code__
+
+
 def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
     """Make ``exc`` happen in thread ``ident`` at its next Python instruction, and there only.
 
@@ -303,7 +307,15 @@ def raise_in_thread(ident: int, exc: type[BaseException]) -> None:
         with lock:
             if not limbo and not thread_in_import_machinery(ident):
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
-                return
+                # The thread may be in ``Thread.start``, waiting for this lock to put its new
+                # thread in ``_limbo``: the exception would land right after, before that thread
+                # is started, and leave it in ``_limbo`` for ever (every later call here would wait
+                # for ever). The thread cannot pass this lock yet: if it is in there, take the
+                # exception back (None: NULL) and try again once it is out.
+                frame = sys._current_frames().get(ident)
+                if frame is None or frame.f_code is not _THREAD_START:
+                    return
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
         time.sleep(0.001)
 
 
