@@ -57,7 +57,7 @@ def op_release_arm(s, state_dir, release_dir, python=None):
     # fires_at: when it acts, in this host's wall time (for people and ``orch status``)
     write_json(os.path.join(release_dir, WATCHDOG_FILE),
                {"pid": pid, "starttime": proc_starttime(pid), "budget": budget, "armed": fires_at - budget,
-                "fires_at": fires_at, "clock": "host"})
+                "fires_at": fires_at, "clock": "host"}, durable=False)
     return {"pid": pid, "deadline": fires_at, "fires_at": fires_at, "budget": budget}
 
 

@@ -379,7 +379,7 @@ def op_server_start(s, argv, cwd=None, env=None, log=None, pidfile=None, replace
                 d = os.path.dirname(p)
                 if not os.path.isdir(d):
                     os.makedirs(d, 0o755)
-                write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644)
+                write_atomic(p, ("%d\n" % proc.pid).encode(), 0o644, durable=False)  # a live process's pid
             except OSError as e:
                 s.event("progress", msg="could not write the pidfile %s: %s" % (p, e.strerror or e))
         os.write(go, b"go\n")  # only now does the server's own program run

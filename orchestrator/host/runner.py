@@ -254,7 +254,7 @@ def guard_main(release_dir, fire_at, go_fd):
         exit_child("runner", runner)
     write_json(os.path.join(release_dir, RUNNER_FILE),
                {"pid": pid, "starttime": proc_starttime(pid), "guard": os.getpid(),
-                "guard_starttime": proc_starttime(os.getpid()), "started": time.time()})
+                "guard_starttime": proc_starttime(os.getpid()), "started": time.time()}, durable=False)
     return guard_wait(release_dir, pid, fire_at, ended[0])
 
 

@@ -1,18 +1,22 @@
-"""The host's long waits wake for news, not on a clock (issue 18's hosts' CPU): a helper's
-pause ends at a cancel or at the end of its link, a follower's at a line in the release's
-log (``eventlog.Doorbell``), the guard's when its runner ends. Each is asserted by what
-became readable, never by how long something took."""
+"""What a release costs the host's CPU beyond its work (issue 18's hosts' CPU per deploy).
+
+Long waits wake for news, not on a clock: a helper's pause ends at a cancel or at the end
+of its link, a follower's at a line in the release's log (``eventlog.Doorbell``), the
+guard's when its runner ends. Records of live processes do not wait for the disk. Each is
+asserted by what became readable or what was synced, never by how long something took."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import select
 import signal
+from pathlib import Path
 
 import pytest
 
-from orchestrator.host import health, runner
+from orchestrator.host import files, health, runner
 from orchestrator.host import session as session_module
 from orchestrator.host.session import Session
 from orchestrator.host.wire import AgentError
@@ -81,3 +85,21 @@ def test_the_guards_pipe_hears_its_child_end() -> None:
         signal.signal(signal.SIGCHLD, old_handler)
         os.close(r)
         os.close(w)
+
+
+def test_records_of_live_processes_do_not_wait_for_the_disk_and_the_rest_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    files.write_json(str(tmp_path / "runner.json"), {"pid": 1}, durable=False)
+    assert synced == [] and json.loads((tmp_path / "runner.json").read_text()) == {"pid": 1}
+    files.write_json(str(tmp_path / "restore.json"), {"files": []})
+    assert len(synced) >= 1  # the file (and its directory, where that can be synced)
+    assert json.loads((tmp_path / "restore.json").read_text()) == {"files": []}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["restore.json", "runner.json"]  # no temp left
