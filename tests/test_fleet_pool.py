@@ -10,14 +10,10 @@ import gc
 import sys
 import threading
 import time
-import types
 from fractions import Fraction
-
-import pytest
 
 from orchestrator.core.selection import parse_serial
 from orchestrator.core.target import HostTarget
-from orchestrator.pipeline import fleet as fleet_module
 from orchestrator.pipeline.fleet import (
     LOST_AFTER_COMMIT,
     FleetHooks,
@@ -179,7 +175,6 @@ def test_a_second_ctrl_c_while_the_first_is_passed_on_reaches_the_worker_as_inte
     second is not lost out of the pool (it would end the run as a bare "interrupted"), and the
     worker is told both at once: ``InterruptedTwice``."""
     import _thread
-    import time
 
     from orchestrator.errors import InterruptedTwice
 
@@ -267,77 +262,3 @@ def test_a_ctrl_c_handed_to_a_worker_while_it_starts_a_thread_reaches_the_worker
     assert unraisable == [], unraisable  # no thread died in its start-up
     assert len(ran) >= 60
 
-
-def test_a_ctrl_c_for_a_worker_waiting_to_start_a_thread_waits_until_that_thread_started(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker waits for ``threading``'s lock inside ``Thread.start``, to put its new thread
-    in ``_limbo``, while the hand-off holds that lock: raised then, the Ctrl-C landed just
-    after the worker got the lock, before the thread was started, and left it in ``_limbo``
-    for ever (every later hand-off waited for ever). It must be held back until the worker
-    is out of ``Thread.start``."""
-    lock = threading._active_limbo_lock  # type: ignore[attr-defined]
-    limbo = threading._limbo  # type: ignore[attr-defined]
-    go = threading.Event()
-    started: list[threading.Thread] = []
-    caught: list[bool] = []
-
-    def worker() -> None:
-        go.wait()
-        try:
-            t = threading.Thread(target=lambda: None)
-            t.start()
-            started.append(t)
-            spins = 0
-            while True:  # Python instructions, where the Ctrl-C lands
-                spins += 1
-        except KeyboardInterrupt:
-            caught.append(True)
-
-    w = threading.Thread(target=worker)
-    w.start()
-    held = [True]
-    retried: list[float] = []
-
-    def let_the_worker_on(seconds: float) -> None:
-        """The hand-off's wait between two looks: the lock goes back to the worker, which
-        starts its thread; then the hand-off looks again."""
-        retried.append(seconds)
-        if held[0]:
-            held[0] = False
-            lock.release()
-        deadline = time.monotonic() + 60
-        while not started and time.monotonic() < deadline:
-            real_sleep(0.001)
-
-    real_sleep = time.sleep
-    lock.acquire()
-    try:
-        go.set()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            frame = sys._current_frames().get(w.ident or 0)
-            if frame is not None and frame.f_code is threading.Thread.start.__code__:
-                break  # the worker waits for the lock inside Thread.start
-            real_sleep(0.001)
-        else:
-            raise AssertionError("the worker never reached Thread.start")
-        monkeypatch.setattr(fleet_module, "time", types.SimpleNamespace(sleep=let_the_worker_on))
-        assert w.ident is not None
-        raise_in_thread(w.ident, KeyboardInterrupt)
-    finally:
-        monkeypatch.undo()
-        if held[0]:
-            lock.release()
-    w.join(60)
-    stale = [t for t in list(limbo) if t not in started]
-    try:
-        assert retried, "raised while the worker waited inside Thread.start"
-        assert not w.is_alive() and caught == [True]
-        assert stale == [], "a thread was left in threading._limbo: every later Ctrl-C would wait for ever"
-        assert len(started) == 1
-        started[0].join(60)
-        assert not started[0].is_alive()
-    finally:
-        with lock:
-            for t in stale:
-                limbo.pop(t, None)
