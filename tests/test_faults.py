@@ -351,7 +351,7 @@ def test_a_full_state_dir_after_the_commit_still_restores_and_says_what_was_reco
         gate.write_text("")  # the new server comes up, then dies: the restore runs on a full disk
         code, rep, text = finish(proc)
         assert code == 1, text
-        assert rep["outcome"] == "rolled_back" and "files restored" in text
+        assert rep["outcome"] == "rolled_back" and "files restored" in text, text
         assert {f["action"] for f in rep["restore"]["files"]} == {"restored"}  # the host's record, as fields
         assert "could not record the restore" in text and "No space left" in text
         assert_as_before(box, original)

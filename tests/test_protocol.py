@@ -342,6 +342,23 @@ def test_optional_arguments_left_at_none_are_not_sent_but_required_ones_are() ->
     assert p.ServerFind(None, 8000).to_wire() == {"op": "server_find", "args": {"port": 8000}}
     assert p.NightlyLinkSwap("/c", None, "n1").to_wire()["args"] == {"link": "/c", "to": None, "expect": "n1"}
     assert p.PutJson("/x", None).to_wire()["args"] == {"path": "/x", "value": None}
+    assert ops.put_json("/x", 1, best_effort=True).request.to_wire()["args"] == {"path": "/x", "value": 1,
+                                                                                 "best_effort": True}
+
+
+def test_a_best_effort_record_on_a_full_disk_answers_false_and_any_other_fails(tmp_path: Path) -> None:
+    """The mark that a verdict was reported ends the batch that carries the verdict: a disk
+    that cannot take it must not cost the controller that verdict."""
+    from orchestrator.host.files import op_put_json
+    from orchestrator.host.wire import AgentError
+
+    missing = str(tmp_path / "no-such-release" / "reported.json")  # fails as a full disk does: no write
+    assert op_put_json(None, missing, {"by": {}}, best_effort=True) is False
+    with pytest.raises((OSError, AgentError)):
+        op_put_json(None, missing, {"by": {}})
+    written = str(tmp_path / "reported.json")
+    assert op_put_json(None, written, {"by": {}}, best_effort=True) is True
+    assert json.loads(Path(written).read_text()) == {"by": {}}
 
 
 # ---------------------------------------------------------------- events the controller acts on

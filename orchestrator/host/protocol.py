@@ -223,6 +223,7 @@ class PutJson(Request):
     OP: ClassVar[str] = "put_json"
     path: str
     value: Any
+    best_effort: bool | None = None  # True: a mark that may be missing (``reported.json``): a full disk is no failure
 
 
 @message(frozen=True)

@@ -62,8 +62,11 @@ def verdict_reads(release_dir: str) -> tuple[ops.Op, ops.Op]:
 
 
 def reported_op(release_dir: str, command: str) -> ops.Op:
-    """The mark that a controller has reported this release's verdict (who, where, how)."""
-    return ops.put_json(f"{release_dir}/{REPORTED_FILE}", {"by": lock_holder(command)})
+    """The mark that a controller has reported this release's verdict (who, where, how). Best
+    effort: it ends the batch that follows the runner, and a full disk must not turn the
+    verdict that batch carries into an error (the controller then restored a release the
+    runner had restored already, and said "files unchanged")."""
+    return ops.put_json(f"{release_dir}/{REPORTED_FILE}", {"by": lock_holder(command)}, best_effort=True)
 
 
 def reconnect_and_follow(session: HostSession, reporter: Reporter, release_dir: str, lost: LinkLostError,

@@ -214,8 +214,9 @@ def get_json(path: str) -> Op:
     return _op(p.GetJson(path), shape=Opt(dict))  # every record orch reads back is an object
 
 
-def put_json(path: str, value: Any) -> Op:
-    return _op(p.PutJson(path, value))  # a None ``value`` is sent: it is required
+def put_json(path: str, value: Any, *, best_effort: bool = False) -> Op:
+    """``value`` written to ``path``; ``best_effort``: a full disk answers False, not an error."""
+    return _op(p.PutJson(path, value, best_effort or None))  # a None ``value`` is sent: it is required
 
 
 def mark(path: str) -> Op:
