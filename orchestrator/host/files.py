@@ -325,7 +325,7 @@ def op_get_json(s, path, default=None):
     return read_json(expand(path), default)
 
 
-def op_put_json(s, path, value, best_effort=False):
+def op_put_json(s, path, value, best_effort=None):
     """True once written. ``best_effort``: a record nothing depends on (that a verdict was
     reported): a full disk gives False instead of failing the batch it ends, whose answers
     (the verdict itself) the controller needs."""
