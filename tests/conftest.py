@@ -76,3 +76,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     keep their own order (a stable sort), so every worker collects the same list."""
     rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The descriptors ``os.fsync`` is called on during the test, in order (each still synced)."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced

@@ -76,25 +76,17 @@ def test_no_log_yet_has_no_lines(tmp_path: Path) -> None:
     assert eventlog.lines(str(tmp_path)) == []
 
 
-def test_only_the_lines_that_end_a_release_wait_for_the_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_lines_that_end_a_release_wait_for_the_disk(tmp_path: Path, fsynced: list[int]) -> None:
     """Steps and progress are read by followers at once and reach the disk with the next
     restore or verdict line, which is synced before ``append`` returns."""
-    synced: list[int] = []
-    real_fsync = eventlog.os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(fd)
-        real_fsync(fd)
-
-    monkeypatch.setattr(eventlog.os, "fsync", fsync)
     eventlog.reserve(str(tmp_path))
     eventlog.append(str(tmp_path), {"event": "step", "state": "began", "step": "health"})
     eventlog.append(str(tmp_path), {"event": "progress", "msg": "waiting"})
-    assert synced == []
+    assert fsynced == []
     eventlog.append(str(tmp_path), {"event": "restoring", "by": "runner"})
-    assert len(synced) == 1
+    assert len(fsynced) == 1
     eventlog.append(str(tmp_path), {"event": "verdict", "verdict": "restored"})
-    assert len(synced) == 2
+    assert len(fsynced) == 2
     assert [w["event"] for w in eventlog.lines(str(tmp_path))] == ["step", "progress", "restoring", "verdict"]
 
 
