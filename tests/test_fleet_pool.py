@@ -7,10 +7,14 @@ the order of events itself: nothing depends on timing.
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
 import sys
 import threading
 import time
 from fractions import Fraction
+from pathlib import Path
 
 from orchestrator.core.selection import parse_serial
 from orchestrator.core.target import HostTarget
@@ -262,3 +266,25 @@ def test_a_ctrl_c_handed_to_a_worker_while_it_starts_a_thread_reaches_the_worker
     assert unraisable == [], unraisable  # no thread died in its start-up
     assert len(ran) >= 60
 
+
+
+def test_a_ctrl_c_for_a_worker_waiting_to_start_a_thread_waits_until_that_thread_started() -> None:
+    """The worker waits for ``threading``'s lock inside ``Thread.start``, to put its new thread
+    in ``_limbo``, while the hand-off holds that lock: raised then, the Ctrl-C landed just
+    after the worker got the lock, before the thread was started, and left it in ``_limbo``
+    for ever (every later hand-off waited for ever). It must be held back until the worker
+    is out of ``Thread.start``. The order is forced in a fresh interpreter without a tracer
+    (``tests/fixtures/limbo_race.py`` says why); a hang there is this test's timeout."""
+    checkout = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COV_CORE_", "COVERAGE_", "ORCH_TEST_COVERAGE"))}
+    env["PYTHONPATH"] = str(checkout)
+    run = subprocess.run([sys.executable, "-m", "tests.fixtures.limbo_race"], cwd=checkout, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["reached_thread_start"], "the worker never waited inside Thread.start"
+    assert seen["retried"] >= 1, "raised while the worker waited inside Thread.start"
+    assert not seen["worker_alive"] and seen["caught"] == [True]
+    assert seen["stale_in_limbo"] == [], "a thread was left in threading._limbo: every later Ctrl-C would wait for ever"
+    assert seen["started"] == 1 and seen["started_alive"] == [False]
