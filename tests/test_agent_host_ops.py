@@ -159,6 +159,50 @@ def test_a_server_is_found_by_its_port_and_stopped_until_the_port_is_free(agent:
     assert (tmp_path / "logs" / "srv.log.1").exists()
 
 
+def test_a_stop_takes_the_servers_group_and_a_worker_that_left_it(agent: Agent, tmp_path: Path) -> None:
+    """A server whose worker moved to a session of its own (outside the group a SIGTERM to the
+    group reaches) and whose grandchild stayed in the group: all three are signalled and gone,
+    found in one pass over ``/proc``."""
+    pids = tmp_path / "pids"
+    code = ("import os, subprocess, sys, time\n"
+            "loop = [sys.executable, '-c', 'import time\\nwhile True: time.sleep(1)']\n"
+            "apart = subprocess.Popen(loop, start_new_session=True)\n"
+            "inner = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time\\n'\n"
+            "    'subprocess.Popen([sys.executable, \"-c\", \"import time\\\\nwhile True: time.sleep(1)\"])\\n'\n"
+            "    'while True: time.sleep(1)'])\n"
+            f"open({str(pids)!r} + '.tmp', 'w').write('%d %d' % (apart.pid, inner.pid))\n"
+            f"os.rename({str(pids)!r} + '.tmp', {str(pids)!r})\n"
+            "while True: time.sleep(1)")
+    started = agent.call("server_start", argv=[sys.executable, "-c", code], log=str(tmp_path / "l"))
+    wait_until(pids.exists, "the server to start its workers", 60)
+    apart, inner = map(int, pids.read_text().split())
+
+    def grandchildren() -> list[int]:
+        return [int(p) for p in Path(f"/proc/{inner}/task/{inner}/children").read_text().split()]
+
+    wait_until(grandchildren, "the worker to start its own child", 60)
+    grandchild = grandchildren()[0]
+    assert os.getpgid(apart) != started["pgid"] and os.getpgid(grandchild) == started["pgid"]
+
+    stopped = agent.call("server_stop", pid=started["pid"], pgid=started["pgid"], stop_timeout=30.0)
+
+    assert set(stopped["stopped"]) >= {started["pid"], apart, inner, grandchild}, stopped
+    for pid in (started["pid"], apart, inner, grandchild):
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"), pid
+
+
+def test_the_process_table_gives_descendants_and_group_members() -> None:
+    from orchestrator.host.processes import descendants, group_members, process_table
+
+    table = {10: (1, 10), 11: (10, 10), 12: (11, 12), 13: (12, 12), 20: (1, 10), 30: (1, 30)}
+    assert sorted(descendants(10, table)) == [11, 12, 13]
+    assert descendants(30, table) == []
+    assert sorted(group_members(10, table)) == [10, 11, 20]
+    live = process_table()
+    assert live[os.getpid()] == (os.getppid(), os.getpgid(0))
+
+
 def test_a_commands_manager_s_start_is_watched_by_the_pid_its_pid_command_prints(
         agent: Agent, tmp_path: Path) -> None:
     got = agent.call("commands_start", start=["sh", "-c", f"echo started > {tmp_path / 'out'}"],

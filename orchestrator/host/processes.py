@@ -217,19 +217,30 @@ def op_process(s, pid):
     return rec
 
 
-def descendants(pid):
-    """Every live process below ``pid``: a server's workers (SGLang's scheduler
-    and detokenizer) must go with it, or they keep the GPUs."""
-    children = {}
+def process_table():
+    """``{pid: (ppid, pgrp)}`` of every live process, from one pass over ``/proc``: a
+    stop needs both the server's process group and its descendants, and a GPU box
+    runs thousands of processes, so each ``stat`` is read once for both."""
+    table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open("/proc/%s/stat" % name) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/stat" % name, "rb") as f:
+                fields = stat_fields(f.read())
+            if fields[0] not in (b"Z", b"X"):
+                table[int(name)] = (int(fields[1]), int(fields[2]))
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(name))
+    return table
+
+
+def descendants(pid, table):
+    """Every live process below ``pid`` in ``table``: a server's workers (SGLang's
+    scheduler and detokenizer) must go with it, or they keep the GPUs."""
+    children = {}
+    for child, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -239,17 +250,9 @@ def descendants(pid):
     return out
 
 
-def group_members(pgid):
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(name)) == pgid and pid_alive(int(name)):
-                members.append(int(name))
-        except OSError:
-            continue
-    return members
+def group_members(pgid, table):
+    """The live processes of process group ``pgid`` in ``table``."""
+    return [pid for pid, (_, pgrp) in table.items() if pgrp == pgid]
 
 
 def gpu_pids():
@@ -271,10 +274,11 @@ def op_server_stop(s, pid, pgid=None, stop_timeout=30.0, port=None, free_timeout
     """
     own = os.getpgid(0)
     use_group = pgid is not None and pgid not in (own, 0, 1) and pgid == pid
-    targets = group_members(pgid) if use_group else [pid]
+    table = process_table()
+    targets = group_members(pgid, table) if use_group else [pid]
     if pid not in targets and pid_alive(pid):
         targets.append(pid)
-    for child in descendants(pid):
+    for child in descendants(pid, table):
         if child not in targets:
             targets.append(child)
 
