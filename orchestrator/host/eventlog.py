@@ -16,6 +16,8 @@ import json
 import os
 import stat
 
+from .session import drain
+
 EVENTS_FILE = "events.jsonl"
 RESERVE_BYTES = 512 * 1024
 
@@ -170,11 +172,8 @@ class Doorbell:
 
     def drain(self):
         """Forget the rings heard so far (the log is read next)."""
-        try:
-            while self.fd is not None and os.read(self.fd, 512):
-                pass
-        except OSError:
-            pass
+        if self.fd is not None:
+            drain(self.fd)
 
     def close(self):
         if self.fd is not None:

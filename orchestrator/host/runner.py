@@ -42,7 +42,7 @@ from .executor import op_release_steps, program_of
 from .files import read_json, read_record, write_json
 from .processes import ProcessWatch, proc_starttime, same_process
 from .protocol_verdict import AnswersEvent, RestoringEvent, StepFailure, VerdictEvent
-from .session import Session
+from .session import Session, drain, wake_pipe
 from .state import release_own_lock
 from .wire import AgentError, expand
 
@@ -262,9 +262,7 @@ def runner_end_pipe():
     """A pipe that a byte enters when a child of this process ends (SIGCHLD, through
     ``signal.set_wakeup_fd``): the guard sleeps on it until its runner ends or the
     deadline comes, instead of asking five times a second for a model's whole load."""
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
+    r, w = wake_pipe()
     signal.signal(signal.SIGCHLD, lambda *a: None)  # handled, so that the wakeup fd hears it
     signal.set_wakeup_fd(w)
     return r, w
@@ -321,10 +319,7 @@ def guard_wait(release_dir, pid, fire_at, ended):
             break
         # 60 s at most: the deadline is looked at again even if a wake were lost
         if select.select([ended], [], [], max(0.0, min(fire_at - time.monotonic(), 60.0)))[0]:
-            try:
-                os.read(ended, 512)
-            except OSError:
-                pass
+            drain(ended)
     signal.set_wakeup_fd(-1)  # the restore below starts servers of its own: their ends are not news here
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if verdict_of(release_dir) is not None:

@@ -27,6 +27,25 @@ from .wire import (
 )
 
 
+def wake_pipe():
+    """A pipe whose reader a ``select`` waits on until a byte is written to wake it (a
+    ``Session``'s wake, the guard's SIGCHLD): neither end ever blocks, so a wake written
+    while one is pending is simply dropped."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def drain(fd):
+    """Read a non-blocking pipe or FIFO empty: the wakes heard so far are forgotten."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except OSError:
+        pass
+
+
 class Session(object):
     """One controller's conversation: output, ticks, cancel, the held lock.
 
@@ -66,9 +85,7 @@ class Session(object):
         self.guards = {}  # release dir -> the pipe's write end to its guard (``runner.op_release_run``)
         self.follow_link_timeout(SILENCE_SECONDS)
         # A byte in this pipe ends a ``pause``: a cancel, the end of the link, an abort.
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
+        self.wake_r, self.wake_w = wake_pipe()
 
     def follow_link_timeout(self, limit):
         """The controller's silence limit (``hello``'s ``link_timeout``), which this end keeps too:
@@ -197,11 +214,7 @@ class Session(object):
             time.sleep(max(0.0, min(seconds, 0.1)))  # a descriptor closed under us: poll as before
             return []
         if self.wake_r in ready:
-            try:
-                while os.read(self.wake_r, 64):
-                    pass
-            except OSError:
-                pass
+            drain(self.wake_r)
         return [fd for fd in ready if fd != self.wake_r]
 
     def stop_asked(self):
