@@ -54,12 +54,12 @@ def test_a_module_whose_bytecode_is_older_than_its_source_is_held_as_its_source(
         import shutil
         from orchestrator.host.held import hold_package
         finder = hold_package()
-        print(type(finder.held["orchestrator.host.retention"][1]).__name__)
+        print(finder.held["orchestrator.host.retention"][1][0])  # no bytecode held: its source
         shutil.rmtree({str(top)!r})
         from orchestrator.host import retention
         print(retention.HELD_FROM_SOURCE)
         """)
-    assert out.splitlines() == ["bytes", "True"]
+    assert out.splitlines() == ["None", "True"]
 
 
 def test_a_helper_run_from_its_archive_holds_nothing(tmp_path: Path) -> None:
@@ -93,8 +93,54 @@ def test_a_checked_hash_cache_of_other_source_is_held_as_its_source(tmp_path: Pa
     top = kept_copy(tmp_path)
     source = top / "orchestrator" / "host" / "retention.py"
     py_compile.compile(str(source), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH, doraise=True)
-    probe = f"from orchestrator.host.held import compiled_code\nprint(type(compiled_code({str(source)!r})).__name__)"
+    probe = f"from orchestrator.host.held import held_code\nprint(held_code({str(source)!r})[0] is not None)"
     out = run_in(top, probe)
-    assert out == "code"  # its own source: the cache is used
+    assert out == "True"  # its own source: the cache is used
     source.write_text(source.read_text() + "\nHELD_FROM_SOURCE = True\n")
-    assert run_in(top, probe) == "bytes"
+    assert run_in(top, probe) == "False"
+
+
+def test_held_bytecode_is_unmarshalled_only_when_its_module_is_imported(tmp_path: Path) -> None:
+    """Holding reads bytes; most held modules are never imported (the gate, the nightly
+    build), and unmarshalling them all at every arm was most of what holding cost."""
+    top = kept_copy(tmp_path)
+    out = run_in(top, f"""
+        import marshal, shutil, types
+        from orchestrator.host import held
+        loads = []
+        held.marshal = types.SimpleNamespace(loads=lambda data: loads.append(1) or marshal.loads(data))
+        finder = held.hold_package()
+        bytecode, source = finder.held["orchestrator.host.retention"][1]
+        print(type(bytecode).__name__, len(loads))
+        count = len(finder.held)
+        shutil.rmtree({str(top)!r})
+        from orchestrator.host import retention
+        imported = count - len(finder.held)  # retention and the held modules it imports
+        print(callable(retention.prune_plan), len(loads) == imported, 0 < imported < count)
+        """)
+    assert out.splitlines() == ["bytes 0", "True True True"]
+
+
+def test_a_damaged_bytecode_cache_is_run_from_the_source_held_beside_it(tmp_path: Path) -> None:
+    """A cache whose header is right and whose body is not (a torn write, a bad disk block):
+    the import system would fail on it; the held source runs instead."""
+    top = kept_copy(tmp_path)
+    source = top / "orchestrator" / "host" / "retention.py"
+    source.write_text(source.read_text() + "\nHELD_FROM_SOURCE = True\n")
+    import importlib.util
+    import py_compile
+
+    py_compile.compile(str(source), doraise=True)
+    cache = Path(importlib.util.cache_from_source(str(source)))
+    data = cache.read_bytes()
+    cache.write_bytes(data[:16] + b"\x00garbage" * 4)  # PEP 552 header kept: it still looks current
+    out = run_in(top, f"""
+        import shutil
+        from orchestrator.host.held import hold_package
+        finder = hold_package()
+        print(finder.held["orchestrator.host.retention"][1][0] is not None)
+        shutil.rmtree({str(top)!r})
+        from orchestrator.host import retention
+        print(retention.HELD_FROM_SOURCE)
+        """)
+    assert out.splitlines() == ["True", "True"]

@@ -3,12 +3,14 @@
 A release's guard and runner are forks of the helper. They may have to
 restore an hour later, after a person has removed the kept copy of the
 helper they came from (``tests/test_agent.py`` removes it). So before the
-fork every module of this package not imported yet is read into memory as
-its compiled code, and a finder first on ``sys.meta_path`` imports it from
-there when it is first needed. Reading them costs about a millisecond;
-importing them all up front, as this helper did before, cost each deploy
-about 10 ms of the host's CPU for modules most releases never run (the
-restore machine, the nightly build, the gate's judgement).
+fork every module of this package not imported yet is read into memory (its
+bytecode as the file holds it), and a finder first on ``sys.meta_path``
+imports it from there when it is first needed. Importing them all up front,
+as this helper did before, cost each deploy about 10 ms of the host's CPU for
+modules most releases never run (the restore machine, the nightly build, the
+gate's judgement); unmarshalling them all up front still cost about 5 ms of
+the 7 that holding took, so a module's bytecode is unmarshalled only when it
+is imported.
 
 A helper started from the archive it was sent (its first start on a host)
 runs from memory already: nothing to hold.
@@ -32,7 +34,7 @@ class HeldModules(object):
     """A finder and loader for the modules ``hold_package`` read: each one's code, run once."""
 
     def __init__(self, held):
-        self.held = held  # module name -> (path, code object or source bytes)
+        self.held = held  # module name -> (path, ``held_code``'s (bytecode or None, source))
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.held:
@@ -43,9 +45,15 @@ class HeldModules(object):
         return None
 
     def exec_module(self, module):
-        path, code = self.held.pop(module.__name__)
+        path, (bytecode, source) = self.held.pop(module.__name__)
+        code = None
+        if bytecode is not None:
+            try:
+                code = marshal.loads(bytecode)
+            except (ValueError, EOFError, TypeError):
+                code = None  # a damaged cache: its source, as a compile would have made it
         if not isinstance(code, types.CodeType):
-            code = compile(code, path, "exec", dont_inherit=True)
+            code = compile(source, path, "exec", dont_inherit=True)
         exec(code, module.__dict__)
 
 
@@ -64,33 +72,34 @@ def hold_package():
             continue
         path = os.path.join(HERE, entry)
         try:
-            held[name] = (path, compiled_code(path))
-        except (OSError, ValueError, EOFError, TypeError):
+            held[name] = (path, held_code(path))
+        except OSError:
             continue  # an unreadable file: imported from disk as it would have been
     finder = HeldModules(held)
     sys.meta_path.insert(0, finder)
     return finder
 
 
-def compiled_code(path):
-    """The code object of ``path`` from its bytecode cache where that is this Python's and
-    no older than the source; else the source's bytes, compiled if it is ever imported."""
+def held_code(path):
+    """``(bytecode, source)``: ``path``'s source bytes, and its marshalled code from the
+    bytecode cache where that is this Python's and no older than the source (else None).
+    Nothing is unmarshalled or compiled until the module is imported."""
     with open(path, "rb") as f:
         source = f.read()
     try:
         with open(importlib.util.cache_from_source(path), "rb") as f:
             data = f.read()
     except (OSError, NotImplementedError, ValueError):
-        return source
+        return None, source
     if data[:4] != importlib.util.MAGIC_NUMBER or len(data) <= PYC_HEADER_BYTES:
-        return source
+        return None, source
     flags = int.from_bytes(data[4:8], "little")
     if flags == 0:  # checked by the source's mtime and size, as the import system does
         st = os.stat(path)
         mtime = int.from_bytes(data[8:12], "little")
         size = int.from_bytes(data[12:16], "little")
         if mtime != (int(st.st_mtime) & 0xFFFFFFFF) or size != (len(source) & 0xFFFFFFFF):
-            return source
+            return None, source
     elif flags & 0b10 and data[8:16] != importlib.util.source_hash(source):
-        return source  # a checked hash-based cache (py_compile under SOURCE_DATE_EPOCH) not of this source
-    return marshal.loads(data[PYC_HEADER_BYTES:])
+        return None, source  # a checked hash-based cache (py_compile under SOURCE_DATE_EPOCH) not of this source
+    return data[PYC_HEADER_BYTES:], source
