@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -710,3 +711,25 @@ def test_write_atomic_leaves_no_temp_name_and_keeps_owner_and_mode(tmp_path: Pat
     st = target.stat()
     assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o640, 1, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.py"]
+
+
+def test_a_health_request_to_an_address_does_not_load_the_idna_codec() -> None:
+    """A str host goes through the ``idna`` codec, whose first use imports three modules
+    (about 4 ms of a runner's CPU a release). An ASCII host is given to the resolver as bytes;
+    a name that is not ASCII still gets the codec (and an answer, not a crash)."""
+    answers = _Answers()
+    probe = textwrap.dedent(f"""
+        import sys
+        from orchestrator.host import health
+        print(health.fetch_plain({answers.base + "/ok"!r}, "GET", None, {{}}, 5.0))
+        print("encodings.idna" in sys.modules)
+        status, why = health.fetch_plain("http://b\\u00fccher.invalid:9/health", "GET", None, {{}}, 5.0)
+        print(status, "encodings.idna" in sys.modules)
+        print(health.lookup_word("127.0.0.1"), health.lookup_word("b\\u00fccher.example"))
+        """)
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                             cwd=HOST.parent.parent).stdout.splitlines()
+    finally:
+        answers.server.shutdown()
+    assert out == ["(200, '{\"status\": \"ok\"}')", "False", "None True", "b'127.0.0.1' bücher.example"]
