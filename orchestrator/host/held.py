@@ -51,7 +51,7 @@ class HeldModules(object):
             try:
                 code = marshal.loads(bytecode)
             except (ValueError, EOFError, TypeError):
-                code = None  # a damaged cache: its source, as a compile would have made it
+                pass  # a damaged cache: its source is compiled below
         if not isinstance(code, types.CodeType):
             code = compile(source, path, "exec", dont_inherit=True)
         exec(code, module.__dict__)
