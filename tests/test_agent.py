@@ -713,6 +713,60 @@ def test_write_atomic_leaves_no_temp_name_and_keeps_owner_and_mode(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.py"]
 
 
+WRITES_SEEN = """
+import json, os, sys
+from orchestrator.host.files import write_atomic
+made = []
+sys.addaudithook(lambda event, args: made.append(event) if event == "os.mkdir" else None)
+for directory in sys.argv[1:]:
+    del made[:]
+    write_atomic(os.path.join(directory, "r.json"), b"{}\\n", 0o600)
+    print(json.dumps({"mkdirs": len(made), "left": sorted(os.listdir(directory))}))
+"""
+
+
+def test_a_record_in_a_directory_only_orch_s_user_may_write_is_written_beside_it(tmp_path: Path) -> None:
+    """In a directory of this user's that nobody else may write (the state dir), the temp
+    file is made beside the target: no private directory (``mkdir`` and ``rmdir``, about a
+    third of a small record's write). In one others may write, a private directory as
+    before; in both, nothing is left beside the file."""
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    mine.mkdir(mode=0o700)
+    shared.mkdir()
+    shared.chmod(0o777)
+    out = subprocess.run([sys.executable, "-c", WRITES_SEEN, str(mine), str(shared)], capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    seen = [json.loads(line) for line in out.stdout.splitlines()]
+    assert seen == [{"mkdirs": 0, "left": ["r.json"]}, {"mkdirs": 1, "left": ["r.json"]}], seen
+    assert (mine / "r.json").stat().st_mode & 0o7777 == 0o600
+
+
+def test_a_write_beside_the_target_that_fails_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    from orchestrator.host.files import write_atomic
+
+    home = tmp_path / "mine"
+    home.mkdir(mode=0o700)
+    (home / "r.json" / "inside").mkdir(parents=True)  # a directory where the record goes: the rename fails
+    with pytest.raises(OSError) as failed:
+        write_atomic(str(home / "r.json"), b"{}\n", 0o600)
+    assert "'r.json'" in str(failed.value)
+    assert sorted(p.name for p in home.iterdir()) == ["r.json"]
+
+
+def test_a_record_is_one_key_a_line_and_reads_back_as_written(tmp_path: Path) -> None:
+    from orchestrator.host.files import read_json, write_json
+
+    record = {"z": [1, {"b": 2, "a": None}], "a": "\u00e9", "m": {"y": 1.5, "x": True}}
+    write_json(str(tmp_path / "r.json"), record)
+    assert read_json(str(tmp_path / "r.json")) == record
+    assert (tmp_path / "r.json").read_text() == (
+        '{\n "a": "\\u00e9",\n "m": {"x": true, "y": 1.5},\n "z": [1, {"a": null, "b": 2}]\n}\n')
+    write_json(str(tmp_path / "e.json"), {})
+    write_json(str(tmp_path / "l.json"), [1, 2])
+    assert [(tmp_path / n).read_text() for n in ("e.json", "l.json")] == ["{}\n", "[1, 2]\n"]
+
+
 def test_a_health_request_to_an_address_does_not_load_the_idna_codec() -> None:
     """A str host goes through the ``idna`` codec, whose first use imports three modules
     (about 4 ms of a runner's CPU a release). An ASCII host is given to the resolver as bytes;

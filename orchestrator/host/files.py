@@ -159,11 +159,15 @@ def write_atomic(path, data, mode=None, uid=None, gid=None, planted=None, durabl
     renamed onto ``path`` relative to directory descriptors — so no name
     another user can swap is ever followed, written through or renamed.
     What was refused on the way is added to ``planted`` (a list), if given.
+    In a directory only this user may write (``only_mine``: orch's state dir)
+    and with no owner to give, the temp file is made beside the target instead.
     """
     directory = os.path.dirname(path) or "."
     base = os.path.basename(path)
     dfd = open_dir(directory)
     try:
+        if uid is None and only_mine(dfd):
+            return write_beside(dfd, path, data, mode, durable)
         for _ in range(WRITE_ATTEMPTS):
             name, pfd = private_dir(dfd, base, planted)
             try:
@@ -200,6 +204,52 @@ def write_atomic(path, data, mode=None, uid=None, gid=None, planted=None, durabl
         os.close(dfd)
 
 
+def only_mine(dfd):
+    """Nobody but this user (and root) can add, rename or remove a name in the directory
+    open as ``dfd``: it is ours, and neither its group nor others may write it (an ACL
+    that lets another user write shows in the group bits). Then a temp file beside the
+    target is as safe as one in a private directory, and costs no ``mkdir`` and ``rmdir``
+    (orch's own records, about twenty a deploy, are all written in such directories)."""
+    try:
+        st = os.fstat(dfd)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def write_beside(dfd, path, data, mode, durable):
+    """``write_atomic`` in a directory ``only_mine``: ``.<name>.orch-tmp-<random>``
+    created exclusively beside the target, written, renamed onto it. A killed writer's
+    temp file is what ``staging.remove_leftovers`` removes; its ``flock`` keeps a
+    clean-up away from a live one."""
+    base = os.path.basename(path)
+    for _ in range(WRITE_ATTEMPTS):
+        name = os.path.basename(tmp_name(".", base))
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink == 0:
+                continue  # a clean-up took it between the create and the flock: draw again
+            write_fd(fd, data, durable)
+            set_owner_mode(fd, mode)
+            os.replace(name, base, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        finally:
+            os.close(fd)
+        if durable:
+            fsync_quietly(dfd)
+        return
+    raise PlantedError("cannot write %s: its temp files keep disappearing" % path)
+
+
 def fsync_quietly(fd):
     """Flush a directory's entries to disk where the filesystem allows: a rename is
     already done and visible; a filesystem that cannot fsync a directory changes nothing."""
@@ -225,7 +275,21 @@ def write_json(path, value, durable=True):
     (their pids and start times): after a crash of the host it names nothing, so it need
     not wait for the disk (two fsyncs, about half a millisecond of the host's CPU each
     time, at every deploy)."""
-    write_atomic(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode(), 0o600, durable=durable)
+    write_atomic(path, record_text(value).encode(), 0o600, durable=durable)
+
+
+def record_text(value):
+    """A record as its file holds it: a dict one key to a line, sorted, each value on its
+    line in compact JSON. ``json.dumps`` with an ``indent`` runs its pure-Python encoder
+    (0.14 ms for a release's manifest, 0.28 for its program, here); without one, its C
+    encoder (0.04 and 0.05), and a deploy writes about twenty records."""
+    if isinstance(value, dict) and value:
+        items = ["%s: %s" % (_encode(key), _encode(value[key])) for key in sorted(value)]
+        return "{\n " + ",\n ".join(items) + "\n}\n"
+    return _encode(value) + "\n"
+
+
+_encode = json.JSONEncoder(sort_keys=True).encode  # one encoder: ``json.dumps`` with an option makes one a call
 
 
 def try_write_json(path, value):
