@@ -104,6 +104,32 @@ def test_a_helper_sent_as_an_archive_runs_from_memory_under_its_package_s_file_n
     assert lines[1].split() == ["orchestrator/host/main.py", "orchestrator/host/files.py"], out
 
 
+def test_the_helper_runs_no_site_hook_of_the_host_python_unless_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper starts with ``python -S``: a ``.pth`` hook in the host Python's
+    site-packages (a venv's, made here) is not run at its start; with ``ORCH_HELPER_SITE=1``
+    in the host's environment it is (what the suite's coverage uses)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    site_dir = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert site_dir.startswith(str(tmp_path)), site_dir
+    mark = tmp_path / "ran"
+    (Path(site_dir) / "orch_test_hook.pth").write_text(
+        "import os; open(os.environ['ORCH_TEST_PTH_MARK'], 'a').write('ran\\n')\n")
+    monkeypatch.setenv("ORCH_TEST_PTH_MARK", str(mark))
+    monkeypatch.delenv("ORCH_HELPER_SITE", raising=False)
+    agent = start(python)
+    try:
+        assert agent.call("hello")["python"]
+    finally:
+        agent.close()
+    assert not mark.exists(), "the host's site hook ran in the helper"
+    monkeypatch.setenv("ORCH_HELPER_SITE", "1")
+    start(python).close()
+    assert mark.read_text().startswith("ran\n")  # ``site.main()`` after ``-S`` reads a venv's .pth twice
+
+
 @pytest.mark.parametrize("python", TOO_OLD)
 def test_a_host_python_older_than_3_8_is_refused_in_one_line(python: str) -> None:
     with pytest.raises(OrchError) as refused:

@@ -95,9 +95,16 @@ READY_MAGIC = "ORCH-AGENT-READY"
 # by ``os._exit``). Code compiled from memory is named
 # ``orchestrator/host/<module>.py``. The helper then keeps the archive for next
 # time. Python 3.6 syntax, so that an older interpreter is told in one line that it is too old
-# (the package needs 3.8).
+# (the package needs 3.8). The interpreter runs with ``-S``: the helper needs the standard
+# library only, and a host's ``site`` (its site-packages' ``.pth`` hooks, a distribution's
+# ``sitecustomize``) is not its business and cost each start about 3 ms of CPU here, more
+# on a box with a large environment; ``ORCH_HELPER_SITE=1`` in the host's environment runs
+# ``site`` after all (a ``sitecustomize`` that measures the helper: the test suite's coverage).
 BOOTSTRAP = """\
 import os, sys
+if os.environ.get('ORCH_HELPER_SITE'):
+    import site
+    site.main()
 if sys.version_info < (3, 8):
     sys.stderr.write("orch-helper: the host's Python is %s (%s); orch's helper needs 3.8 or newer: set python: in the inventory\\n" % (sys.version.split()[0], sys.executable))
     sys.exit(3)
@@ -250,7 +257,7 @@ class Agent:
         if not self.link_timeout >= LINK_TIMEOUT_FLOOR:
             raise ValueError(f"link_timeout {self.link_timeout!r}: {LINK_TIMEOUT_FLOOR:g} s at least")
         label = self.transport.target.label
-        argv = [self.python, "-u", "-c", BOOTSTRAP, self.state_dir, helper_id()]
+        argv = [self.python, "-S", "-u", "-c", BOOTSTRAP, self.state_dir, helper_id()]
         _trace(self.transport.target.name, "$", argv)
         proc = self.transport.spawn(argv)
         # A login shell may print banners (conda, motd) before the helper runs:
