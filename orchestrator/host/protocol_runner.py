@@ -55,7 +55,8 @@ class ReleaseStamp(Request):
     event log (``steps``: those before the commit, from the controller), and with a gate the
     verdict and figures its gate step judged (``gate``: the probes' labels and settings); a
     night's probe summed up from its probe step's answers (``probe``: ``post``, ``concurrency``)
-    and its build's manifest written with it (``manifest``: ``path``, ``record``)."""
+    and its build's manifest written with it (``manifest``: ``path``, ``record``). ``fields``:
+    more of the release's manifest set in the same write (the outcome the confirm records)."""
 
     OP: ClassVar[str] = "release_stamp"
     state_dir: str
@@ -66,3 +67,4 @@ class ReleaseStamp(Request):
     gate: Wire | None = None
     probe: Wire | None = None
     manifest: Wire | None = None
+    fields: Wire | None = None

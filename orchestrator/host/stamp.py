@@ -59,9 +59,11 @@ def night_probe(release_dir, probe):
     return probe_result(str(probe.get("post")), int(probe.get("concurrency") or 1), answers).to_json()
 
 
-def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate=None, probe=None, manifest=None):
+def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate=None, probe=None, manifest=None,
+                     fields=None):
     """Set the release's ``finished``, ``duration``, ``steps``, ``timings`` (and with a gate
-    its ``gate`` and ``probe``) in its manifest; add the program's steps to its run log.
+    its ``gate`` and ``probe``) in its manifest, with ``fields`` (the confirm's outcome: one
+    write of the manifest, not two); add the program's steps to its run log.
 
     A night's: ``probe`` (its ``post`` and ``concurrency``) sums up the PROBE step's
     answers into the release's ``probe`` (``figures.probe_result``, the controller's
@@ -80,8 +82,8 @@ def op_release_stamp(s, state_dir, release_id, release_dir, started, steps, gate
             st["seconds"] = round(max(0.0, first - float(st.get("at") or first)), 3)
     on_host = phase_steps(events, now)
     every = before + on_host
-    fields = {"finished": now, "duration": round(now - float(started), 3), "steps": every,
-              "timings": dict((st["step"], st["seconds"]) for st in every)}
+    fields = dict(fields or {}, finished=now, duration=round(now - float(started), 3), steps=every,
+                  timings=dict((st["step"], st["seconds"]) for st in every))
     judged = read_record(os.path.join(release_dir, GATE_JUDGED)) if gate else None
     if gate and isinstance(judged, dict):
         after = judged.get("after") or {}

@@ -484,8 +484,8 @@ class Deployment:
             gate_records = [ops.put_json(f"{self.release_dir}/{SPEC_FILE}", self.gate.spec_record())]
             stamp_gate = self.gate.stamp_template()
         records = [
-            release_stamp(self.state_dir, self.release_id, self.release_dir, self.started_at, [], stamp_gate),
-            ops.release_update(self.state_dir, self.release_id, {"outcome": RecordedOutcome.DEPLOYED}),
+            release_stamp(self.state_dir, self.release_id, self.release_dir, self.started_at, [], stamp_gate,
+                          fields={"outcome": RecordedOutcome.DEPLOYED}),
             *gate_records,
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
             ops.put_json(self._journal_path(), self._journal(JournalStep.CONFIRMED, finished=True)),

@@ -749,10 +749,10 @@ class Night:
         probe = {"post": config.post, "concurrency": config.concurrency} if config is not None else None
         self.stamp = release_stamp(self.state_dir, self.name, self.release_dir, self.started, [], probe=probe,
                                    manifest={"path": f"{self.build_dir}/manifest.json",
-                                             "record": self.manifest.model_dump()})
+                                             "record": self.manifest.model_dump()},
+                                   fields={"outcome": RecordedOutcome.DEPLOYED})
         records = [
             self.stamp,
-            ops.release_update(self.state_dir, self.name, {"outcome": RecordedOutcome.DEPLOYED}),
             ops.put_json(StatePaths(self.state_dir).state, AppliedState(applied).to_wire()),
             self.journal(JournalStep.CONFIRMED, finished=True),
             self.prune,

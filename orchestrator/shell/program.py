@@ -184,8 +184,10 @@ def release_abort(release_dir: str) -> Op:
 
 def release_stamp(state_dir: str, release_id: str, release_dir: str, started: float,
                   steps: Sequence[dict[str, Any]], gate: dict[str, Any] | None = None, *,
-                  probe: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None) -> Op:
+                  probe: dict[str, Any] | None = None, manifest: dict[str, Any] | None = None,
+                  fields: dict[str, Any] | None = None) -> Op:
     """Inside the confirm: the run's figures from the host's own record of it (``host/stamp.py``);
-    a night's probe (``post``, ``concurrency``) and build manifest (``path``, ``record``) too."""
+    a night's probe (``post``, ``concurrency``) and build manifest (``path``, ``record``) too;
+    ``fields`` set in the release's manifest in the same write (the outcome)."""
     return _op(p.ReleaseStamp(state_dir, release_id, release_dir, started, [dict(s) for s in steps], gate,
-                              probe, manifest))
+                              probe, manifest, fields))
