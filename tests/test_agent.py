@@ -130,6 +130,20 @@ def test_the_helper_runs_no_site_hook_of_the_host_python_unless_asked(
     assert mark.read_text().startswith("ran\n")  # ``site.main()`` after ``-S`` reads a venv's .pth twice
 
 
+def test_a_module_in_the_login_s_home_does_not_shadow_the_standard_library(tmp_path: Path) -> None:
+    """The helper starts in the login's home with ``python -c``, which puts that directory
+    first on ``sys.path``: a ``json.py`` left there (or ``zipfile.py``, ``random.py``) would
+    be imported in place of the standard library's. The bootstrap drops it."""
+    for name in ("json", "zipfile", "base64", "fcntl", "random", "socket"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('the home directory shadowed %s' % __name__)\n")
+    shown = "import orchestrator.host.main, json, random, socket\nprint(json.__file__ != None, 'ok')\n"
+    script = BOOTSTRAP.replace("main(archive, (sys.argv[1], sys.argv[2]))\n", shown)
+    out = subprocess.run([sys.executable, "-S", "-c", script, "", "0" * 16], cwd=tmp_path,
+                         input=base64.b64encode(shipped_archive()) + b"\n", capture_output=True, timeout=60,
+                         env={"PATH": os.environ["PATH"]})
+    assert out.stdout.decode().splitlines() == ['{"send": true}', "True ok"], out
+
+
 @pytest.mark.parametrize("python", TOO_OLD)
 def test_a_host_python_older_than_3_8_is_refused_in_one_line(python: str) -> None:
     with pytest.raises(OrchError) as refused:

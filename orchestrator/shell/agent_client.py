@@ -95,13 +95,17 @@ READY_MAGIC = "ORCH-AGENT-READY"
 # by ``os._exit``). Code compiled from memory is named
 # ``orchestrator/host/<module>.py``. The helper then keeps the archive for next
 # time. Python 3.6 syntax, so that an older interpreter is told in one line that it is too old
-# (the package needs 3.8). The interpreter runs with ``-S``: the helper needs the standard
+# (the package needs 3.8). ``-c`` puts the working directory (the login's home) first on
+# ``sys.path``: a ``json.py`` or ``random.py`` left there would be imported in place of the
+# standard library's, so it goes. The interpreter runs with ``-S``: the helper needs the standard
 # library only, and a host's ``site`` (its site-packages' ``.pth`` hooks, a distribution's
 # ``sitecustomize``) is not its business and cost each start about 3 ms of CPU here, more
 # on a box with a large environment; ``ORCH_HELPER_SITE=1`` in the host's environment runs
 # ``site`` after all (a ``sitecustomize`` that measures the helper: the test suite's coverage).
 BOOTSTRAP = """\
 import os, sys
+if sys.path and sys.path[0] == '':
+    del sys.path[0]
 if os.environ.get('ORCH_HELPER_SITE'):
     import site
     site.main()
