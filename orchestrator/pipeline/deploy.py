@@ -132,6 +132,10 @@ from orchestrator.shell.program import (
 )
 from orchestrator.shell.replies import Malformed
 
+STOPPED_BY_CTRL_C = "stopped at the Ctrl-C above"
+"""A deploy's live line when this controller's Ctrl-C stops it after the commit: the
+acknowledgement already said "interrupted", the outcome line says it again at the end."""
+
 
 @dataclass
 class Deployment:
@@ -285,6 +289,9 @@ class Deployment:
             self._stop("commit")
             for phase in ("restart", "health", "gate", "confirm"):
                 self._stop(phase)
+            agent = self.session.agent
+            if failed.aborted and agent is not None and agent.cancelled:
+                reason = STOPPED_BY_CTRL_C  # this controller's: its acknowledgement named the Ctrl-C
             self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=True))
             return
         event = event_from_wire(ev)
@@ -553,8 +560,11 @@ class Deployment:
         changed = self.reached >= Step.COMMITTING
         if not changed and isinstance(cause, KeyboardInterrupt):
             reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
-        if not self.failure_shown:
-            self.reporter.event(self.label, events.DeployFailed(reason, rolling_back=changed))
+        if not self.failure_shown and not (isinstance(cause, KeyboardInterrupt) and not changed):
+            # an interruption is said once: the acknowledgement names it, the live line says
+            # what this host does about it, the host's outcome line says how it ended
+            said = STOPPED_BY_CTRL_C if isinstance(cause, KeyboardInterrupt) else reason
+            self.reporter.event(self.label, events.DeployFailed(said, rolling_back=changed))
         record: RestoreRecord | None = self.runner_record
         if self.runner_verdict is not None:
             # the host's runner restored it (or its guard did): its record is the one, and its time

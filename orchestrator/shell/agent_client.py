@@ -247,6 +247,7 @@ class Agent:
     link_timeout: float = LINK_TIMEOUT
     calls: int = 0
     interrupted_twice: bool = False  # a second Ctrl-C came while a cancelled op was answering
+    cancelled: bool = False  # a Ctrl-C asked the host to stop an op (a runner's restore then follows)
     info: dict[str, Any] = field(default_factory=dict)
     info_monotonic: float = 0.0  # this controller's monotonic clock when ``info`` (the hello) arrived
     dead: str | None = None  # why the link is gone: later calls fail at once, never wait on it
@@ -420,6 +421,7 @@ class Agent:
         """
         if self._proc is None or self.dead is not None:
             return
+        self.cancelled = True
         try:
             self._write(b'{"op":"cancel"}\n')
             if twice:  # the second Ctrl-C came with the first: the abort is asked, not waited for
