@@ -175,21 +175,8 @@ def write_atomic(path, data, mode=None, uid=None, gid=None, planted=None, durabl
                     fd = os.open("new", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=pfd)
                 except FileNotFoundError:
                     continue  # a clean-up took our empty directory: draw again
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)  # live: the clean-up leaves it alone
-                    if os.fstat(fd).st_nlink == 0:
-                        continue  # the clean-up got there first
-                    write_fd(fd, data, durable)
-                    set_owner_mode(fd, mode, uid, gid)
-                    os.replace("new", base, src_dir_fd=pfd, dst_dir_fd=dfd)
-                except BaseException:
-                    try:
-                        os.unlink("new", dir_fd=pfd)
-                    except OSError:
-                        pass
-                    raise
-                finally:
-                    os.close(fd)
+                if not write_and_rename(fd, pfd, "new", dfd, base, data, mode, uid, gid, durable):
+                    continue
             finally:
                 drop_private_dir(dfd, name, pfd, planted)
             if durable:
@@ -202,6 +189,29 @@ def write_atomic(path, data, mode=None, uid=None, gid=None, planted=None, durabl
         raise named(e, path) from e  # ENOSPC and the like say which file
     finally:
         os.close(dfd)
+
+
+def write_and_rename(fd, src_dfd, name, dfd, base, data, mode, uid, gid, durable):
+    """The temp file just created exclusively as ``name`` in ``src_dfd`` (open as ``fd``,
+    closed here): flocked (live: a clean-up leaves it alone), written, given its owner and
+    mode, renamed onto ``base`` in ``dfd``; removed if any of that fails. False when a
+    clean-up took it between its create and the flock (draw another name)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink == 0:
+            return False
+        write_fd(fd, data, durable)
+        set_owner_mode(fd, mode, uid, gid)
+        os.replace(name, base, src_dir_fd=src_dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(name, dir_fd=src_dfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
+    return True
 
 
 def only_mine(dfd):
@@ -219,9 +229,8 @@ def only_mine(dfd):
 
 def write_beside(dfd, path, data, mode, durable):
     """``write_atomic`` in a directory ``only_mine``: ``.<name>.orch-tmp-<random>``
-    created exclusively beside the target, written, renamed onto it. A killed writer's
-    temp file is what ``staging.remove_leftovers`` removes; its ``flock`` keeps a
-    clean-up away from a live one."""
+    created exclusively beside the target, then ``write_and_rename``. A killed writer's
+    temp file is what ``staging.remove_leftovers`` removes."""
     base = os.path.basename(path)
     for _ in range(WRITE_ATTEMPTS):
         name = os.path.basename(tmp_name(".", base))
@@ -229,21 +238,8 @@ def write_beside(dfd, path, data, mode, durable):
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
         except FileExistsError:
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_nlink == 0:
-                continue  # a clean-up took it between the create and the flock: draw again
-            write_fd(fd, data, durable)
-            set_owner_mode(fd, mode)
-            os.replace(name, base, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-        finally:
-            os.close(fd)
+        if not write_and_rename(fd, dfd, name, dfd, base, data, mode, None, None, durable):
+            continue
         if durable:
             fsync_quietly(dfd)
         return
