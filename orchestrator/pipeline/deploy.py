@@ -76,6 +76,7 @@ from orchestrator.errors import (
     OrchError,
     PreflightRefusedError,
     RemoteError,
+    Terminated,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
@@ -558,13 +559,16 @@ class Deployment:
             self._remove_staged()
             return self._lost(cause, reason)
         changed = self.reached >= Step.COMMITTING
-        if not changed and isinstance(cause, KeyboardInterrupt):
+        interrupted = isinstance(cause, KeyboardInterrupt)
+        if interrupted and not changed:
             reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
-        if not self.failure_shown and not (isinstance(cause, KeyboardInterrupt) and not changed):
+        if not self.failure_shown and (changed or not interrupted):
             # an interruption is said once: the acknowledgement names it, the live line says
-            # what this host does about it, the host's outcome line says how it ended
-            said = STOPPED_BY_CTRL_C if isinstance(cause, KeyboardInterrupt) else reason
-            self.reporter.event(self.label, events.DeployFailed(said, rolling_back=changed))
+            # what this host does about it (a SIGTERM's had no acknowledgement: its reason),
+            # the host's outcome line says how it ended
+            ctrl_c = interrupted and not isinstance(cause, Terminated)
+            self.reporter.event(self.label, events.DeployFailed(STOPPED_BY_CTRL_C if ctrl_c else reason,
+                                                                rolling_back=changed))
         record: RestoreRecord | None = self.runner_record
         if self.runner_verdict is not None:
             # the host's runner restored it (or its guard did): its record is the one, and its time
