@@ -135,10 +135,13 @@ class Skewed:
 
 
 def host_wrapper(root: Path, offset_file: Path) -> Path:
-    """An interpreter for the host's helper that runs it on a skewed wall clock."""
+    """An interpreter for the host's helper that runs it on a skewed wall clock. The helper
+    starts with ``python -S``: ``ORCH_HELPER_SITE=1`` has it import the shim (a
+    ``sitecustomize``) all the same."""
     wrapper = root / "skewed-python"
     wrapper.write_text("#!/bin/sh\n"
-                       f'PYTHONPATH="{SHIM}${{PYTHONPATH:+:$PYTHONPATH}}"; export PYTHONPATH\n'
+                       f'PYTHONPATH="{SHIM}${{PYTHONPATH:+:$PYTHONPATH}}"; ORCH_HELPER_SITE=1; '
+                       'export PYTHONPATH ORCH_HELPER_SITE\n'
                        + CLEAR_STALE_FAKETIME_SH +
                        f'exec faketime --exclude-monotonic -f "$(cat {offset_file})" {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
