@@ -90,6 +90,35 @@ def test_the_helper_archive_is_the_same_bytes_for_the_same_source() -> None:
         ((1980, 1, 1, 0, 0, 0), 0o100644, zipfile.ZIP_DEFLATED)}
 
 
+def test_a_fleet_s_workers_asking_at_once_build_the_archive_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker of a fleet asks for the helper's id as its host starts; the first builds
+    the archive, the others wait for it (25 builds cost a 25-host run 0.4 s of CPU)."""
+    from orchestrator.shell import agent_client
+
+    builds: list[int] = []
+    ready = threading.Barrier(8)
+
+    def slow_build() -> bytes:
+        builds.append(1)
+        time.sleep(0.2)  # long enough that, without the lock, the others start their own
+        return b"archive"
+
+    monkeypatch.setattr(agent_client, "helper_archive", slow_build)
+    agent_client._built_archive.cache_clear()
+    try:
+        got: list[bytes] = []
+        workers = [threading.Thread(target=lambda: (ready.wait(), got.append(shipped_archive())))
+                   for _ in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert got == [b"archive"] * 8
+        assert len(builds) == 1
+    finally:
+        agent_client._built_archive.cache_clear()  # the next caller builds the real one
+
+
 def test_a_helper_sent_as_an_archive_runs_from_memory_under_its_package_s_file_names() -> None:
     """No kept copy: the bootstrap imports the package from the archive's bytes, and each
     module's code is named ``orchestrator/host/<module>.py`` (what coverage maps back)."""

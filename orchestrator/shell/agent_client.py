@@ -66,11 +66,21 @@ def helper_archive() -> bytes:
     return buffer.getvalue()
 
 
-@functools.cache
+_ARCHIVE_LOCK = threading.Lock()
+
+
 def shipped_archive() -> bytes:
     """The archive this run sends to every host that has no copy of it yet: built once, when a
     host first needs it (not at import: a command that reaches no host never builds it, and a
-    Ctrl-C during a start-up import never lands inside zipfile)."""
+    Ctrl-C during a start-up import never lands inside zipfile). A fleet's workers all ask at
+    once; the lock makes the others wait for the first build rather than each compress it
+    (25 hosts: 25 builds, 0.4 s of the controller's CPU)."""
+    with _ARCHIVE_LOCK:
+        return _built_archive()
+
+
+@functools.cache
+def _built_archive() -> bytes:
     return helper_archive()
 
 
