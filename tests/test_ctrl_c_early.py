@@ -325,4 +325,9 @@ def test_sigint_waits_for_the_interpreters_handler() -> None:
                               stderr=subprocess.PIPE, text=True)
     sigint_after_start(python, 0.0)
     _, err = python.communicate(timeout=60)
-    assert python.returncode == 1 and err.rstrip().endswith("KeyboardInterrupt"), err
+    # Python's handler answered: its traceback. Landing in the rest of the interpreter's
+    # start, the exit is 1; landing in the program's read (a machine slow to get there),
+    # CPython prints it and ends by SIGINT (-2). The default action, before any handler,
+    # kills with no word at all.
+    assert err.rstrip().endswith("KeyboardInterrupt"), (python.returncode, err)
+    assert python.returncode in (1, -signal.SIGINT), (python.returncode, err)
