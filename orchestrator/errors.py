@@ -15,6 +15,8 @@ A message is one line meant for a person. Nothing here does I/O.
 
 from __future__ import annotations
 
+import signal
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP to the controller (docs/CLI.md, "Signals"): before a commit it ends the
@@ -28,6 +30,19 @@ class Hangup(Terminated):
     """SIGHUP: the terminal or the SSH session that ran orch went away."""
 
     signum = 1
+
+
+def signal_name(cause: BaseException | type[BaseException]) -> str | None:
+    """The signal a ``Terminated`` stands for (``"SIGTERM"``, ``"SIGHUP"``); None for a Ctrl-C."""
+    signum = getattr(cause, "signum", None)
+    return signal.Signals(signum).name if signum else None
+
+
+def interruption(cause: BaseException | type[BaseException]) -> str:
+    """How a run names what stopped it: a Ctrl-C as such; SIGTERM and SIGHUP by name, for a
+    service manager, ``timeout`` or a closed SSH session sent those, not a person at the keys."""
+    name = signal_name(cause)
+    return f"stopped by {name}" if name else "interrupted (Ctrl-C)"
 
 
 class InterruptedTwice(KeyboardInterrupt):

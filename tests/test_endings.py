@@ -87,6 +87,8 @@ SAID: list[tuple[endings.Ending, str]] = [
     (endings.LostBeforeChange(LOST, "night"), f"{LOST}; nothing live was touched"),
     (endings.InterruptedBeforeChange(), "interrupted (Ctrl-C) before anything changed"),
     (endings.InterruptedBeforeChange("night"), "interrupted (Ctrl-C) before anything changed"),
+    (endings.InterruptedBeforeChange(signame="SIGTERM"), "stopped by SIGTERM before anything changed"),
+    (endings.InterruptedBeforeChange("night", "SIGHUP"), "stopped by SIGHUP before anything changed"),
     (endings.FollowedAgainInVain("R1", "before batch 2", "gpu: unreachable",
                                  endings.LostAfterCommit("gpu", "R1", LOST, T)),
      f"{LOST} after the commit of release R1; the host finishes it by itself (its runner confirms or restores "
@@ -246,3 +248,19 @@ def final_sentences(pipeline: Path) -> list[str]:
 
 def test_the_pipeline_composes_no_final_sentence() -> None:
     assert final_sentences(ROOT / "orchestrator" / "pipeline") == []
+
+
+def test_an_interruption_is_named_by_what_sent_it() -> None:
+    """A Ctrl-C is a person's; SIGTERM and SIGHUP come from a service manager, ``timeout`` or a
+    closed SSH session, and a run that got one says so, not "Ctrl-C"."""
+    from orchestrator.cli.fleet import stopping_line
+    from orchestrator.errors import Hangup, InterruptedTwice, Terminated, interruption
+
+    assert interruption(KeyboardInterrupt()) == interruption(InterruptedTwice()) == "interrupted (Ctrl-C)"
+    assert interruption(Terminated()) == "stopped by SIGTERM"
+    assert interruption(Hangup) == "stopped by SIGHUP"  # a fleet passes the kind, not an instance
+    assert stopping_line(KeyboardInterrupt).endswith("a committed one restored); Ctrl-C again to stop waiting")
+    # after the commit a SIGTERM aborts nothing (docs/CLI.md, "Signals"): no promise of a restore
+    said = stopping_line(Terminated)
+    assert said.startswith("stopped by SIGTERM: stopping the hosts at work") and "restored" not in said
+    assert "a committed one is finished by its host" in said

@@ -194,7 +194,7 @@ def test_a_second_ctrl_c_while_the_first_is_passed_on_reaches_the_worker_as_inte
             told.append(type(e))
         return HostReport(t.name, "failed", 1, error="stopped")
 
-    def interrupting() -> None:
+    def interrupting(_kind: type[KeyboardInterrupt]) -> None:
         if not told and not said:
             said.append("the first Ctrl-C's line")
             raise KeyboardInterrupt  # the second Ctrl-C, landing while that line is printed

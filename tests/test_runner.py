@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from orchestrator.host import eventlog
@@ -164,7 +165,11 @@ def test_sigterm_after_the_commit_stops_following_and_aborts_nothing(link: Link)
     assert sha256(box.server_args) != original
 
 
-def test_sigterm_before_the_commit_is_failed_and_changes_nothing(link: Link) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_sigterm_before_the_commit_is_failed_and_changes_nothing(link: Link, sig: signal.Signals) -> None:
+    """docs/CLI.md, "Signals": before the commit a SIGTERM or SIGHUP ends the run as a Ctrl-C
+    does, and the run names the signal it got: a service manager, ``timeout`` or a closed SSH
+    session sent it, not a person at the keys (it was said as "interrupted (Ctrl-C)")."""
     box = link.box
     box.start_by_hand()
     original = sha256(box.server_args)
@@ -172,11 +177,14 @@ def test_sigterm_before_the_commit_is_failed_and_changes_nothing(link: Link) -> 
     wait = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'"
     proc = box.start_orch("deploy", "--host", "gpu", "--json", str(story(box, validate=[wait])))
     wait_until(lambda: list(box.server_args.parent.glob(".server_args.orch-staged-*.py")), "the staged copy")
-    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(sig)
     go.write_text("")
     code, report, out = finish(proc)
     assert code == 1, out
     assert report["outcome"] == "failed" and "Traceback" not in out, out
+    assert report["error"].startswith(f"stopped by {sig.name}"), report["error"]
+    assert f"stopped by {sig.name}: stopping the hosts at work" in out
+    assert "Ctrl-C" not in out, out
     assert sha256(box.server_args) == original
     assert cmdline(box.server_pid()) == box.hand_argv
     wait_until(lambda: not list(box.server_args.parent.glob(".server_args.orch-staged-*.py")),

@@ -28,7 +28,7 @@ from orchestrator.core.outcomes import INTERRUPTED as INTERRUPTED_VERDICT
 from orchestrator.core.outcomes import Outcome, read_verdict
 from orchestrator.core.selection import hosts_to_retry, retry_file_text
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, signal_name
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.fleet import (
     INTERRUPTED,
@@ -89,9 +89,7 @@ def run_reports(
         interrupted=lambda t: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=INTERRUPTED),
         started=(lambda t: fleet_reporter.started(t.name)) if fleet_reporter else (lambda _t: None),
         finished=(lambda t, r: fleet_reporter.finished(t.name, r)) if fleet_reporter else (lambda _t, _r: None),
-        interrupting=lambda: out.line("interrupted (Ctrl-C): stopping the hosts at work (a release not yet "
-                                      "committed is closed, a committed one restored); Ctrl-C again to stop "
-                                      "waiting", "yellow"),
+        interrupting=lambda kind: out.line(stopping_line(kind), "yellow"),
     )
     after = None
     if undo is not None:
@@ -169,13 +167,24 @@ def read_hosts(
         if live is not None:
             live.stop()
             live_stopped(live)
-    if run.stopped == INTERRUPTED:
+    if run.interrupted:
         raise KeyboardInterrupt
     return {t.name: run.results.get(t.name) or not_started(t.name, run.stopped or INTERRUPTED, line)
             for t in targets}
 
 
-def stop_reading() -> None:
+def stopping_line(kind: type[KeyboardInterrupt]) -> str:
+    """What the first interruption of a deploy, night or rollback does, said at once. A SIGTERM
+    or SIGHUP aborts no committed release (docs/CLI.md, "Signals"): its host finishes it."""
+    name = signal_name(kind)
+    if name is None:
+        return ("interrupted (Ctrl-C): stopping the hosts at work (a release not yet committed is closed, "
+                "a committed one restored); Ctrl-C again to stop waiting")
+    return (f"stopped by {name}: stopping the hosts at work (a release not yet committed is closed; "
+            "a committed one is finished by its host)")
+
+
+def stop_reading(_kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
     """The first Ctrl-C in a read: leave the pool now rather than wait for the hosts at work."""
     raise KeyboardInterrupt
 

@@ -449,7 +449,7 @@ def _(e: end.LostBeforeChange) -> str:
 
 @line.register
 def _(e: end.InterruptedBeforeChange) -> str:
-    return "interrupted (Ctrl-C) before anything changed"
+    return f"stopped by {e.signame} before anything changed" if e.signame else "interrupted (Ctrl-C) before anything changed"
 
 
 @line.register

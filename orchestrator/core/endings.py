@@ -123,9 +123,10 @@ class LostBeforeChange(Ending):
 
 @value(frozen=True)
 class InterruptedBeforeChange(Ending):
-    """Ctrl-C before the run changed anything on the host."""
+    """Ctrl-C (or ``signame``: SIGTERM, SIGHUP) before the run changed anything on the host."""
 
     run: Run = "deploy"
+    signame: str | None = None
 
 
 @value(frozen=True)

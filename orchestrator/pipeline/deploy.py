@@ -77,6 +77,8 @@ from orchestrator.errors import (
     PreflightRefusedError,
     RemoteError,
     Terminated,
+    interruption,
+    signal_name,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import ReprobeEvent, StepEvent, event_from_wire
@@ -561,7 +563,7 @@ class Deployment:
         changed = self.reached >= Step.COMMITTING
         interrupted = isinstance(cause, KeyboardInterrupt)
         if interrupted and not changed:
-            reason = "interrupted (Ctrl-C) before the commit: nothing on the host was changed"
+            reason = f"{interruption(cause)} before the commit: nothing on the host was changed"
         if not self.failure_shown and (changed or not interrupted):
             # an interruption is said once: the acknowledgement names it, the live line says
             # what this host does about it (a SIGTERM's had no acknowledgement: its reason),
@@ -676,7 +678,7 @@ class Deployment:
 
     def _reason(self, cause: BaseException) -> str:
         if isinstance(cause, KeyboardInterrupt):
-            return "interrupted (Ctrl-C)"
+            return interruption(cause)
         if isinstance(cause, RemoteStepError) and cause.log_tail:
             self.reporter.server_log(self.label, "server log (last 40 lines)", cause.log_tail)
         return self._redact(str(cause))
@@ -915,7 +917,7 @@ def deploy_host(
         v = verdict(cause, reached)
         ending: endings.Ending | None = None
         if isinstance(cause, KeyboardInterrupt):
-            ending = endings.InterruptedBeforeChange()
+            ending = endings.InterruptedBeforeChange(signame=signal_name(cause))
         elif isinstance(cause, LinkLostError):
             ending = endings.LostBeforeChange(str(cause))
         return HostReport(label, v.outcome, v.exit_code,  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ from orchestrator.core.events import RestoreAccount, plain
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import InterruptedTwice
+from orchestrator.errors import InterruptedTwice, interruption
 from orchestrator.interrupts import thread_in_import_machinery
 from orchestrator.pipeline.events import Words
 from orchestrator.pipeline.report import HostReport
@@ -87,16 +87,16 @@ class FleetHooks(Generic[R]):
     draws must be thread-safe). ``interrupted`` makes the result of a host
     whose work a Ctrl-C cut off outside the work's own handling (rare: between
     two of its steps). ``outcome`` is the outcome word a batch is judged by.
-    ``interrupting`` is called once, from the main thread, at the first Ctrl-C:
-    a host's work may take a while to notice it (a slow link), and the user
-    must see at once that it was heard.
+    ``interrupting`` is called once, from the main thread, at the first Ctrl-C
+    (or SIGTERM, SIGHUP: its kind is passed): a host's work may take a while to
+    notice it (a slow link), and the user must see at once that it was heard.
     """
 
     outcome: Callable[[R], str]
     interrupted: Callable[[HostTarget], R]
     started: Callable[[HostTarget], None] = lambda _t: None
     finished: Callable[[HostTarget, R], None] = lambda _t, _r: None
-    interrupting: Callable[[], None] = lambda: None
+    interrupting: Callable[[type[KeyboardInterrupt]], None] = lambda _kind: None
 
 
 @dataclass
@@ -106,6 +106,7 @@ class FleetRun(Generic[R]):
     results: dict[str, R]
     not_started: list[str] = field(default_factory=list)
     stopped: str | None = None  # why the run stopped before its last batch (None: it did not)
+    interrupted: bool = False  # ``stopped`` by a Ctrl-C, SIGTERM or SIGHUP
     batches: list[list[str]] = field(default_factory=list)
 
 
@@ -130,7 +131,7 @@ def run_fleet(
         results.update(done)
         later = [t for b in batches[number:] for t in b]
         if pool.interrupted:
-            stopped = INTERRUPTED
+            stopped, run.interrupted = interruption(pool.interrupted_by), True
             left = pool.never_started + later
             break
         if settle is not None:
@@ -139,7 +140,7 @@ def run_fleet(
                 done = {**done, **settle(batch, done, when)}
             except SettleInterrupted as e:  # a Ctrl-C while it followed: no later batch starts
                 results.update(e.results)
-                stopped, left = INTERRUPTED, later
+                stopped, left, run.interrupted = INTERRUPTED, later, True
                 break
             results.update(done)
         verdict = judge_batch([hooks.outcome(done[t.name]) for t in batch if t.name in done],
@@ -178,6 +179,7 @@ class HostPool(Generic[R]):
         self.failures: dict[str, BaseException] = {}
         self.interrupted = False
         self.interrupts = 0  # Ctrl-C (and SIGTERM/SIGHUP) passed on to the workers so far
+        self.interrupted_by: type[KeyboardInterrupt] = KeyboardInterrupt  # the first one's kind
         self._taken: set[str] = set()
         self._at_work: dict[int, str] = {}  # thread id -> host
         self._lock = threading.Lock()
@@ -220,7 +222,8 @@ class HostPool(Generic[R]):
     def _interrupt(self, kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
         self.interrupts += 1  # first: a second one that cuts this call short is one more
         if self.interrupts == 1:
-            self.hooks.interrupting()
+            self.interrupted_by = kind
+            self.hooks.interrupting(kind)
         elif kind is KeyboardInterrupt:
             kind = InterruptedTwice  # in its slot, it also stands for a first one not yet seen
         with self._lock:

@@ -119,6 +119,8 @@ from orchestrator.errors import (
     OrchError,
     RefusedError,
     RemoteError,
+    interruption,
+    signal_name,
 )
 from orchestrator.host.program import StepName
 from orchestrator.host.protocol_events import StepEvent, TickEvent, event_from_wire
@@ -607,7 +609,7 @@ class Night:
         """A failure before the switch: remove the half-built build, keep its log; nothing live was touched."""
         v = verdict(cause, self.reached)
         if isinstance(cause, KeyboardInterrupt):
-            reason = "interrupted (Ctrl-C) before the switch; nothing live was touched"
+            reason = f"{interruption(cause)} before the switch; nothing live was touched"
         else:
             reason = self._redact(str(cause))
             if isinstance(cause, RemoteStepError) and cause.log_tail:
@@ -910,7 +912,7 @@ class Night:
         """A failure once armed: the restore machine runs the night's plan, then the verdict
         (``pipeline.failure``, the same for a deploy)."""
         if isinstance(cause, KeyboardInterrupt):
-            reason = "interrupted (Ctrl-C)"
+            reason = interruption(cause)
         else:
             reason = self._redact(str(cause))
             if isinstance(cause, RemoteStepError) and cause.log_tail:
@@ -1070,7 +1072,7 @@ def nightly_host(
         v = verdict(cause, current.reached if current else Step.CONNECTING)
         ending: Ending | None = None
         if isinstance(cause, KeyboardInterrupt):
-            ending = endings.InterruptedBeforeChange("night")
+            ending = endings.InterruptedBeforeChange("night", signal_name(cause))
         elif isinstance(cause, LinkLostError):
             ending = endings.LostBeforeChange(str(cause), "night")
         finished = current.session.host_time() if current is not None else time.time()
