@@ -39,10 +39,14 @@ def signal_name(cause: BaseException | type[BaseException]) -> str | None:
 
 
 def interruption(cause: BaseException | type[BaseException]) -> str:
-    """How a run names what stopped it: a Ctrl-C as such; SIGTERM and SIGHUP by name, for a
-    service manager, ``timeout`` or a closed SSH session sent those, not a person at the keys."""
-    name = signal_name(cause)
-    return f"stopped by {name}" if name else "interrupted (Ctrl-C)"
+    """How a run names what stopped it (``interruption_words``)."""
+    return interruption_words(signal_name(cause))
+
+
+def interruption_words(signame: str | None) -> str:
+    """A Ctrl-C as such; SIGTERM and SIGHUP by name, for a service manager, ``timeout`` or a
+    closed SSH session sent those, not a person at the keys."""
+    return f"stopped by {signame}" if signame else "interrupted (Ctrl-C)"
 
 
 class InterruptedTwice(KeyboardInterrupt):

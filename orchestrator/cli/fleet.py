@@ -28,7 +28,7 @@ from orchestrator.core.outcomes import INTERRUPTED as INTERRUPTED_VERDICT
 from orchestrator.core.outcomes import Outcome, read_verdict
 from orchestrator.core.selection import hosts_to_retry, retry_file_text
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import OrchError, signal_name
+from orchestrator.errors import OrchError, interruption, signal_name
 from orchestrator.pipeline.events import Reporter
 from orchestrator.pipeline.fleet import (
     INTERRUPTED,
@@ -176,15 +176,13 @@ def read_hosts(
 def stopping_line(kind: type[KeyboardInterrupt]) -> str:
     """What the first interruption of a deploy, night or rollback does, said at once. A SIGTERM
     or SIGHUP aborts no committed release (docs/CLI.md, "Signals"): its host finishes it."""
-    name = signal_name(kind)
-    if name is None:
-        return ("interrupted (Ctrl-C): stopping the hosts at work (a release not yet committed is closed, "
-                "a committed one restored); Ctrl-C again to stop waiting")
-    return (f"stopped by {name}: stopping the hosts at work (a release not yet committed is closed; "
-            "a committed one is finished by its host)")
+    said = f"{interruption(kind)}: stopping the hosts at work (a release not yet committed is closed"
+    if signal_name(kind) is None:
+        return f"{said}, a committed one restored); Ctrl-C again to stop waiting"
+    return f"{said}; a committed one is finished by its host)"
 
 
-def stop_reading(_kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
+def stop_reading(_kind: type[KeyboardInterrupt]) -> None:
     """The first Ctrl-C in a read: leave the pool now rather than wait for the hosts at work."""
     raise KeyboardInterrupt
 

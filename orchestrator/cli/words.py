@@ -16,6 +16,7 @@ from orchestrator.core import endings as end
 from orchestrator.core import events as ev
 from orchestrator.core.predates import predates_note
 from orchestrator.core.preflight import NOT_CHECKED_NOTE
+from orchestrator.errors import interruption_words
 from orchestrator.host.records import ServerProcess
 from orchestrator.host.retention import held_note
 from orchestrator.pipeline.report import Named, RollbackSummary
@@ -449,7 +450,7 @@ def _(e: end.LostBeforeChange) -> str:
 
 @line.register
 def _(e: end.InterruptedBeforeChange) -> str:
-    return f"stopped by {e.signame} before anything changed" if e.signame else "interrupted (Ctrl-C) before anything changed"
+    return f"{interruption_words(e.signame)} before anything changed"
 
 
 @line.register
