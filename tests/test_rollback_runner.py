@@ -85,7 +85,9 @@ def test_a_rollback_whose_restart_fails_is_exit_3_rollback_failed_and_restored_o
     proc = box.start_orch("rollback", "--host", "gpu", "--json")
     release = rollback_release(box)
     pid = int((box.state_dir / "server.pid").read_text())
-    assert cmdline(pid) == box.hand_argv
+    # "started pid" is said once "go" is written; the held start's shell execs the server a
+    # moment later (until then /proc shows the shell's argv, or none mid-exec)
+    wait_until(lambda: cmdline(pid) == box.hand_argv, "the previous server's own program to run", 60)
     os.kill(pid, signal.SIGKILL)  # the previous server, started again, dies before it is healthy
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 3, out + err
