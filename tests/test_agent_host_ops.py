@@ -159,6 +159,30 @@ def test_a_server_is_found_by_its_port_and_stopped_until_the_port_is_free(agent:
     assert (tmp_path / "logs" / "srv.log.1").exists()
 
 
+def kernel_thread_pid() -> int:
+    """A kernel thread (a child of kthreadd, no command line): what a stale pidfile's pid can name now."""
+    for name in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_bytes()
+            if name.isdigit() and stat.rsplit(b")", 1)[1].split()[1] == b"2" and not Path(
+                    f"/proc/{name}/cmdline").read_bytes():
+                return int(name)
+        except OSError:
+            continue
+    raise AssertionError("no kernel thread in /proc")
+
+
+def test_a_pidfile_naming_a_kernel_thread_names_no_server_and_no_argv_is_never_recorded(
+        agent: Agent, tmp_path: Path) -> None:
+    """A rollback restarts the recorded argv: a record with none would restart nothing."""
+    pid = kernel_thread_pid()
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(f"{pid}\n")
+    assert agent.call("server_find", pidfile=str(pidfile)) is None  # stale: looked for by its port, none given
+    with pytest.raises(RemoteStepError, match=f"process {pid} has no command line"):
+        agent.call("process", pid=pid)
+
+
 def test_a_stop_takes_the_servers_group_and_a_worker_that_left_it(agent: Agent, tmp_path: Path) -> None:
     """A server whose worker moved to a session of its own (outside the group a SIGTERM to the
     group reaches) and whose grandchild stayed in the group: all three are signalled and gone,

@@ -170,6 +170,9 @@ def process_record(pid):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
+        if not argv:  # a kernel thread, or a process in mid-exec: nothing a rollback could start again
+            raise AgentError("server", "process %d has no command line (a kernel thread, or one in mid-exec): "
+                                       "orch records no server it could not start again" % pid)
         cwd = os.readlink("/proc/%d/cwd" % pid)
         with open("/proc/%d/environ" % pid, "rb") as f:
             env = {}
@@ -192,7 +195,19 @@ def read_pidfile(pidfile):
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return None
-    return pid if pid_alive(pid) else None
+    return pid if pid_alive(pid) and not kernel_thread(pid) else None
+
+
+def kernel_thread(pid):
+    """Whether ``pid`` is a kernel thread (no command line, parent kthreadd): a stale pidfile's
+    pid taken by one names no server, so the server is looked for by its port."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            ppid = int(stat_fields(f.read())[1])
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return ppid in (0, 2) and not f.read()
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def op_server_find(s, pidfile=None, port=None):
