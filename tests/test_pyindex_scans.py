@@ -8,11 +8,15 @@ that a fleet's hosts share keep answers by content, never by path.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core.kept import Kept
 from orchestrator.core.pyindex import PySource, rows_containing, split_lines
+from tests.fixtures.at_once import ask_at_once
 
 # Lines made of a few letters and every line break Python knows, so that
 # needles hit often and split_lines meets each of its cases.
@@ -49,3 +53,36 @@ def test_the_same_text_at_two_paths_is_read_alike_and_errors_name_their_own_path
     for path in ("/host1/server_args.py", "/host2/server_args.py"):
         with pytest.raises(SyntaxError, match=path):
             PySource(path, broken).statement_at(10)
+
+
+def test_a_fleets_threads_asking_at_once_wait_for_one_computation() -> None:
+    """At N = 25 every host tokenized the same file at once: the cache let them all compute."""
+    kept: Kept[str, list[int]] = Kept(4)
+    calls: list[int] = []
+    release = threading.Event()
+
+    def make() -> list[int]:
+        calls.append(1)
+        release.wait(30)
+        return [len(calls)]
+
+    answers = ask_at_once(8, lambda: kept.get("k", make), Kept.get.__code__, release)
+    assert calls == [1] and answers == [[1]] * 8
+    assert kept.get("k", lambda: [99]) == [1]  # and kept
+
+
+def test_a_failed_computation_is_not_kept_and_each_waiter_computes_its_own() -> None:
+    kept: Kept[str, list[int]] = Kept(4)
+    release = threading.Event()
+    calls: list[str] = []
+
+    def make() -> list[int]:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:  # the first to compute fails (an error names its path: never kept)
+            release.wait(30)
+            raise ValueError("first.py does not parse")
+        return [2]
+
+    answers = ask_at_once(8, lambda: kept.get("k", make), Kept.get.__code__, release)
+    assert [a for a in answers if isinstance(a, ValueError)] and answers.count([2]) == 7
+    assert len(calls) == 8 and kept.get("k", lambda: [3]) == [3]  # nothing was kept

@@ -35,14 +35,12 @@ import bisect
 import hashlib
 import threading
 import tokenize
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+
+from orchestrator.core.kept import Kept
 
 BOM = "\ufeff"
-K = TypeVar("K")
-V = TypeVar("V")
 
 # --------------------------------------------------------------------------- parsing
 
@@ -308,50 +306,21 @@ def _is_docstring(node: ast.stmt) -> bool:
 # --------------------------------------------------------------------------- one chunk
 
 
-class _Kept(Generic[K, V]):
-    """The last ``size`` answers, by key, shared by the threads of a fleet.
-
-    A fleet's hosts (and a host's successive plans) carry the same files: what
-    is read from a text is kept by that text (or its digest), never by its
-    path, which only names errors (and those are never kept). Two threads may
-    compute the same answer at once; either copy is right, as nothing kept is
-    changed afterwards.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K, make: Callable[[], V]) -> V:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit
-        value = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-
 CHUNK_CACHE_SIZE = 64
 """Statement groups kept read (``read_chunk``)."""
 SPANS_CACHE_SIZE = 64
 """Windows kept split into statement groups (``cached_top_level_spans``)."""
 SPANS_CACHE_MAX_ROWS = 50_000
 
-_chunks: _Kept[tuple[int, int, str], _Chunk] = _Kept(CHUNK_CACHE_SIZE)
-_spans: _Kept[tuple[bytes, int, int | None], tuple[list[tuple[int, int]], int | None]] = _Kept(SPANS_CACHE_SIZE)
+_chunks: Kept[tuple[int, int, str], _Chunk] = Kept(CHUNK_CACHE_SIZE)
+_spans: Kept[tuple[bytes, int, int | None], tuple[list[tuple[int, int]], int | None]] = Kept(SPANS_CACHE_SIZE)
 
 
 def read_chunk(src: PySource, first: int, last: int) -> _Chunk:
     """The statement group at rows ``first..last`` of ``src``, read once per content.
 
     Reading the group that holds a large class is most of a plan's CPU; it
-    is kept by the group's rows and text (``_Kept``).
+    is kept by the group's rows and text (``Kept``).
     """
     key = (first, last, "".join(src.raw[first - 1 : last]))
     return _chunks.get(key, lambda: _Chunk(src, first, last))
