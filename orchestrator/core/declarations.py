@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from orchestrator.core.anchors import (
     field_statements,
     first_string_arg,
 )
+from orchestrator.core.kept import Kept
 from orchestrator.core.layouts import field_name, flag_name
 from orchestrator.core.pyindex import PySource
 
@@ -80,8 +82,18 @@ class OrchBlock:
         return [line.rstrip("\r\n") for line in lines[self.first: self.last - 1]]
 
 
+_BLOCKS: Kept[tuple[str, str], tuple[OrchBlock, ...]] = Kept(16)
+_BODIES: Kept[tuple[str, str], Mapping[str, str]] = Kept(16)
+"""The answers below, once per text: a plan asks three times of each host's copy of a file
+(4,000 lines in the fleet bench), and a fleet's copies are the same text."""
+
+
 def orch_blocks(path: str, text: str) -> list[OrchBlock]:
     """Every complete marker block of ``text`` (an unpaired marker is the edit engine's to refuse)."""
+    return list(_BLOCKS.get((path, text), lambda: _blocks(path, text)))
+
+
+def _blocks(path: str, text: str) -> tuple[OrchBlock, ...]:
     prefix = re.escape(comment_prefix(path))
     begin = re.compile(rf"^\s*{prefix} >>> orch (\S+)\s*$")
     end = re.compile(rf"^\s*{prefix} <<< orch (\S+)\s*$")
@@ -92,7 +104,7 @@ def orch_blocks(path: str, text: str) -> list[OrchBlock]:
             opened[m.group(1)] = row
         elif "<<< orch " in line and (m := end.match(line)) and m.group(1) in opened:
             out.append(OrchBlock(path, m.group(1), opened.pop(m.group(1)), row))
-    return out
+    return tuple(out)
 
 
 def block_around(blocks: Sequence[OrchBlock], first: int, last: int) -> OrchBlock | None:
@@ -103,11 +115,16 @@ def block_around(blocks: Sequence[OrchBlock], first: int, last: int) -> OrchBloc
 
 def block_text(path: str, text: str, marker: str) -> str | None:
     """The body of block ``marker`` in ``text``, or None when the file has no such block."""
+    return _BODIES.get((path, text), lambda: _bodies(path, text)).get(marker)
+
+
+def _bodies(path: str, text: str) -> Mapping[str, str]:
+    """Each marker's body (the first block of a marker that occurs twice)."""
     lines = text.splitlines()
+    bodies: dict[str, str] = {}
     for block in orch_blocks(path, text):
-        if block.marker == marker:
-            return "\n".join(block.body(lines))
-    return None
+        bodies.setdefault(block.marker, "\n".join(block.body(lines)))
+    return types.MappingProxyType(bodies)
 
 
 # --------------------------------------------------------------------------- declarations
