@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from orchestrator.core.templating import Renderer
 from orchestrator.errors import TemplateError
+from tests.fixtures.at_once import ask_at_once
 
 FILES = {
     "sglang/field.py.j2": "speculative_disable_batch_threshold: int = {{ threshold }}\n",
@@ -141,3 +144,21 @@ def test_runtime_error_is_one_line(renderer: Renderer) -> None:
 def test_plain_text_is_returned_unchanged(renderer: Renderer) -> None:
     assert renderer.render_string("no templates here", {}) == "no templates here"
     assert renderer.render_string("{not jinja}", {}) == "{not jinja}"
+
+
+def test_a_fleets_threads_compile_a_template_once() -> None:
+    """Every host of a fleet renders the playbook's templates at the same moment; Jinja's cache
+    let each thread that missed it look the file up and compile its own copy."""
+    release = threading.Event()
+    looked_up: list[str] = []
+
+    def lookup(name: str) -> str | None:
+        looked_up.append(name)
+        release.wait(30)
+        return FILES.get(name)
+
+    renderer = Renderer(lookup)
+    answers = ask_at_once(8, lambda: renderer.render_template("sglang/field.py.j2", {"threshold": 8}),
+                          Renderer.render_template.__code__, release)
+    assert answers == ["speculative_disable_batch_threshold: int = 8\n"] * 8
+    assert looked_up == ["sglang/field.py.j2"]
