@@ -109,6 +109,7 @@ if not TYPE_CHECKING:
                 if not str(hint).startswith(("ClassVar", "typing.ClassVar"))]
         names = set(f.name for f in mine)
         cls.__fields__ = tuple([f for f in inherited if f.name not in names] + mine)
+        cls.__field_names__ = frozenset(f.name for f in cls.__fields__)  # a keyword's check, in one step
         for name, method in _METHODS.items():
             setattr(cls, name, method)
         return cls
@@ -120,7 +121,7 @@ if not TYPE_CHECKING:
             raise TypeError("%s() takes %d arguments, %d given" % (name, len(fields), len(args)))
         values = dict((f.name, a) for f, a in zip(fields, args))
         for key, given in kwargs.items():
-            if key in values or not any(f.name == key for f in fields):
+            if key in values or key not in self.__field_names__:
                 raise TypeError("%s() got an unexpected or repeated argument %r" % (name, key))
             values[key] = given
         for f in fields:
