@@ -41,7 +41,7 @@ def targets(n: int) -> list[HostTarget]:
 
 def hooks(**kw: object) -> FleetHooks[HostReport]:
     return FleetHooks(outcome=lambda r: r.outcome,
-                      interrupted=lambda t: HostReport(t.name, "failed", 1, error="interrupted"), **kw)  # type: ignore[arg-type]
+                      interrupted=lambda t, why: HostReport(t.name, "failed", 1, error=why), **kw)  # type: ignore[arg-type]
 
 
 def test_no_more_than_forks_hosts_at_work_and_every_host_done() -> None:
@@ -288,3 +288,24 @@ def test_a_ctrl_c_for_a_worker_waiting_to_start_a_thread_waits_until_that_thread
     assert not seen["worker_alive"] and seen["caught"] == [True]
     assert seen["stale_in_limbo"] == [], "a thread was left in threading._limbo: every later Ctrl-C would wait for ever"
     assert seen["started"] == 1 and seen["started_alive"] == [False]
+
+
+def test_a_host_cut_off_between_its_steps_by_sigterm_is_said_stopped_by_sigterm_not_ctrl_c() -> None:
+    """A host whose work lets the interruption through (between two of its steps) gets the
+    result the hooks make for it, with the signal's own words, and so does the run."""
+    from orchestrator.errors import Hangup, Terminated
+
+    for kind, words in ((Terminated, "stopped by SIGTERM"), (Hangup, "stopped by SIGHUP"),
+                        (KeyboardInterrupt, "interrupted (Ctrl-C)")):
+        at_work = threading.Event()
+
+        def work(t: HostTarget, at_work: threading.Event = at_work) -> HostReport:
+            at_work.set()
+            while True:  # between two steps: nothing here handles the interruption
+                time.sleep(0.01)
+
+        pool = HostPool(targets(2), work, 1, hooks())
+        threading.Thread(target=lambda k=kind, a=at_work: a.wait(WAIT) and pool._interrupt(k), daemon=True).start()
+        results = pool.run()
+        assert results["h1"].error == words and pool.interrupted, (kind, results)
+        assert [t.name for t in pool.never_started] == ["h2"]

@@ -86,7 +86,7 @@ def run_reports(
 
     hooks: FleetHooks[HostReport] = FleetHooks(
         outcome=lambda r: r.outcome,
-        interrupted=lambda t: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=INTERRUPTED),
+        interrupted=lambda t, why: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=why),
         started=(lambda t: fleet_reporter.started(t.name)) if fleet_reporter else (lambda _t: None),
         finished=(lambda t, r: fleet_reporter.finished(t.name, r)) if fleet_reporter else (lambda _t, _r: None),
         interrupting=lambda kind: out.line(stopping_line(kind), "yellow"),
@@ -155,7 +155,7 @@ def read_hosts(
 
     hooks: FleetHooks[T | HostReport] = FleetHooks(
         outcome=lambda f: f.outcome if isinstance(f, HostReport) else Outcome.UNCHANGED,
-        interrupted=lambda t: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=INTERRUPTED),
+        interrupted=lambda t, why: HostReport.ended(t.name, INTERRUPTED_VERDICT, error=why),
         started=(lambda t: board.started(t.name)) if board else (lambda _t: None),
         finished=finished,
         interrupting=stop_reading,

@@ -65,9 +65,10 @@ class SettleInterrupted(KeyboardInterrupt):
     """A Ctrl-C during a batch's ``settle``: the results it had settled by then (the others
     kept as they were); the run starts no later batch."""
 
-    def __init__(self, results: dict[str, Any]) -> None:
+    def __init__(self, results: dict[str, Any], why: str) -> None:
         super().__init__()
         self.results = results
+        self.why = why  # "interrupted (Ctrl-C)", "stopped by SIGTERM"
 
 
 @dataclass(frozen=True)
@@ -84,16 +85,16 @@ class FleetHooks(Generic[R]):
     """What the caller wants to know, and how to make a result the work did not return.
 
     ``started``/``finished`` are called from the worker threads (a view that
-    draws must be thread-safe). ``interrupted`` makes the result of a host
-    whose work a Ctrl-C cut off outside the work's own handling (rare: between
-    two of its steps). ``outcome`` is the outcome word a batch is judged by.
+    draws must be thread-safe). ``interrupted(target, why)`` makes the result of
+    a host whose work a Ctrl-C (or SIGTERM, SIGHUP: ``why`` names it) cut off
+    outside the work's own handling (rare: between two of its steps). ``outcome`` is the outcome word a batch is judged by.
     ``interrupting`` is called once, from the main thread, at the first Ctrl-C
     (or SIGTERM, SIGHUP: its kind is passed): a host's work may take a while to
     notice it (a slow link), and the user must see at once that it was heard.
     """
 
     outcome: Callable[[R], str]
-    interrupted: Callable[[HostTarget], R]
+    interrupted: Callable[[HostTarget, str], R]
     started: Callable[[HostTarget], None] = lambda _t: None
     finished: Callable[[HostTarget, R], None] = lambda _t, _r: None
     interrupting: Callable[[type[KeyboardInterrupt]], None] = lambda _kind: None
@@ -140,7 +141,7 @@ def run_fleet(
                 done = {**done, **settle(batch, done, when)}
             except SettleInterrupted as e:  # a Ctrl-C while it followed: no later batch starts
                 results.update(e.results)
-                stopped, left, run.interrupted = INTERRUPTED, later, True
+                stopped, left, run.interrupted = e.why, later, True
                 break
             results.update(done)
         verdict = judge_batch([hooks.outcome(done[t.name]) for t in batch if t.name in done],
@@ -214,7 +215,7 @@ class HostPool(Generic[R]):
             w.join()
         for t in self.targets:  # taken, but cut off before its work could say anything
             if t.name in self._taken and t.name not in self.results and t.name not in self.failures:
-                self.results[t.name] = self.hooks.interrupted(t)
+                self.results[t.name] = self.hooks.interrupted(t, interruption(self.interrupted_by))
         if self.failures:  # a bug, not a host's failure: raised once every other host is done
             raise next(iter(self.failures.values()))
         return self.results
@@ -278,7 +279,7 @@ class HostPool(Generic[R]):
             # it), or after its result is kept
             self.results[target.name] = self.work(target)
         except KeyboardInterrupt:
-            self.results.setdefault(target.name, self.hooks.interrupted(target))
+            self.results.setdefault(target.name, self.hooks.interrupted(target, interruption(self.interrupted_by)))
         except BaseException as exc:  # noqa: BLE001 - kept and raised by ``run``, after the others
             self.failures[target.name] = exc
         self._leave(threading.get_ident())
@@ -368,8 +369,9 @@ def follow_lost(
     found = pool.run()
     if pool.interrupted:
         # a host the Ctrl-C cut off keeps its report (unreachable: its runner finishes it by itself)
-        raise SettleInterrupted({t.name: done[t.name] if found.get(t.name) is None or found[t.name].error ==
-                                 INTERRUPTED else found[t.name] for t in lost})
+        why = interruption(pool.interrupted_by)
+        raise SettleInterrupted({t.name: done[t.name] if found.get(t.name) is None or found[t.name].error == why
+                                 else found[t.name] for t in lost}, why)
     return found
 
 
