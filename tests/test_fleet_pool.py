@@ -305,7 +305,7 @@ def test_a_host_cut_off_between_its_steps_by_sigterm_is_said_stopped_by_sigterm_
                 time.sleep(0.01)
 
         pool = HostPool(targets(2), work, 1, hooks())
-        threading.Thread(target=lambda k=kind, a=at_work: a.wait(WAIT) and pool._interrupt(k), daemon=True).start()
+        threading.Thread(target=lambda k=kind, a=at_work, p=pool: a.wait(WAIT) and p._interrupt(k), daemon=True).start()
         results = pool.run()
         assert results["h1"].error == words and pool.interrupted, (kind, results)
         assert [t.name for t in pool.never_started] == ["h2"]

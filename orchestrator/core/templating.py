@@ -30,6 +30,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orchestrator.core.facts import FactError, is_none, version_of, version_test
+from orchestrator.core.kept import Kept
 from orchestrator.errors import ConfigError, TemplateError
 
 Lookup = Callable[[str], "str | None"]
@@ -44,6 +45,9 @@ MAX_TEMPLATE_OUTPUT = 16 * 1024 * 1024
 
 TEMPLATE_TIME_LIMIT = 10
 """Seconds the budget above stands for (documented; never measured: core keeps no clock)."""
+
+INLINE_TEMPLATES_KEPT = 4096
+"""Inline strings a renderer keeps compiled: more than a playbook holds (one renderer a run)."""
 
 
 class TemplateBudgetError(Exception):
@@ -168,11 +172,12 @@ class Renderer:
         self.env.tests["none"] = is_none
         self.env.globals["version"] = version_of
         # Inline strings compiled once per renderer, not once per host: a fleet renders
-        # the same playbook strings for every host (Jinja caches only named templates).
-        self._compiled: dict[str, jinja2.Template] = {}
-        # One compile of each template while a fleet's threads all ask for it at once: Jinja's
-        # own cache lets every thread that misses compile its own copy (15 of 25 did).
-        self._compiling = threading.Lock()
+        # the same playbook strings for every host (Jinja caches only named templates),
+        # and its threads ask at once (``Kept``: one compiles, the others wait).
+        self._compiled: Kept[str, jinja2.Template] = Kept(INLINE_TEMPLATES_KEPT)
+        # A named template likewise: Jinja's own cache lets every thread that misses it
+        # compile its own copy (15 of 25 did).
+        self._loading = threading.Lock()
 
     def render_string(
         self,
@@ -194,11 +199,7 @@ class Renderer:
             return source  # nothing to render; skip the compile
         first = source_line or line
         try:
-            template = self._compiled.get(source)
-            if template is None:
-                with self._compiling:
-                    template = self._compiled.get(source) or self._compiled.setdefault(
-                        source, self.env.from_string(source))
+            template = self._compiled.get(source, lambda: self.env.from_string(source))
         except jinja2.TemplateSyntaxError as exc:
             at = first + (exc.lineno or 1) - 1 if first else None
             raise TemplateError(
@@ -255,7 +256,7 @@ class Renderer:
     ) -> str:
         """Render the template file ``name``, referenced from ``file:line`` at ``key``."""
         try:
-            with self._compiling:
+            with self._loading:
                 template = self.env.get_template(name)
         except jinja2.TemplateSyntaxError as exc:
             where = self._describe(exc.name or name)

@@ -45,14 +45,15 @@ from orchestrator.core.events import RestoreAccount, plain
 from orchestrator.core.outcomes import Outcome, Verdict, undone_verdict
 from orchestrator.core.selection import BatchSize, judge_batch, plan_batches
 from orchestrator.core.target import HostTarget
-from orchestrator.errors import InterruptedTwice, interruption
+from orchestrator.errors import InterruptedTwice, interruption, interruption_words
 from orchestrator.interrupts import thread_in_import_machinery
 from orchestrator.pipeline.events import Words
 from orchestrator.pipeline.report import HostReport
 
 R = TypeVar("R")
 
-INTERRUPTED = "interrupted (Ctrl-C)"
+INTERRUPTED = interruption_words(None)
+"""A Ctrl-C's words, for a host no interruption of its own reached."""
 
 HostWork = Callable[[HostTarget], R]
 
@@ -87,7 +88,8 @@ class FleetHooks(Generic[R]):
     ``started``/``finished`` are called from the worker threads (a view that
     draws must be thread-safe). ``interrupted(target, why)`` makes the result of
     a host whose work a Ctrl-C (or SIGTERM, SIGHUP: ``why`` names it) cut off
-    outside the work's own handling (rare: between two of its steps). ``outcome`` is the outcome word a batch is judged by.
+    outside the work's own handling (rare: between two of its steps).
+    ``outcome`` is the outcome word a batch is judged by.
     ``interrupting`` is called once, from the main thread, at the first Ctrl-C
     (or SIGTERM, SIGHUP: its kind is passed): a host's work may take a while to
     notice it (a slow link), and the user must see at once that it was heard.
@@ -215,10 +217,14 @@ class HostPool(Generic[R]):
             w.join()
         for t in self.targets:  # taken, but cut off before its work could say anything
             if t.name in self._taken and t.name not in self.results and t.name not in self.failures:
-                self.results[t.name] = self.hooks.interrupted(t, interruption(self.interrupted_by))
+                self.results[t.name] = self._cut_off(t)
         if self.failures:  # a bug, not a host's failure: raised once every other host is done
             raise next(iter(self.failures.values()))
         return self.results
+
+    def _cut_off(self, target: HostTarget) -> R:
+        """The result of a host the first interruption cut off between two of its steps."""
+        return self.hooks.interrupted(target, interruption(self.interrupted_by))
 
     def _interrupt(self, kind: type[KeyboardInterrupt] = KeyboardInterrupt) -> None:
         self.interrupts += 1  # first: a second one that cuts this call short is one more
@@ -279,7 +285,7 @@ class HostPool(Generic[R]):
             # it), or after its result is kept
             self.results[target.name] = self.work(target)
         except KeyboardInterrupt:
-            self.results.setdefault(target.name, self.hooks.interrupted(target, interruption(self.interrupted_by)))
+            self.results.setdefault(target.name, self._cut_off(target))
         except BaseException as exc:  # noqa: BLE001 - kept and raised by ``run``, after the others
             self.failures[target.name] = exc
         self._leave(threading.get_ident())
