@@ -14,11 +14,12 @@ import signal
 import sys
 from types import FrameType
 
-from orchestrator import ctrl_c_seen, interrupted, note_ctrl_c
+from orchestrator import ctrl_c_seen, heap, interrupted, note_ctrl_c
 from orchestrator.interrupts import answer_dropped_interrupts, forget_waiting, when_safe
 
 
 def main() -> None:
+    heap.loading()  # no collections while the command line loads: ``orchestrator.heap``
     args = sys.argv[1:]
     put_back_hook = answer_dropped_interrupts()
     try:
@@ -43,6 +44,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         forget_waiting()
         put_back_hook()
+        heap.exiting()
 
 
 def ctrl_c(_signum: int, frame: FrameType | None) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from orchestrator import heap
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import LinkLostError, RemoteError
 
@@ -126,9 +127,11 @@ def open_transport(
     if target.connection == "local":
         from orchestrator.shell.local import LocalTransport
 
+        heap.loaded()
         return LocalTransport(target)
     from orchestrator.shell.ssh import SSHTransport
 
+    heap.loaded()  # Fabric and Paramiko were the last heavy imports: ``orchestrator.heap``
     return SSHTransport(
         target,
         accept_new_host_key=accept_new_host_key,
