@@ -59,7 +59,7 @@ import versus  # noqa: E402
 import yaml  # noqa: E402
 from bench_deploy import FLAG, SHIPPED, patched_files  # noqa: E402
 from box import Counts  # noqa: E402
-from fleet import REPO, Fleet, FleetHost, end_leftovers, in_parallel, start_fleet  # noqa: E402
+from fleet import REPO, Fleet, FleetHost, end_leftovers, start_fleet, stop_hosts  # noqa: E402
 from hostcpu import listening_pids, snapshot, tree_cpu, wait_settled  # noqa: E402
 from revisions import export, short_rev  # noqa: E402
 
@@ -247,10 +247,19 @@ def sample_of(figures: dict[str, Any], counts: list[Counts], tree: tuple[float, 
 
 def hosts_tree_cpu(hosts: Sequence[FleetHost]) -> tuple[float, int]:
     """(CPU seconds spent so far below the hosts' sshd, processes still busy), read once every
-    host has settled; each host's running server is left out (hostcpu.py says why)."""
+    host has settled; each host's running server is left out (hostcpu.py says why). From
+    each host's cgroup where the fleet has them (nanoseconds), else from ``/proc`` (ticks)."""
     servers = listening_pids([h.port for h in hosts])
     keep = {h.name: {servers[h.port]} if h.port in servers else set() for h in hosts}
     busy = wait_settled([(h.reaper_pid, h.sshd_pid, keep[h.name]) for h in hosts])
+    if hosts and hosts[0].groups is not None:
+        groups, server_group = hosts[0].groups, hosts[0].server_group
+        assert server_group is not None
+        astray = [f"{h.name} (pid {pid})" for h in hosts for pid in keep[h.name]
+                  if not groups.holds(server_group, pid)]
+        if astray:  # it would be counted as its host's work
+            raise RuntimeError(f"servers outside the servers' cgroup {server_group}: {', '.join(astray)}")
+        return sum(groups.seconds(h.cpu_group) for h in hosts if h.cpu_group is not None), len(busy)
     table = snapshot()
     return sum(tree_cpu(table, h.reaper_pid, keep[h.name]) for h in hosts), len(busy)
 
@@ -607,6 +616,10 @@ def run_bench(args: argparse.Namespace, work: Path, registry: list[FleetHost]) -
                         bashrc_delay=args.bashrc_delay, file_lines=args.file_lines, registry=registry)
     print(f"{args.ns[-1]} hosts up in {time.perf_counter() - started:.1f} s "
           f"(sshd + stand-in server each, 127.0.10.1-{args.ns[-1]})", flush=True)
+    clock = (f"a cgroup per host (cgroup v{fleet.groups.version}, {fleet.groups.top})" if fleet.groups
+             else "/proc, in clock ticks (no cgroup could be made: not root?)")
+    info["hosts' CPU counted by"] = clock
+    print(f"hosts' CPU counted by {clock}", flush=True)
     threshold = int(yaml.safe_load(SHIPPED.read_text())["vars"]["threshold"])
     pdir = work / "patched"
     book = story_playbook(work / "patch-story.yaml", args.poll)
@@ -681,7 +694,7 @@ def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence
     s = sample_of(figures, counts, tree)
     row.deploys.append(s)
     line = (f"  {tool}: {s.wall:.2f} s, CPU {s.cpu:.2f} s, host CPU {s.host_cpu:.2f} s "
-            f"(below sshd {1000 * s.tree_cpu / len(hosts):.0f} ms/host{busy_note(s)}), {s.peak_pss_mb:.0f} MB, "
+            f"(below sshd {1000 * s.tree_cpu / len(hosts):.1f} ms/host{busy_note(s)}), {s.peak_pss_mb:.0f} MB, "
             f"{s.channels_per_host:g} ch/host, {s.connections_per_host:g} conn/host")
     if noop and (tool in NOOP_TOOLS or tool.startswith("orch@")):
         pids = [listening_pid(h.port) for h in hosts]
@@ -700,7 +713,7 @@ def run_tool(tool: str, inv: Invocation, row: Row, fleet: Fleet, hosts: Sequence
             ns = sample_of(figures, counts, tree)
             row.noops.append(ns)
             line += (f"; no-op {ns.wall:.2f} s, host CPU {ns.host_cpu:.2f} s "
-                     f"(below sshd {1000 * ns.tree_cpu / len(hosts):.0f} ms/host{busy_note(ns)}), "
+                     f"(below sshd {1000 * ns.tree_cpu / len(hosts):.1f} ms/host{busy_note(ns)}), "
                      f"{ns.channels_per_host:g} ch/host")
     print(line, flush=True)
 
@@ -813,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
-        in_parallel(lambda h: h.stop(), list(registry))
+        stop_hosts(list(registry))
         left = end_leftovers(work)  # host-side work an interrupted tool left behind
         if left:
             print(f"ended {left} leftover process(es) of the fleet", file=sys.stderr)

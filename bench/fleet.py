@@ -17,7 +17,9 @@ home whose ``.bashrc`` sleeps ``--bashrc-delay`` once per exec (0 by default),
 so this machine's own ``~/.bashrc`` (``pyenv init``, 0.1-0.7 s) is not paid.
 
 Each sshd runs under ``subreaper.py`` (in place of the fixture's ``SSHD`` while
-the fleet starts), so that what a host spends can be counted (``hostcpu.py``).
+the fleet starts), so that what a host spends can be counted (``hostcpu.py``);
+where the bench may make cgroups (root), each host's subreaper and sshd join a
+cgroup of their own and every server one of servers (``hostcpu.CpuGroups``).
 
 Everything is started in parallel (a thread pool) and every start is
 registered before it can fail, so ``Fleet.stop`` tears down all of it, on
@@ -43,14 +45,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from box import CHANNEL_LINE, CONNECTION_LINE, REPO, Counts, slow_bashrc_text
-from hostcpu import launcher_script, sshd_pid_below
+from hostcpu import SERVER_GROUP_ENV, SERVER_SITE, CpuGroups, launcher_script, sshd_pid_below
 
 from orchestrator.standin import launch_argv, launch_env, make_tree
 from tests.fixtures import sshd as sshd_fixture
 from tests.fixtures.sandbox import Sandbox, health_status, listening_pid
 from tests.fixtures.sshd import SshdServer, keygen, start_sshd
 
-__all__ = ["REPO", "Fleet", "FleetHost", "address_of", "end_leftovers", "host_name", "in_parallel", "start_fleet"]
+__all__ = ["REPO", "Fleet", "FleetHost", "address_of", "end_leftovers", "host_name", "in_parallel", "start_fleet",
+           "stop_hosts"]
 
 START_WORKERS = 16
 """Threads that start sshd and servers at once (each start mostly waits on a port)."""
@@ -94,6 +97,7 @@ class FleetHost:
     box: Sandbox
     pristine: bytes = b""
     sshd_pid: int = 0  # sshd itself; ``sshd.process`` is the subreaper it runs under (hostcpu.py)
+    groups: CpuGroups | None = None  # the hosts' and the servers' cgroups, if the bench may make them
     _reapers: list[threading.Thread] = field(default_factory=list, repr=False)
 
     @property
@@ -134,6 +138,16 @@ class FleetHost:
 
     # -- counting -----------------------------------------------------------------
 
+    @property
+    def cpu_group(self) -> Path | None:
+        """This host's cgroup: its subreaper, its sshd and all they fork (hostcpu.py)."""
+        return None if self.groups is None else self.groups.group(self.name)
+
+    @property
+    def server_group(self) -> Path | None:
+        """Where every host's server moves itself as it starts (``server_site``)."""
+        return None if self.groups is None else self.groups.group("servers")
+
     def log_mark(self) -> int:
         try:
             return self.sshd.log.stat().st_size
@@ -149,7 +163,11 @@ class FleetHost:
     # -- the server -----------------------------------------------------------------
 
     def server_env(self, delay: float) -> dict[str, str]:
-        return {**launch_env(self.tree), "STANDIN_STARTUP_DELAY": f"{delay:g}"}
+        env = {**launch_env(self.tree), "STANDIN_STARTUP_DELAY": f"{delay:g}"}
+        if self.server_group is not None:  # the server leaves its host's count as it starts
+            env["PYTHONPATH"] += os.pathsep + str(SERVER_SITE)
+            env[SERVER_GROUP_ENV] = str(self.server_group)
+        return env
 
     def server_argv(self, *extra: str) -> list[str]:
         return launch_argv(sys.executable, self.tree, port=self.port, extra=list(extra))
@@ -306,6 +324,7 @@ class Fleet:
     known_hosts: Path
     ssh_config: Path  # empty: no tool reads ~/.ssh/config
     startup_delay: float
+    groups: CpuGroups | None = None  # hostcpu.py: how the hosts' CPU is counted
 
     def first(self, n: int) -> list[FleetHost]:
         return self.hosts[:n]
@@ -314,8 +333,16 @@ class Fleet:
         in_parallel(lambda h: h.reset(self.startup_delay), hosts, workers)
 
     def stop(self) -> None:
-        in_parallel(lambda h: h.stop(), self.hosts, START_WORKERS)
+        stop_hosts(self.hosts)
         end_leftovers(self.workdir)
+
+
+def stop_hosts(hosts: Sequence[FleetHost]) -> None:
+    """Stop ``hosts`` (a fleet's, or the registry of a start that failed), then remove
+    their cgroups."""
+    in_parallel(lambda h: h.stop(), hosts, START_WORKERS)
+    for groups in {h.groups for h in hosts if h.groups is not None}:
+        groups.remove()
 
 
 def padded(source: str, lines: int) -> str:
@@ -394,6 +421,7 @@ def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay
     ports = port_plan(count)
     # Each sshd runs under a subreaper, so that all a host spends can be counted (hostcpu.py).
     launcher = launcher_script(workdir, sshd_fixture.SSHD)
+    groups = CpuGroups.make(f"orch-bench-{os.getpid()}-{workdir.name}")
 
     def start_one(index: int) -> FleetHost:
         hdir = workdir / host_name(index)
@@ -406,10 +434,12 @@ def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay
         root = hdir / "box"
         root.mkdir(parents=True, exist_ok=True)
         box = Sandbox(root, sshd, http_port, make_tree(root / "tree"), root / "state")
-        host = FleetHost(index, sshd, box)
+        host = FleetHost(index, sshd, box, groups=groups)
         with lock:
             registry.append(host)
         host.sshd_pid = sshd_pid_below(host.reaper_pid)
+        if host.cpu_group is not None and groups is not None:  # before any session: all is counted
+            groups.join(host.cpu_group, [host.reaper_pid, host.sshd_pid])
         host.target_file.write_text(padded(host.target_file.read_text(), file_lines))
         host.pristine = host.target_file.read_bytes()
         host.start_server(startup_delay)
@@ -424,4 +454,4 @@ def start_fleet(workdir: Path, count: int, *, startup_delay: float, bashrc_delay
     known_hosts.write_text("".join(h.sshd.known_hosts_line(h.address) for h in hosts))
     ssh_config = workdir / "ssh_config"
     ssh_config.write_text("# orch bench: this file replaces ~/.ssh/config\n")
-    return Fleet(workdir, hosts, client_key, known_hosts, ssh_config, startup_delay)
+    return Fleet(workdir, hosts, client_key, known_hosts, ssh_config, startup_delay, groups)

@@ -22,10 +22,23 @@ is the server's cost, not the deploy's, and the same whoever restarts it.
 Counts are read when the host has ``settled``: no session left on its sshd
 and nothing below the reaper but sshd and the excluded server (the watchdog
 has exited), so a session still closing is not cut off half-way.
+
+``/proc`` gives times in clock ticks (10 ms here): a no-op costs a host about
+six of them, so one tick either way moved a run's median by 15 %, three times
+the difference the bench is asked to decide. Where this process may make
+cgroups (root), ``CpuGroups`` gives each host a cgroup of its own, which its
+subreaper and sshd join as the host starts: the kernel then counts, in
+nanoseconds, the CPU of every process forked below them, the reaped and the
+escaped ones too. A server moves itself to a cgroup of servers as its
+interpreter starts (``server_site/sitecustomize.py``, put on its
+``PYTHONPATH``; orch restarts a server with the environment it had), so it
+stays out of its host's count, all but its interpreter's first milliseconds,
+which every tool's restart pays alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -35,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUBREAPER = Path(__file__).resolve().with_name("subreaper.py")
+SERVER_SITE = Path(__file__).resolve().with_name("server_site")
+SERVER_GROUP_ENV = "ORCH_BENCH_SERVER_CGROUP"  # read by server_site/sitecustomize.py
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -159,3 +174,90 @@ def listening_pids(ports: Collection[int]) -> dict[int, int]:
         if len(found) == len(set(by_inode.values())):
             break
     return found
+
+
+# -- the cgroup clock ---------------------------------------------------------------
+
+
+def cgroup_mounts() -> list[tuple[int, Path]]:
+    """``(version, mount)`` of the hierarchies that count CPU: cgroup v1's ``cpuacct``
+    (nanoseconds) first, then cgroup v2 (microseconds)."""
+    found: list[tuple[int, Path]] = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _dev, mount, fstype, options = line.split()[:4]
+            if fstype == "cgroup" and "cpuacct" in options.split(","):
+                found.append((1, Path(mount)))
+            elif fstype == "cgroup2":
+                found.append((2, Path(mount)))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class CpuGroups:
+    """A cgroup for each host and one for the servers, under ``top`` (made by ``make``)."""
+
+    top: Path
+    version: int
+
+    @classmethod
+    def make(cls, name: str) -> CpuGroups | None:
+        """``top`` = ``<mount>/<name>``, or None where no hierarchy lets this process make
+        one (not root): the hosts are then counted from ``/proc`` in clock ticks."""
+        for version, mount in cgroup_mounts():
+            top = mount / name
+            try:
+                top.mkdir()
+                groups = cls(top, version)
+                groups.seconds(top)  # the counter is there and readable
+            except OSError:
+                with contextlib.suppress(OSError):
+                    top.rmdir()
+                continue
+            return groups
+        return None
+
+    def group(self, name: str) -> Path:
+        path = self.top / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    def join(self, group: Path, pids: Iterable[int]) -> None:
+        """Move ``pids`` into ``group``: what they fork from now on is counted there."""
+        for pid in pids:
+            (group / "cgroup.procs").write_text(f"{pid}\n")
+
+    def seconds(self, group: Path) -> float:
+        """CPU seconds spent in ``group`` since it was made, exited processes included."""
+        if self.version == 1:
+            return int((group / "cpuacct.usage").read_text()) / 1e9
+        for line in (group / "cpu.stat").read_text().splitlines():
+            key, value = line.split()
+            if key == "usage_usec":
+                return int(value) / 1e6
+        raise OSError(f"{group / 'cpu.stat'}: no usage_usec")
+
+    def holds(self, group: Path, pid: int) -> bool:
+        """Whether ``pid`` is in ``group`` now."""
+        try:
+            return str(pid) in (group / "cgroup.procs").read_text().split()
+        except OSError:
+            return False
+
+    def remove(self, timeout: float = 15.0) -> None:
+        """Remove the cgroups once the processes in them have ended: a process killed a moment
+        ago (a server, an sshd) holds its cgroup until it is reaped. What still holds one at
+        the timeout is said on stderr, and the cgroup stays."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = [p for p in self.top.iterdir() if p.is_dir()] if self.top.is_dir() else []
+            for path in [*left, self.top]:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            if not self.top.exists():
+                return
+            if time.monotonic() > deadline:
+                held = {p.name: (p / "cgroup.procs").read_text().split() for p in left if p.exists()}
+                print(f"hostcpu: cannot remove {self.top}: processes still in it {held}", file=sys.stderr)
+                return
+            time.sleep(0.1)

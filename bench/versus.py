@@ -60,14 +60,15 @@ def comparison_rows(rows: Sequence[RowLike], base_tool: str, this_tool: str) -> 
             met = "-" if walls is None or cpus is None else ("yes" if max(walls, cpus) <= LIMIT else "no")
             out.append((str(n), run, f"{len(b)}+{len(t)}" if len(b) != len(t) else str(len(t)),
                         _cell(wall_b, ".2f"), _cell(wall_t, ".2f"), _cell(walls, ".3f"),
-                        _cell(cpu_b, ".0f"), _cell(cpu_t, ".0f"), _cell(cpus, ".3f"), met))
+                        _cell(cpu_b, ".1f"), _cell(cpu_t, ".1f"), _cell(cpus, ".3f"), met))
     return out
 
 
 HOW = ("Host CPU: user + sys of every process below each host's sshd during the run (the sshd "
        "session processes, the shell, orch's helper and what it runs, the watchdog), each sshd run "
-       "under a child subreaper and read from /proc (bench/hostcpu.py); the server a run starts "
-       "is left out. Per host, median over the rounds.")
+       "under a child subreaper, counted by a cgroup per host in nanoseconds where the bench may "
+       "make cgroups (root), else read from /proc in clock ticks (bench/hostcpu.py); the server a "
+       "run starts is left out. Per host, median over the rounds.")
 
 
 def markdown_section(heading: str, command: str, facts: dict[str, str], table: str, notes: Sequence[str]) -> str:

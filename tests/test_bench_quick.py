@@ -123,6 +123,12 @@ def test_baseline_comparison_runs_both_orchs_and_appends(tmp_path: Path) -> None
 
     assert running_under(tmp) == []
     assert list(tmp.iterdir()) == []
+    clock = re.search(r"^hosts' CPU counted by a cgroup per host \(cgroup v\d, (\S+)\)$", out, re.MULTILINE)
+    if os.geteuid() == 0:  # as root, each host's CPU is counted by its cgroup, to the nanosecond
+        assert clock, out
+        assert not Path(clock.group(1)).exists()  # and the cgroups are removed after
+    else:
+        assert "hosts' CPU counted by /proc, in clock ticks" in out
 
 
 def test_helper_start_bench_measures_both_sides() -> None:
@@ -158,7 +164,7 @@ def test_hosts_cpu_counts_what_leaves_the_ssh_session(tmp_path: Path) -> None:
     own CPU; the host's count over the run is at least their sum."""
     sys.path.insert(0, str(REPO / "bench"))
     import hostcpu
-    from fleet import start_fleet
+    from fleet import start_fleet, stop_hosts
 
     registry: list = []
     try:
@@ -187,5 +193,55 @@ def test_hosts_cpu_counts_what_leaves_the_ssh_session(tmp_path: Path) -> None:
         assert burners >= 0.4
         assert spent >= burners - 0.02, (spent, burners)  # 0.02: the clock tick of /proc's figures
     finally:
-        for h in registry:
-            h.stop()
+        stop_hosts(registry)
+
+
+def test_hosts_cpu_by_cgroup_counts_the_session_and_its_orphans_and_not_the_servers(tmp_path: Path) -> None:
+    """As root the fleet counts each host's CPU in a cgroup of its own (bench/hostcpu.py,
+    ``CpuGroups``): what the session ran and what left it are counted, to the nanosecond;
+    a server, which moves itself to the servers' cgroup as its interpreter starts (it is
+    started with the environment ``server_env`` gives), is not."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import hostcpu
+    from fleet import start_fleet, stop_hosts
+
+    registry: list = []
+    try:
+        fleet = start_fleet(tmp_path / "fleet", 1, startup_delay=0, bashrc_delay=0, file_lines=0,
+                            registry=registry)
+        if os.geteuid() != 0:  # the bench falls back to /proc's clock ticks (the test above)
+            assert fleet.groups is None
+            return
+        assert fleet.groups is not None, "root, yet no cgroup could be made: the bench would count in ticks"
+        host = fleet.hosts[0]
+        groups, mine, servers = fleet.groups, host.cpu_group, host.server_group
+        assert groups.holds(mine, host.reaper_pid) and groups.holds(mine, host.sshd_pid)
+        hand = hostcpu.listening_pids([host.port])[host.port]
+        assert groups.holds(servers, hand)  # the server the bench started by hand moved itself
+        burn = tmp_path / "burn.py"
+        burn.write_text(BURN)
+        fg, bg, srv = tmp_path / "fg", tmp_path / "bg", tmp_path / "srv"
+        py = sys.executable
+        as_server = " ".join(f"{k}={v}" for k, v in host.server_env(0).items())
+        remote = (f"{py} {burn} {fg} 0.1; "
+                  f"(setsid {py} {burn} {bg} 0.2 </dev/null >/dev/null 2>&1 &); "
+                  f"env {as_server} {py} {burn} {srv} 0.6")
+        watch = [(host.reaper_pid, host.sshd_pid, (hand,))]
+        assert hostcpu.wait_settled(watch) == []
+        before = groups.seconds(mine)
+        done = subprocess.run(
+            ["ssh", "-F", str(fleet.ssh_config), "-i", str(fleet.client_key), "-o", "BatchMode=yes",
+             "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-p", str(host.sshd.port),
+             f"{host.sshd.user}@{host.address}", remote],
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda: bg.exists() and bg.read_text(), "the orphan's report")
+        assert hostcpu.wait_settled(watch, timeout=120) == []
+        spent = groups.seconds(mine) - before
+        session, server = float(fg.read_text()) + float(bg.read_text()), float(srv.read_text())
+        assert session >= 0.3 and server >= 0.6
+        assert spent >= session, (spent, session)  # no tick to allow for: nanoseconds
+        assert spent < session + server - 0.2, (spent, session, server)  # the server's burn is not in it
+    finally:
+        stop_hosts(registry)
+    assert not any(Path(p).exists() for p in [g.top for g in [fleet.groups] if g]), "the cgroups are removed"
