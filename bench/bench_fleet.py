@@ -37,6 +37,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import shutil
@@ -201,7 +202,12 @@ def measured(inv: Invocation, outdir: Path, timeout: float, sample: float) -> tu
     figures = json.loads(out.read_text())
     figures["machine_busy"] = machine_busy_seconds() - busy_before
     if figures["rc"] != 0:
-        tail = (figures["stderr"].strip() or figures["stdout"].strip()).splitlines()[-3:]
+        said = (figures["stderr"].strip() or figures["stdout"].strip()).splitlines()
+        # the hosts that failed first (a fleet's last lines are mostly the ones that did not)
+        worst = [line for line in said if re.search(r"\b(failed|rolled back|unreachable|error)\b", line)]
+        tail = [*dict.fromkeys(worst[:3] + said[-1:])]
+        print(f"--- what {inv.argv[0]} said (exit {figures['rc']}), its last 60 lines:\n" + "\n".join(said[-60:]),
+              file=sys.stderr, flush=True)
         return figures, f"exit {figures['rc']}: {' | '.join(tail)[:400]}"
     return figures, None
 

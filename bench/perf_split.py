@@ -11,9 +11,9 @@ host processes by name: ``orch-helper`` (the helper and, until they exec,
 the commands it starts), ``orch-runner``, ``orch-watchdog`` (the guard, or
 an older version's watchdog). A sample is 1/1999 s of one CPU.
 
-``bench_fleet.py``'s own table gives the totals (``hostcpu.py``, in clock
-ticks); this gives the split, at a finer grain, which a per-process change
-needs to be seen at all.
+``bench_fleet.py``'s own table gives the totals (``hostcpu.py``: in
+nanoseconds by a cgroup per host as root, else in clock ticks); this gives
+the split by process, which a per-process change needs to be seen at all.
 """
 
 from __future__ import annotations
