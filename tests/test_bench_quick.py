@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.fixtures.sandbox import wait_until
 
@@ -157,6 +158,18 @@ BURN = ("import resource, sys\n"
         "open(sys.argv[1], 'w').write(str(u.ru_utime + u.ru_stime))\n")
 
 
+def run_and_wait_for_orphan(fleet: Any, host: Any, remote: str, orphan_report: Path) -> None:
+    """``remote`` run on the fleet host over the real ssh client; then wait for the orphan
+    it left (``setsid``) to write its report."""
+    done = subprocess.run(
+        ["ssh", "-F", str(fleet.ssh_config), "-i", str(fleet.client_key), "-o", "BatchMode=yes",
+         "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-p", str(host.sshd.port),
+         f"{host.sshd.user}@{host.address}", remote],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: orphan_report.exists() and orphan_report.read_text(), "the orphan's report")
+
+
 def test_hosts_cpu_counts_what_leaves_the_ssh_session(tmp_path: Path) -> None:
     """The fleet's hosts' CPU (bench/hostcpu.py) counts a process that the SSH session
     started and that left it (``setsid``, as orch's watchdog does): the subreaper its
@@ -180,13 +193,7 @@ def test_hosts_cpu_counts_what_leaves_the_ssh_session(tmp_path: Path) -> None:
         watch = [(host.reaper_pid, host.sshd_pid, ())]
         assert hostcpu.wait_settled(watch) == []
         before = hostcpu.tree_cpu(hostcpu.snapshot(), host.reaper_pid)
-        done = subprocess.run(
-            ["ssh", "-F", str(fleet.ssh_config), "-i", str(fleet.client_key), "-o", "BatchMode=yes",
-             "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-p", str(host.sshd.port),
-             f"{host.sshd.user}@{host.address}", remote],
-            capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        wait_until(lambda: bg.exists() and bg.read_text(), "the orphan's report")
+        run_and_wait_for_orphan(fleet, host, remote, bg)
         assert hostcpu.wait_settled(watch, timeout=120) == []  # the orphan too has ended, reaped
         spent = hostcpu.tree_cpu(hostcpu.snapshot(), host.reaper_pid) - before
         burners = float(fg.read_text()) + float(bg.read_text())
@@ -229,13 +236,7 @@ def test_hosts_cpu_by_cgroup_counts_the_session_and_its_orphans_and_not_the_serv
         watch = [(host.reaper_pid, host.sshd_pid, (hand,))]
         assert hostcpu.wait_settled(watch) == []
         before = groups.seconds(mine)
-        done = subprocess.run(
-            ["ssh", "-F", str(fleet.ssh_config), "-i", str(fleet.client_key), "-o", "BatchMode=yes",
-             "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-p", str(host.sshd.port),
-             f"{host.sshd.user}@{host.address}", remote],
-            capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        wait_until(lambda: bg.exists() and bg.read_text(), "the orphan's report")
+        run_and_wait_for_orphan(fleet, host, remote, bg)
         assert hostcpu.wait_settled(watch, timeout=120) == []
         spent = groups.seconds(mine) - before
         session, server = float(fg.read_text()) + float(bg.read_text()), float(srv.read_text())
