@@ -2,7 +2,7 @@
 
 A run imports pydantic's schemas, Click, Rich, Jinja2, Fabric, Paramiko and cryptography:
 about 60,000 objects that live until the process ends, and almost no garbage. With the
-collector's default thresholds Python walked them about 160 times while they loaded, 35 ms
+collector's default thresholds Python walked them about 150 times while they loaded, 35 ms
 of CPU in a no-op deploy (a tenth of its imports), where the hosts' work after made 1–2 ms of
 collections. And when the process exits, the interpreter's last collections walk every one
 of those objects again: 60–100 ms between the report printed and the process gone.
@@ -15,8 +15,8 @@ alone. What is frozen is never collected: ``atexit`` handlers, open files' flush
 objects freed by their reference counts are untouched. A run that never opens a transport
 (``lint``, ``config``, ``--list-hosts``) is short, and keeps the collector paused to its end.
 
-Standard library only, no state of its own: the console script calls it before anything
-else is imported.
+Standard library only, no state of its own: the console script calls ``loading`` first
+thing in its ``main``, before the command line is imported.
 """
 
 from __future__ import annotations
