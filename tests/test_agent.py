@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.kept import Kept
 from orchestrator.core.target import HostTarget
 from orchestrator.errors import LinkLostError, OrchError
 from orchestrator.shell.agent_client import (
@@ -105,19 +106,16 @@ def test_a_fleet_s_workers_asking_at_once_build_the_archive_once(monkeypatch: py
         return b"archive"
 
     monkeypatch.setattr(agent_client, "helper_archive", slow_build)
-    agent_client._built_archive.cache_clear()
-    try:
-        got: list[bytes] = []
-        workers = [threading.Thread(target=lambda: (ready.wait(), got.append(shipped_archive())))
-                   for _ in range(8)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(30)
-        assert got == [b"archive"] * 8
-        assert len(builds) == 1
-    finally:
-        agent_client._built_archive.cache_clear()  # the next caller builds the real one
+    monkeypatch.setattr(agent_client, "_ARCHIVE", Kept(1))  # put back after: the next caller has the real one
+    got: list[bytes] = []
+    workers = [threading.Thread(target=lambda: (ready.wait(), got.append(shipped_archive())))
+               for _ in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    assert got == [b"archive"] * 8
+    assert len(builds) == 1
 
 
 def test_the_helper_id_names_the_source_and_builds_no_archive(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,19 +127,16 @@ def test_the_helper_id_names_the_source_and_builds_no_archive(monkeypatch: pytes
         raise AssertionError("the archive was built for the id")
 
     monkeypatch.setattr(agent_client, "helper_archive", no_build)
-    agent_client._built_archive.cache_clear()
+    monkeypatch.setattr(agent_client, "_ARCHIVE", Kept(1))  # nothing built yet
     name_id = agent_client.helper_id.__wrapped__
-    try:
-        assert name_id() == helper_id() and len(helper_id()) == 16
-        members = agent_client.helper_members()
-        changed = [members[:-1] + ((members[-1][0], members[-1][1] + b"\n"),),  # one byte more
-                   members[:-1] + ((members[-1][0] + "x", members[-1][1]),),  # another name
-                   members[:-1]]  # one member fewer
-        for other in changed:
-            monkeypatch.setattr(agent_client, "helper_members", lambda other=other: other)
-            assert name_id() != helper_id()
-    finally:
-        agent_client._built_archive.cache_clear()
+    assert name_id() == helper_id() and len(helper_id()) == 16
+    members = agent_client.helper_members()
+    changed = [members[:-1] + ((members[-1][0], members[-1][1] + b"\n"),),  # one byte more
+               members[:-1] + ((members[-1][0] + "x", members[-1][1]),),  # another name
+               members[:-1]]  # one member fewer
+    for other in changed:
+        monkeypatch.setattr(agent_client, "helper_members", lambda other=other: other)
+        assert name_id() != helper_id()
 
 
 def test_a_helper_sent_as_an_archive_runs_from_memory_under_its_package_s_file_names() -> None:

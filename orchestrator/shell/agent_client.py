@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.kept import Kept
 from orchestrator.errors import (
     BecomeRefusedError,
     InterruptedTwice,
@@ -70,22 +71,16 @@ def helper_archive() -> bytes:
     return buffer.getvalue()
 
 
-_ARCHIVE_LOCK = threading.Lock()
+_ARCHIVE: Kept[str, bytes] = Kept(1)
 
 
 def shipped_archive() -> bytes:
     """The archive this run sends to every host that has no copy of it yet: built once, when a
     host first needs it (not at import: a command that reaches no host never builds it, and a
     Ctrl-C during a start-up import never lands inside zipfile). A fleet's workers all ask at
-    once; the lock makes the others wait for the first build rather than each compress it
+    once; ``Kept`` makes the others wait for the first build rather than each compress it
     (25 hosts: 25 builds, 0.4 s of the controller's CPU)."""
-    with _ARCHIVE_LOCK:
-        return _built_archive()
-
-
-@functools.cache
-def _built_archive() -> bytes:
-    return helper_archive()
+    return _ARCHIVE.get("archive", helper_archive)
 
 
 @functools.cache
