@@ -206,8 +206,8 @@ def measured(inv: Invocation, outdir: Path, timeout: float, sample: float) -> tu
         # the hosts that failed first (a fleet's last lines are mostly the ones that did not)
         worst = [line for line in said if re.search(r"\b(failed|rolled back|unreachable|error)\b", line)]
         tail = [*dict.fromkeys(worst[:3] + said[-1:])]
-        print(f"--- what {inv.argv[0]} said (exit {figures['rc']}), its last 60 lines:\n" + "\n".join(said[-60:]),
-              file=sys.stderr, flush=True)
+        print(f"--- what `{shlex.join(inv.argv)[:200]}` said (exit {figures['rc']}), its last 60 lines:\n"
+              + "\n".join(said[-60:]), file=sys.stderr, flush=True)
         return figures, f"exit {figures['rc']}: {' | '.join(tail)[:400]}"
     return figures, None
 

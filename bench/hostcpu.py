@@ -210,6 +210,7 @@ class CpuGroups:
                 top.mkdir()
                 groups = cls(top, version)
                 groups.seconds(top)  # the counter is there and readable
+                groups.group("servers").mkdir()  # a server moves itself there as it starts
             except OSError:
                 with contextlib.suppress(OSError):
                     top.rmdir()
@@ -218,12 +219,12 @@ class CpuGroups:
         return None
 
     def group(self, name: str) -> Path:
-        path = self.top / name
-        path.mkdir(exist_ok=True)
-        return path
+        """The cgroup ``name`` under ``top`` (a host's is made when it is joined)."""
+        return self.top / name
 
     def join(self, group: Path, pids: Iterable[int]) -> None:
-        """Move ``pids`` into ``group``: what they fork from now on is counted there."""
+        """Move ``pids`` into ``group``, made if need be: what they fork from now on is counted there."""
+        group.mkdir(exist_ok=True)
         for pid in pids:
             (group / "cgroup.procs").write_text(f"{pid}\n")
 
