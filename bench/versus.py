@@ -59,7 +59,7 @@ def comparison_rows(rows: Sequence[RowLike], base_tool: str, this_tool: str) -> 
             walls, cpus = _ratio(wall_t, wall_b), _ratio(cpu_t, cpu_b)
             met = "-" if walls is None or cpus is None else ("yes" if max(walls, cpus) <= LIMIT else "no")
             out.append((str(n), run, f"{len(b)}+{len(t)}" if len(b) != len(t) else str(len(t)),
-                        _cell(wall_b, ".2f"), _cell(wall_t, ".2f"), _cell(walls, ".3f"),
+                        _cell(wall_b, ".3f"), _cell(wall_t, ".3f"), _cell(walls, ".3f"),
                         _cell(cpu_b, ".1f"), _cell(cpu_t, ".1f"), _cell(cpus, ".3f"), met))
     return out
 
